@@ -61,6 +61,10 @@ struct Limits {
   uint64_t max_tensor_count = 1u << 20;
   uint64_t max_alignment = 1u << 16;         // general.alignment must be a power of two <= this
   uint64_t max_tensor_elements = 1ull << 40; // product of dims
+  // Estimated memory of the parsed metadata (a Value per array element + string bytes). A file
+  // cannot make the reader allocate more than this, whatever its size (a 1-byte u8 element
+  // costs a ~100-byte Value). Real models need < 100 MiB.
+  uint64_t max_metadata_bytes = 1ull << 30;
 };
 
 struct OpenOptions {
@@ -85,7 +89,7 @@ class File {
   const std::vector<KV>& metadata() const { return kvs_; }
   const Value* find(std::string_view key) const;  // nullptr when missing
   bool has(std::string_view key) const { return find(key) != nullptr; }
-  // Typed access; errors say "FILE: key 'K' missing" or "... has type T, expected ...".
+  // Typed access; errors say "FILE: key 'K' is missing" or "... has type T, expected ...".
   Result<std::string> get_string(std::string_view key) const;
   Result<int64_t> get_int(std::string_view key) const;     // any integer type (u64 > INT64_MAX is an error)
   Result<uint64_t> get_uint(std::string_view key) const;   // any non-negative integer
