@@ -1,0 +1,282 @@
+// chat/output_parser.cpp — incremental content / reasoning / tool-call splitter.
+#include "chat/output_parser.h"
+
+#include <random>
+
+namespace kiln::chat {
+
+namespace {
+
+constexpr std::string_view kToolOpen = "<tool_call>";
+constexpr std::string_view kToolClose = "</tool_call>";
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Length of the longest proper suffix of `s` that is a prefix of `marker` (what must be held
+// back because the next chunk might complete the marker).
+size_t partial_marker_suffix(std::string_view s, std::string_view marker) {
+  if (marker.empty()) return 0;
+  size_t max = std::min(s.size(), marker.size() - 1);
+  for (size_t n = max; n > 0; --n)
+    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+  return 0;
+}
+
+}  // namespace
+
+void Delta::append(const Delta& o) {
+  content += o.content;
+  reasoning_content += o.reasoning_content;
+  tool_calls.insert(tool_calls.end(), o.tool_calls.begin(), o.tool_calls.end());
+}
+
+std::string ParsedMessage::finish_reason(std::string_view engine_reason) const {
+  return tool_calls.empty() ? std::string(engine_reason) : std::string("tool_calls");
+}
+
+std::string random_tool_call_id() {
+  static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_int_distribution<int> dist(0, 61);
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlnum[dist(rng)];
+  return id;
+}
+
+OutputParser::OutputParser(ParserConfig cfg) : cfg_(std::move(cfg)) {
+  const bool split = cfg_.reasoning_format != ReasoningFormat::None && !cfg_.reasoning_start.empty() &&
+                     !cfg_.reasoning_end.empty();
+  if (!split) {
+    mode_ = Mode::Content;
+  } else if (cfg_.starts_in_reasoning) {
+    mode_ = Mode::Reasoning;
+  } else {
+    mode_ = Mode::Start;
+  }
+}
+
+Delta OutputParser::feed(std::string_view text) {
+  KILN_CHECK(!finished_, "OutputParser::feed after finish");
+  buf_.append(text);
+  return process(false);
+}
+
+Delta OutputParser::finish() {
+  KILN_CHECK(!finished_, "OutputParser::finish called twice");
+  Delta d = process(true);
+  finished_ = true;
+  return d;
+}
+
+void OutputParser::add_content(std::string_view text, Delta& d) {
+  if (text.empty()) return;
+  d.content.append(text);
+  msg_.content.append(text);
+}
+
+void OutputParser::emit_reasoning(std::string_view text, bool closing, Delta& d) {
+  if (!reasoning_started_) {
+    size_t i = 0;
+    while (i < text.size() && is_ws(text[i])) ++i;
+    text.remove_prefix(i);
+    if (!text.empty()) {
+      reasoning_started_ = true;
+      if (cfg_.reasoning_in_content) add_content(cfg_.reasoning_start, d);
+    }
+  }
+  if (!text.empty()) {
+    size_t end = text.size();
+    while (end > 0 && is_ws(text[end - 1])) --end;
+    if (end > 0) {
+      std::string out = reasoning_ws_;
+      out.append(text.substr(0, end));
+      reasoning_ws_.clear();
+      if (cfg_.reasoning_in_content) {
+        add_content(out, d);
+      } else {
+        d.reasoning_content += out;
+        msg_.reasoning_content += out;
+      }
+    }
+    reasoning_ws_.append(text.substr(end));
+  }
+  if (closing) {
+    reasoning_ws_.clear();
+    if (cfg_.reasoning_in_content && reasoning_started_) add_content(cfg_.reasoning_end, d);
+  }
+}
+
+void OutputParser::emit_content(std::string_view text, Delta& d) {
+  if (content_skip_ws_) {
+    size_t i = 0;
+    while (i < text.size() && is_ws(text[i])) ++i;
+    text.remove_prefix(i);
+    if (text.empty()) return;
+    content_skip_ws_ = false;
+  }
+  if (text.empty()) return;
+  size_t end = text.size();
+  while (end > 0 && is_ws(text[end - 1])) --end;
+  if (end > 0) {
+    std::string out = std::move(content_ws_);
+    content_ws_.clear();
+    out.append(text.substr(0, end));
+    add_content(out, d);
+  }
+  content_ws_.append(text.substr(end));
+}
+
+void OutputParser::flush_content_ws(Delta& d) {
+  add_content(content_ws_, d);
+  content_ws_.clear();
+}
+
+Delta OutputParser::process(bool final) {
+  Delta d;
+  for (;;) {
+    switch (mode_) {
+      case Mode::Start: {
+        // Only at the very beginning may the model open a reasoning block itself.
+        size_t i = 0;
+        while (i < buf_.size() && is_ws(buf_[i])) ++i;
+        std::string_view rest = std::string_view(buf_).substr(i);
+        const std::string& open = cfg_.reasoning_start;
+        if (rest.size() >= open.size() && rest.substr(0, open.size()) == open) {
+          buf_.erase(0, i + open.size());
+          mode_ = Mode::Reasoning;
+          continue;
+        }
+        if (!final && std::string_view(open).substr(0, rest.size()) == rest) return d;  // undecided
+        mode_ = Mode::Content;
+        continue;
+      }
+      case Mode::Reasoning: {
+        const std::string& close = cfg_.reasoning_end;
+        size_t pos = buf_.find(close);
+        if (pos != std::string::npos) {
+          emit_reasoning(std::string_view(buf_).substr(0, pos), /*closing=*/true, d);
+          buf_.erase(0, pos + close.size());
+          mode_ = Mode::Content;
+          content_skip_ws_ = true;
+          continue;
+        }
+        size_t hold = final ? 0 : partial_marker_suffix(buf_, close);
+        emit_reasoning(std::string_view(buf_).substr(0, buf_.size() - hold), /*closing=*/false, d);
+        buf_.erase(0, buf_.size() - hold);
+        if (final) reasoning_ws_.clear();  // unterminated reasoning: trimmed, left open
+        return d;
+      }
+      case Mode::Content: {
+        if (!cfg_.parse_tool_calls) {
+          emit_content(buf_, d);
+          buf_.clear();
+          if (final) flush_content_ws(d);
+          return d;
+        }
+        size_t pos = buf_.find(kToolOpen);
+        if (pos != std::string::npos) {
+          emit_content(std::string_view(buf_).substr(0, pos), d);
+          content_ws_.clear();  // whitespace between content and a call is layout, not content
+          buf_.erase(0, pos + kToolOpen.size());
+          mode_ = Mode::ToolCall;
+          scan_from_ = 0;
+          continue;
+        }
+        size_t hold = final ? 0 : partial_marker_suffix(buf_, kToolOpen);
+        emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), d);
+        buf_.erase(0, buf_.size() - hold);
+        if (final) flush_content_ws(d);
+        return d;
+      }
+      case Mode::ToolCall: {
+        size_t pos = buf_.find(kToolClose, scan_from_);
+        if (pos == std::string::npos) {
+          if (!final) {
+            scan_from_ = buf_.size() >= kToolClose.size() ? buf_.size() - kToolClose.size() + 1 : 0;
+            return d;
+          }
+          // Unterminated call at the end of generation: the raw text becomes content.
+          std::string raw = std::string(kToolOpen) + buf_;
+          buf_.clear();
+          mode_ = Mode::Content;
+          content_skip_ws_ = false;
+          emit_content(raw, d);
+          flush_content_ws(d);
+          return d;
+        }
+        std::string_view body = std::string_view(buf_).substr(0, pos);
+        ToolCallDelta call;
+        if (parse_tool_call_body(body, cfg_.tools, call.name, call.arguments)) {
+          call.index = static_cast<int>(msg_.tool_calls.size());
+          call.id = cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
+          if (call.id.empty()) call.id = random_tool_call_id();
+          msg_.tool_calls.push_back(ToolCall{call.id, call.name, call.arguments});
+          d.tool_calls.push_back(std::move(call));
+          buf_.erase(0, pos + kToolClose.size());
+          mode_ = Mode::Content;
+          content_skip_ws_ = true;
+        } else {
+          // Not a call after all: keep the text, verbatim, as content.
+          std::string raw = std::string(kToolOpen);
+          raw.append(body);
+          raw.append(kToolClose);
+          buf_.erase(0, pos + kToolClose.size());
+          mode_ = Mode::Content;
+          content_skip_ws_ = false;
+          emit_content(raw, d);
+        }
+        continue;
+      }
+    }
+  }
+}
+
+ParsedMessage parse_output(std::string_view text, const ParserConfig& cfg) {
+  OutputParser p(cfg);
+  (void)p.feed(text);
+  (void)p.finish();
+  return p.message();
+}
+
+namespace {
+std::string dump_safe(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+std::string safe_string(const std::string& s) {
+  // Round-trip through dump/parse replaces invalid UTF-8 so the server can always serialise.
+  return ojson::parse(dump_safe(ojson(s))).get<std::string>();
+}
+}  // namespace
+
+ojson delta_to_json(const Delta& d) {
+  ojson j = ojson::object();
+  if (!d.content.empty()) j["content"] = safe_string(d.content);
+  if (!d.reasoning_content.empty()) j["reasoning_content"] = safe_string(d.reasoning_content);
+  if (!d.tool_calls.empty()) {
+    ojson arr = ojson::array();
+    for (const auto& c : d.tool_calls)
+      arr.push_back({{"index", c.index},
+                     {"id", c.id},
+                     {"type", "function"},
+                     {"function", {{"name", safe_string(c.name)}, {"arguments", safe_string(c.arguments)}}}});
+    j["tool_calls"] = std::move(arr);
+  }
+  return j;
+}
+
+ojson message_to_json(const ParsedMessage& m) {
+  ojson j = ojson::object();
+  j["role"] = "assistant";
+  if (m.content.empty() && !m.tool_calls.empty()) j["content"] = nullptr;
+  else j["content"] = safe_string(m.content);
+  if (!m.reasoning_content.empty()) j["reasoning_content"] = safe_string(m.reasoning_content);
+  if (!m.tool_calls.empty()) {
+    ojson arr = ojson::array();
+    for (const auto& c : m.tool_calls)
+      arr.push_back({{"id", c.id},
+                     {"type", "function"},
+                     {"function", {{"name", safe_string(c.name)}, {"arguments", safe_string(c.arguments)}}}});
+    j["tool_calls"] = std::move(arr);
+  }
+  return j;
+}
+
+}  // namespace kiln::chat

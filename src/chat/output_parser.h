@@ -1,0 +1,100 @@
+// chat/output_parser.h — model output text → OpenAI assistant message, incrementally.
+// Owns: splitting generated text into content / reasoning_content / tool_calls while it streams
+//   (fed arbitrary chunks, down to one byte at a time), and the final complete message.
+// Must not: know about tokens, sampling or HTTP; it never fails: malformed output (an unterminated
+//   tool call, bad JSON) degrades to plain content.
+// Threading: one OutputParser per response, used from one thread at a time.
+//
+// Streaming contract: the concatenation of every Delta returned by feed() and finish() equals the
+// message that a single feed(whole text) + finish() produces, for every way of chunking the text.
+// No delta ever contains part of a marker (<think>, </think>, <tool_call>): a suffix that could be
+// the start of one is held back until the next chunk (or finish()) decides. Tool calls are emitted
+// whole, once their closing </tool_call> arrives, as one OpenAI delta carrying index, id, type,
+// function.name and the complete function.arguments — which every OpenAI SDK accumulates correctly.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "chat/chat.h"
+
+namespace kiln::chat {
+
+struct ToolCallDelta {
+  int index = 0;          // position of the call in the message's tool_calls
+  std::string id;         // "call_…", unique and non-empty
+  std::string name;
+  std::string arguments;  // complete JSON text
+};
+
+struct Delta {
+  std::string content;
+  std::string reasoning_content;
+  std::vector<ToolCallDelta> tool_calls;
+  bool empty() const { return content.empty() && reasoning_content.empty() && tool_calls.empty(); }
+  void append(const Delta& o);
+};
+
+// The complete assistant message.
+struct ParsedMessage {
+  std::string content;
+  std::string reasoning_content;
+  std::vector<ToolCall> tool_calls;
+  // "tool_calls" when there are calls, else engine_reason ("stop", "length", …).
+  std::string finish_reason(std::string_view engine_reason) const;
+};
+
+class OutputParser {
+ public:
+  explicit OutputParser(ParserConfig cfg);
+
+  // Feeds the next piece of generated text; returns what can be emitted now (maybe nothing).
+  Delta feed(std::string_view text);
+  // End of generation: flushes everything held back (unterminated tool call → content,
+  // unterminated reasoning → reasoning_content). feed() must not be called afterwards.
+  Delta finish();
+
+  // Everything emitted so far (the complete message after finish()).
+  const ParsedMessage& message() const { return msg_; }
+
+ private:
+  enum class Mode { Start, Reasoning, Content, ToolCall };
+  Delta process(bool final);
+  void emit_reasoning(std::string_view text, bool closing, Delta& d);
+  void emit_content(std::string_view text, Delta& d);
+  void flush_content_ws(Delta& d);
+  void add_content(std::string_view text, Delta& d);
+
+  ParserConfig cfg_;
+  Mode mode_;
+  bool finished_ = false;
+  std::string buf_;                 // text not yet consumed
+  size_t scan_from_ = 0;            // ToolCall mode: where to resume searching for </tool_call>
+  bool reasoning_started_ = false;  // a non-whitespace reasoning byte was emitted
+  std::string reasoning_ws_;        // trailing whitespace of reasoning, held back
+  bool content_skip_ws_ = false;    // drop leading whitespace (after </think> or </tool_call>)
+  std::string content_ws_;          // trailing whitespace of content, held back
+  ParsedMessage msg_;
+};
+
+// Non-streaming: one feed + finish.
+ParsedMessage parse_output(std::string_view text, const ParserConfig& cfg);
+
+// The body between <tool_call> and </tool_call>, in Qwen XML or JSON form. Returns false (and
+// leaves name/arguments unspecified) when it is neither. XML parameter values are JSON-decoded when
+// the tool's schema gives the parameter a non-string type and the text parses; else strings.
+bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools, std::string& name,
+                          std::string& arguments);
+
+// OpenAI JSON shapes, for the server.
+//   delta_to_json:   {"content":…, "reasoning_content":…, "tool_calls":[{index,id,type,function}]}
+//                    (only non-empty fields)
+//   message_to_json: {"role":"assistant","content":…|null,"reasoning_content":… (if any),
+//                     "tool_calls":[…] (if any)}
+ojson delta_to_json(const Delta& d);
+ojson message_to_json(const ParsedMessage& m);
+
+// "call_" + 24 random alphanumerics (thread-safe).
+std::string random_tool_call_id();
+
+}  // namespace kiln::chat

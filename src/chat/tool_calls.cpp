@@ -1,0 +1,147 @@
+// chat/tool_calls.cpp — the body of one <tool_call>…</tool_call>: Qwen XML or JSON form.
+#include <algorithm>
+#include <cctype>
+
+#include "chat/output_parser.h"
+
+namespace kiln::chat {
+
+namespace {
+
+bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+std::string dump_safe(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+// The JSON-schema types a parameter allows: "type" as a string or an array of strings.
+std::vector<std::string> schema_types(const ojson& schema) {
+  std::vector<std::string> out;
+  auto t = schema.find("type");
+  if (t == schema.end()) return out;
+  if (t->is_string()) out.push_back(t->get<std::string>());
+  if (t->is_array())
+    for (const auto& e : *t)
+      if (e.is_string()) out.push_back(e.get<std::string>());
+  return out;
+}
+
+// Converts one XML parameter value. Qwen's template writes non-string values with tojson and
+// strings verbatim, so: a parameter whose schema type is (or includes) "string" stays a string;
+// one with another type (integer, number, boolean, object, array, null, or no "type" but a
+// schema such as anyOf/enum) is JSON-decoded when the text parses as JSON; a parameter the
+// tool's schema does not know, or text that does not parse, stays a string (vLLM's
+// qwen3_coder parser and llama.cpp do the same).
+ojson convert_value(const std::string& raw, const ojson* schema) {
+  if (!schema || !schema->is_object()) return ojson(raw);
+  std::vector<std::string> types = schema_types(*schema);
+  const bool has = [&](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); }("string");
+  if (has) {
+    if (raw == "null" && std::find(types.begin(), types.end(), "null") != types.end()) return nullptr;
+    return ojson(raw);
+  }
+  std::string_view v = trim(raw);
+  if (std::find(types.begin(), types.end(), "boolean") != types.end()) {
+    std::string low(v);
+    std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (low == "true") return true;
+    if (low == "false") return false;
+  }
+  ojson parsed = ojson::parse(v, nullptr, /*allow_exceptions=*/false);
+  if (!parsed.is_discarded()) return parsed;
+  return ojson(raw);
+}
+
+const ojson* param_schema(const Tool* tool, const std::string& param) {
+  if (!tool) return nullptr;
+  auto props = tool->parameters.find("properties");
+  if (props == tool->parameters.end() || !props->is_object()) return nullptr;
+  auto p = props->find(param);
+  return p == props->end() ? nullptr : &*p;
+}
+
+const Tool* find(const std::vector<Tool>& tools, std::string_view name) {
+  for (const auto& t : tools)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+bool parse_xml(std::string_view s, const std::vector<Tool>& tools, std::string& name, std::string& arguments) {
+  constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kP = "<parameter=", kPEnd = "</parameter>";
+  s = trim(s);
+  if (!starts_with(s, kFn)) return false;
+  s.remove_prefix(kFn.size());
+  size_t gt = s.find('>');
+  if (gt == std::string_view::npos) return false;
+  std::string_view nm = trim(s.substr(0, gt));
+  if (nm.empty() || nm.find('\n') != std::string_view::npos || nm.find('<') != std::string_view::npos) return false;
+  name = std::string(nm);
+  s.remove_prefix(gt + 1);
+  const Tool* tool = find(tools, name);
+  ojson args = ojson::object();
+  for (;;) {
+    s = trim(s);
+    if (s.empty()) break;  // lenient: a missing </function> at the very end
+    if (starts_with(s, kFnEnd)) {
+      s.remove_prefix(kFnEnd.size());
+      if (!trim(s).empty()) return false;  // text after </function> inside the call
+      break;
+    }
+    if (!starts_with(s, kP)) return false;
+    s.remove_prefix(kP.size());
+    size_t pgt = s.find('>');
+    if (pgt == std::string_view::npos) return false;
+    std::string pname(trim(s.substr(0, pgt)));
+    if (pname.empty() || pname.find('\n') != std::string::npos) return false;
+    s.remove_prefix(pgt + 1);
+    size_t end = s.find(kPEnd);
+    if (end == std::string_view::npos) return false;
+    std::string_view value = s.substr(0, end);
+    // The template writes "<parameter=P>\n" VALUE "\n</parameter>": strip exactly that layout.
+    if (starts_with(value, "\n")) value.remove_prefix(1);
+    if (!value.empty() && value.back() == '\n') value.remove_suffix(1);
+    args[pname] = convert_value(std::string(value), param_schema(tool, pname));
+    s.remove_prefix(end + kPEnd.size());
+  }
+  arguments = dump_safe(args);
+  return true;
+}
+
+bool parse_json(std::string_view s, std::string& name, std::string& arguments) {
+  ojson j = ojson::parse(trim(s), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  auto nm = j.find("name");
+  if (nm == j.end() || !nm->is_string() || nm->get_ref<const std::string&>().empty()) return false;
+  name = nm->get<std::string>();
+  auto a = j.find("arguments");
+  if (a == j.end()) a = j.find("parameters");
+  if (a == j.end() || a->is_null()) {
+    arguments = "{}";
+  } else if (a->is_string()) {
+    // Some models double-encode the arguments; accept them when the string is itself JSON.
+    ojson inner = ojson::parse(a->get_ref<const std::string&>(), nullptr, false);
+    if (inner.is_discarded()) return false;
+    arguments = a->get<std::string>();
+  } else {
+    arguments = dump_safe(*a);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools, std::string& name,
+                          std::string& arguments) {
+  std::string_view t = trim(body);
+  if (starts_with(t, "<function=")) return parse_xml(t, tools, name, arguments);
+  if (starts_with(t, "{")) return parse_json(t, name, arguments);
+  return false;
+}
+
+}  // namespace kiln::chat
