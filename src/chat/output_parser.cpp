@@ -176,7 +176,10 @@ Delta OutputParser::process(bool final) {
         size_t pos = buf_.find(kToolOpen);
         if (pos != std::string::npos) {
           emit_content(std::string_view(buf_).substr(0, pos), d);
-          content_ws_.clear();  // whitespace between content and a call is layout, not content
+          // Whitespace between content and a call is layout, not content; kept aside in case
+          // the call turns out malformed.
+          tool_ws_ = std::move(content_ws_);
+          content_ws_.clear();
           buf_.erase(0, pos + kToolOpen.size());
           mode_ = Mode::ToolCall;
           scan_from_ = 0;
@@ -196,7 +199,7 @@ Delta OutputParser::process(bool final) {
             return d;
           }
           // Unterminated call at the end of generation: the raw text becomes content.
-          std::string raw = std::string(kToolOpen) + buf_;
+          std::string raw = tool_ws_ + std::string(kToolOpen) + buf_;
           buf_.clear();
           mode_ = Mode::Content;
           content_skip_ws_ = false;
@@ -217,7 +220,7 @@ Delta OutputParser::process(bool final) {
           content_skip_ws_ = true;
         } else {
           // Not a call after all: keep the text, verbatim, as content.
-          std::string raw = std::string(kToolOpen);
+          std::string raw = tool_ws_ + std::string(kToolOpen);
           raw.append(body);
           raw.append(kToolClose);
           buf_.erase(0, pos + kToolClose.size());

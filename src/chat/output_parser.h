@@ -74,6 +74,7 @@ class OutputParser {
   std::string reasoning_ws_;        // trailing whitespace of reasoning, held back
   bool content_skip_ws_ = false;    // drop leading whitespace (after </think> or </tool_call>)
   std::string content_ws_;          // trailing whitespace of content, held back
+  std::string tool_ws_;             // whitespace dropped before the current <tool_call>
   ParsedMessage msg_;
 };
 
