@@ -1,0 +1,65 @@
+#include "kernels/cpu/dispatch.h"
+
+#include <atomic>
+
+#include "kernels/ops.h"
+
+namespace kiln::kernels::cpu {
+namespace {
+
+struct Tables {
+  Table t[3];
+  bool ok[3] = {};
+  Tables() {
+    fill_generic(t[0]);
+    ok[0] = true;
+#if defined(__x86_64__)
+    if (isa_supported(CpuIsa::Avx2)) {
+      fill_generic(t[1]);
+      fill_avx2(t[1]);
+      t[1].isa = CpuIsa::Avx2;
+      ok[1] = true;
+    }
+    if (isa_supported(CpuIsa::Avx512)) {
+      fill_generic(t[2]);
+      fill_avx512(t[2]);
+      t[2].isa = CpuIsa::Avx512;
+      ok[2] = true;
+    }
+#endif
+  }
+};
+
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+std::atomic<const Table*>& current() {
+  static std::atomic<const Table*> cur{table_for(selected_isa())};
+  return cur;
+}
+
+}  // namespace
+
+const Table* table_for(CpuIsa isa) {
+  const int i = int(isa);
+  return tables().ok[i] ? &tables().t[i] : nullptr;
+}
+
+const Table& table() { return *current().load(std::memory_order_relaxed); }
+
+}  // namespace kiln::kernels::cpu
+
+namespace kiln::kernels {
+
+bool set_isa(CpuIsa isa) {
+  const cpu::Table* t = cpu::table_for(isa);
+  if (!t) return false;
+  cpu::current().store(t, std::memory_order_relaxed);
+  return true;
+}
+
+CpuIsa current_isa() { return cpu::table().isa; }
+
+}  // namespace kiln::kernels

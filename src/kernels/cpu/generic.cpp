@@ -1,0 +1,99 @@
+// Generic (portable C++) entries of the CPU kernel table. Quantized weights take the float path
+// (dequantize a row, then dot_f32); the integer Q8A dots live in the per-ISA files.
+#include <cmath>
+#include <cstring>
+
+#include "core/fp16.h"
+#include "kernels/cpu/dispatch.h"
+#include "kernels/ops.h"
+#include "tensor/dtype.h"
+
+namespace kiln::kernels::cpu {
+namespace {
+
+float dot_f32_generic(const float* a, const float* b, int64_t n) {
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy_generic(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+void scale_generic(float* y, float a, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+float dot_row_f32(const void* w, const float* x, int64_t k) { return dot_f32_generic(static_cast<const float*>(w), x, k); }
+float dot_row_f16(const void* w, const float* x, int64_t k) {
+  const auto* p = static_cast<const uint8_t*>(w);
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * (i + j), 2);
+      acc[j] += fp16_to_f32(h) * x[i + j];
+    }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < k; ++i) { uint16_t h; std::memcpy(&h, p + 2 * i, 2); s += fp16_to_f32(h) * x[i]; }
+  return s;
+}
+float dot_row_bf16(const void* w, const float* x, int64_t k) {
+  const auto* p = static_cast<const uint8_t*>(w);
+  float acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * (i + j), 2);
+      acc[j] += bf16_to_f32(h) * x[i + j];
+    }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < k; ++i) { uint16_t h; std::memcpy(&h, p + 2 * i, 2); s += bf16_to_f32(h) * x[i]; }
+  return s;
+}
+
+void quantize_act_generic(const float* x, int64_t k, void* act) {
+  auto* qs = static_cast<int8_t*>(act);
+  auto* d = reinterpret_cast<float*>(qs + k);
+  float* s = d + k / 32;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float db = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = int(std::nearbyint(xb[i] * id));
+      qs[32 * b + i] = int8_t(q);
+      sum += q;
+    }
+    d[b] = db;
+    s[b] = db * float(sum);
+  }
+}
+
+}  // namespace
+
+void fill_generic(Table& t) {
+  t.isa = CpuIsa::Scalar;
+  t.quantize_act = quantize_act_generic;
+  t.dot_f32 = dot_f32_generic;
+  t.axpy = axpy_generic;
+  t.scale = scale_generic;
+  t.dot_row[type_index(GgmlType::F32)] = dot_row_f32;
+  t.dot_row[type_index(GgmlType::F16)] = dot_row_f16;
+  t.dot_row[type_index(GgmlType::BF16)] = dot_row_bf16;
+  for (const auto& tr : tensor::all_dtype_traits()) {
+    const int i = type_index(tr.type);
+    if (i < kNumTypes && matmul_supported(tr.type)) t.to_f32[i] = tr.dequantize_row;
+  }
+  for (int i = 0; i < kNumTypes; ++i) t.vec_dot_q8[i] = nullptr;
+}
+
+}  // namespace kiln::kernels::cpu

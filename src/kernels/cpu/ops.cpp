@@ -1,0 +1,422 @@
+// The dispatched, multi-threaded CPU ops of kernels/ops.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/cpu/dispatch.h"
+#include "kernels/ops.h"
+#include "kernels/ref/ref.h"
+#include "tensor/quant.h"
+
+namespace kiln::kernels {
+
+using cpu::Table;
+
+namespace {
+inline size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
+constexpr int64_t kRowTile = 16;  // weight rows kept hot while sweeping the columns of X
+bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+}  // namespace
+
+size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
+  if (is_float_type(wt)) return 0;
+  // Q8A activations for every column + one dequantized row per thread (float fallback path).
+  return align64(size_t(m) * cpu::act_bytes(k)) + size_t(n_threads) * align64(size_t(k) * 4);
+}
+
+void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
+  KILN_CHECK(matmul_supported(a.wt), "matmul: unsupported weight type {}", gguf::type_name(a.wt));
+  KILN_CHECK(a.m == 1 || (a.x_stride >= a.k && a.y_stride >= a.n), "matmul: bad strides");
+  const Table& T = cpu::table();
+  const int wi = cpu::type_index(a.wt);
+  const auto* w = static_cast<const char*>(a.w);
+  const int64_t k = a.k, m = a.m;
+
+  if (is_float_type(a.wt)) {
+    const cpu::DotRowFn dot = T.dot_row[wi];
+    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+      for (int64_t jb = j0; jb < j1; jb += kRowTile) {
+        const int64_t je = std::min(j1, jb + kRowTile);
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t j = jb; j < je; ++j) a.y[t * a.y_stride + j] = dot(w + size_t(j) * a.w_stride, a.x + t * a.x_stride, k);
+      }
+    });
+    return;
+  }
+  KILN_CHECK(ws != nullptr, "matmul: {} weights need a workspace", gguf::type_name(a.wt));
+  const cpu::VecDotQ8Fn vd = T.vec_dot_q8[wi];
+  if (vd) {
+    KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
+    auto* act = static_cast<uint8_t*>(ws);
+    const size_t ab = cpu::act_bytes(k);
+    if (m < 2 * pool.size()) {
+      for (int64_t t = 0; t < m; ++t) T.quantize_act(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+    } else {
+      pool.parallel_for(m, [&](int64_t t0, int64_t t1, int) {
+        for (int64_t t = t0; t < t1; ++t) T.quantize_act(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+      });
+    }
+    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+      for (int64_t jb = j0; jb < j1; jb += kRowTile) {
+        const int64_t je = std::min(j1, jb + kRowTile);
+        for (int64_t t = 0; t < m; ++t) {
+          const uint8_t* at = act + size_t(t) * ab;
+          float* yt = a.y + t * a.y_stride;
+          for (int64_t j = jb; j < je; ++j) yt[j] = vd(k, w + size_t(j) * a.w_stride, at);
+        }
+      }
+    }, 4);
+    return;
+  }
+  // Float fallback: dequantize each weight row once, dot it with every column.
+  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(k));
+  const cpu::ToF32Fn deq = T.to_f32[wi];
+  KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
+  pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
+    float* row = reinterpret_cast<float*>(rows + size_t(tid) * align64(size_t(k) * 4));
+    for (int64_t j = j0; j < j1; ++j) {
+      deq(w + size_t(j) * a.w_stride, row, k);
+      for (int64_t t = 0; t < m; ++t) a.y[t * a.y_stride + j] = T.dot_f32(row, a.x + t * a.x_stride, k);
+    }
+  }, 4);
+}
+
+void get_rows(GgmlType t, const void* table, size_t row_stride, int64_t n_rows, int64_t k, const int32_t* ids,
+              int64_t n, float* out, int64_t out_stride, ThreadPool& pool) {
+  const Table& T = cpu::table();
+  const cpu::ToF32Fn deq = T.to_f32[cpu::type_index(t)];
+  KILN_CHECK(deq != nullptr, "get_rows: unsupported type {}", gguf::type_name(t));
+  for (int64_t r = 0; r < n; ++r)
+    KILN_CHECK(ids[r] >= 0 && ids[r] < n_rows, "get_rows: id {} out of range [0, {})", ids[r], n_rows);
+  pool.parallel_for(n, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r)
+      deq(static_cast<const char*>(table) + size_t(ids[r]) * row_stride, out + r * out_stride, k);
+  });
+}
+
+namespace {
+// Runs fn(row_in, row_out) over all rows of x/y, split across the pool.
+template <class F>
+void for_rows(CRows x, Rows y, ThreadPool& pool, F&& fn) {
+  const int64_t nr = x.n1 * x.n2;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, x.ne0));
+  auto body = [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i1 = r % x.n1, i2 = r / x.n1;
+      fn(x.row(i1, i2), y.row(i1, i2), i2);
+    }
+  };
+  if (nr <= grain) body(0, nr, 0);
+  else pool.parallel_for(nr, body, grain);
+}
+}  // namespace
+
+void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool) {
+  const Table& T = cpu::table();
+  const int64_t n = x.ne0;
+  for_rows(x, y, pool, [&](const float* xr, float* yr, int64_t) {
+    const float r = 1.0f / std::sqrt(T.dot_f32(xr, xr, n) / float(n) + eps);
+    if (w) for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r * w[i];
+    else for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r;
+  });
+}
+
+void l2_norm(CRows x, Rows y, float eps, ThreadPool& pool) {
+  const int64_t n = x.ne0;
+  for_rows(x, y, pool, [&](const float* xr, float* yr, int64_t) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
+    const float r = float(1.0 / std::max(std::sqrt(ss), double(eps)));
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r;
+  });
+}
+
+void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
+  KILN_CHECK(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= x.ne0 && p.n_rot <= 1024, "rope: n_rot {} vs head_dim {}",
+             p.n_rot, x.ne0);
+  const int half = p.n_rot / 2;
+  // Per-pair inverse frequencies (computed once per call; small, on the stack).
+  float inv_freq[512];
+  for (int i = 0; i < half; ++i) inv_freq[i] = float(double(p.freq_scale) * std::pow(double(p.freq_base), -2.0 * i / p.n_rot));
+  pool.parallel_for(x.n2, [&](int64_t t0, int64_t t1, int) {
+    float cs[512], sn[512];
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int i = 0; i < half; ++i) {
+        const double th = double(pos[t]) * inv_freq[i];
+        cs[i] = float(std::cos(th));
+        sn[i] = float(std::sin(th));
+      }
+      for (int64_t h = 0; h < x.n1; ++h) {
+        float* r = x.row(h, t);
+        if (p.neox) {
+          for (int i = 0; i < half; ++i) {
+            const float x0 = r[i], x1 = r[i + half];
+            r[i] = x0 * cs[i] - x1 * sn[i];
+            r[i + half] = x0 * sn[i] + x1 * cs[i];
+          }
+        } else {
+          for (int i = 0; i < half; ++i) {
+            const float x0 = r[2 * i], x1 = r[2 * i + 1];
+            r[2 * i] = x0 * cs[i] - x1 * sn[i];
+            r[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+          }
+        }
+      }
+    }
+  });
+}
+
+void softmax(Rows x, float scale, ThreadPool& pool) {
+  const int64_t n = x.ne0;
+  for_rows(x, x, pool, [&](const float* xr, float* yr, int64_t) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, scale * xr[i]);
+    float sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += (yr[i] = std::exp(scale * xr[i] - mx));
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; ++i) yr[i] *= inv;
+  });
+}
+
+void silu(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i])); }
+void swiglu(const float* gate, const float* up, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+void sigmoid_mul(const float* x, const float* g, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-g[i]));
+}
+void sigmoid(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i])); }
+void softplus(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 20.f ? x[i] : std::log1p(std::exp(x[i]));
+}
+void add(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i]; }
+void mul(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i]; }
+void scale(const float* x, float s, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s; }
+
+void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
+                int32_t* ids, float* weights) {
+  KILN_CHECK(k >= 1 && k <= n_expert && n_expert <= 4096, "topk_route: k {} vs n_expert {}", k, n_expert);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* l = logits + t * n_expert;
+    float mx = -INFINITY;
+    for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, l[e]);
+    float sum = 0;
+    for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(l[e] - mx);
+    // Selection: k passes of argmax over the not-yet-chosen (k is small: 8-10 of 64-512).
+    int32_t* id = ids + t * k;
+    float* wt = weights + t * k;
+    float ksum = 0;
+    for (int i = 0; i < k; ++i) {
+      int32_t best = -1;
+      for (int64_t e = 0; e < n_expert; ++e) {
+        bool taken = false;
+        for (int j = 0; j < i; ++j) taken |= id[j] == e;
+        if (!taken && (best < 0 || l[e] > l[best])) best = int32_t(e);
+      }
+      id[i] = best;
+      wt[i] = std::exp(l[best] - mx) / sum;
+      ksum += wt[i];
+    }
+    for (int i = 0; i < k; ++i) wt[i] = (renorm ? wt[i] / ksum : wt[i]) * w_scale;
+  }
+}
+
+void kv_store(GgmlType type, CRows x, const int32_t* pos, void* dst, size_t pos_stride, size_t head_stride) {
+  ref::kv_store(type, x, pos, dst, pos_stride, head_stride);
+}
+
+void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv_v, const AttnParams& p, Rows out,
+               ThreadPool& pool) {
+  const int64_t D = p.head_dim;
+  KILN_CHECK(D > 0 && D <= 512 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "attention: head_dim {} heads {}/{}",
+             D, p.n_head, p.n_head_kv);
+  const int64_t group = p.n_head / p.n_head_kv;
+  const Table& T = cpu::table();
+  const cpu::ToF32Fn kdeq = T.to_f32[cpu::type_index(kv_k.type)], vdeq = T.to_f32[cpu::type_index(kv_v.type)];
+  KILN_CHECK(kdeq && vdeq, "attention: unsupported cache types");
+  for (int64_t t = 0; t < q.n2; ++t)
+    KILN_CHECK(pos[t] >= 0 && pos[t] < kv_k.n_kv && pos[t] < kv_v.n_kv, "attention: pos {} outside cache of {}", pos[t],
+               kv_k.n_kv);
+  constexpr int kG = 8;    // query heads processed together (share each K/V row conversion)
+  constexpr int kBk = 64;  // keys per tile of the online softmax
+  const int64_t n_gchunks = (group + kG - 1) / kG;
+  const int64_t n_items = q.n2 * p.n_head_kv * n_gchunks;
+  pool.parallel_for(n_items, [&](int64_t i0, int64_t i1, int) {
+    alignas(64) float kr[512], vr[512];
+    alignas(64) float acc[kG][512];
+    float sc[kG][kBk], mx[kG], l[kG];
+    for (int64_t it = i0; it < i1; ++it) {
+      const int64_t gc = it % n_gchunks, hk = (it / n_gchunks) % p.n_head_kv, t = it / (n_gchunks * p.n_head_kv);
+      const int64_t h0 = hk * group + gc * kG;
+      const int ng = int(std::min<int64_t>(kG, hk * group + group - h0));
+      const int64_t n = int64_t(pos[t]) + 1;
+      for (int g = 0; g < ng; ++g) {
+        mx[g] = -INFINITY;
+        l[g] = 0;
+        std::fill(acc[g], acc[g] + D, 0.f);
+      }
+      for (int64_t j0 = 0; j0 < n; j0 += kBk) {
+        const int nb = int(std::min<int64_t>(kBk, n - j0));
+        for (int jj = 0; jj < nb; ++jj) {
+          const int64_t j = j0 + jj;
+          kdeq(static_cast<const char*>(kv_k.data) + size_t(j) * kv_k.pos_stride + size_t(hk) * kv_k.head_stride, kr, D);
+          for (int g = 0; g < ng; ++g) sc[g][jj] = T.dot_f32(q.row(h0 + g, t), kr, D) * p.scale;
+        }
+        for (int g = 0; g < ng; ++g) {
+          float tm = mx[g];
+          for (int jj = 0; jj < nb; ++jj) tm = std::max(tm, sc[g][jj]);
+          const float corr = std::exp(mx[g] - tm);  // 0 on the first tile (mx = -inf)
+          if (corr != 1.f) {
+            T.scale(acc[g], corr, D);
+            l[g] *= corr;
+          }
+          mx[g] = tm;
+          for (int jj = 0; jj < nb; ++jj) {
+            sc[g][jj] = std::exp(sc[g][jj] - tm);
+            l[g] += sc[g][jj];
+          }
+        }
+        for (int jj = 0; jj < nb; ++jj) {
+          const int64_t j = j0 + jj;
+          vdeq(static_cast<const char*>(kv_v.data) + size_t(j) * kv_v.pos_stride + size_t(hk) * kv_v.head_stride, vr, D);
+          for (int g = 0; g < ng; ++g) T.axpy(sc[g][jj], vr, acc[g], D);
+        }
+      }
+      for (int g = 0; g < ng; ++g) {
+        float* o = out.row(h0 + g, t);
+        const float inv = 1.0f / l[g];
+        for (int64_t i = 0; i < D; ++i) o[i] = acc[g][i] * inv;
+      }
+    }
+  });
+}
+
+void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state, float* y, int64_t y_stride,
+                 int64_t C, int64_t n_t, int d_conv, ThreadPool& pool) {
+  KILN_CHECK(d_conv >= 1 && d_conv <= 8, "conv1d_silu: d_conv {} not in 1..8", d_conv);
+  constexpr int kCB = 16;  // channels per inner block (one cache line of x per token)
+  const int K = d_conv;
+  pool.parallel_for((C + kCB - 1) / kCB, [&](int64_t b0, int64_t b1, int) {
+    float win[8][kCB], wt[8][kCB];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t c0 = b * kCB;
+      const int nc = int(std::min<int64_t>(kCB, C - c0));
+      for (int c = 0; c < nc; ++c) {
+        for (int j = 0; j < K; ++j) wt[j][c] = w[(c0 + c) * K + j];
+        for (int j = 0; j < K - 1; ++j) win[j][c] = state[(c0 + c) * (K - 1) + j];
+      }
+      for (int64_t t = 0; t < n_t; ++t) {
+        const float* xt = x + t * x_stride + c0;
+        float* yt = y + t * y_stride + c0;
+        for (int c = 0; c < nc; ++c) {
+          win[K - 1][c] = xt[c];  // read before the (possibly aliased) write below
+          float s = 0;
+          for (int j = 0; j < K; ++j) s += wt[j][c] * win[j][c];
+          yt[c] = s / (1.0f + std::exp(-s));
+          for (int j = 0; j < K - 1; ++j) win[j][c] = win[j + 1][c];
+        }
+      }
+      for (int c = 0; c < nc; ++c)
+        for (int j = 0; j < K - 1; ++j) state[(c0 + c) * (K - 1) + j] = win[j][c];
+    }
+  });
+}
+
+void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
+  KILN_CHECK(a.Hk > 0 && a.Hv % a.Hk == 0, "gated_delta_rule: Hv {} not a multiple of Hk {}", a.Hv, a.Hk);
+  const Table& T = cpu::table();
+  const int64_t S = a.S;
+  const float qscale = 1.0f / std::sqrt(float(S));
+  pool.parallel_for(a.Hv, [&](int64_t h0, int64_t h1, int) {
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t hk = h % a.Hk;
+      float* st = a.state + h * S * S;
+      for (int64_t t = 0; t < a.n_t; ++t) {
+        const float* q = a.q + t * a.qk_stride + hk * S;
+        const float* k = a.k + t * a.qk_stride + hk * S;
+        const float* v = a.v + t * a.v_stride + h * S;
+        float* o = a.out + t * a.out_stride + h * S;
+        const float decay = std::exp(a.g[t * a.Hv + h]), beta = a.beta[t * a.Hv + h];
+        for (int64_t j = 0; j < S; ++j) {
+          float* row = st + j * S;  // row j = column j of M: M[i][j] for all i
+          T.scale(row, decay, S);
+          const float dj = (v[j] - T.dot_f32(row, k, S)) * beta;
+          T.axpy(dj, k, row, S);
+          o[j] = T.dot_f32(row, q, S) * qscale;
+        }
+      }
+    }
+  });
+}
+
+size_t gated_delta_chunked_workspace(int64_t S, int chunk, int n_threads) {
+  const size_t per = size_t(3 * chunk * S + 2 * chunk * chunk + 2 * chunk) * 4;
+  return size_t(n_threads) * align64(per);
+}
+
+// Chunked form. Within a chunk of L tokens with cumulative log-decay G_t (inclusive) and start
+// state M0, the deltas solve a unit lower-triangular system and the outputs / final state follow:
+//   d_t = beta_t (v_t - e^{G_t} M0^T k_t - sum_{s<t} e^{G_t-G_s} (k_t.k_s) d_s)
+//   o_t = (e^{G_t} M0^T q_t + sum_{s<=t} e^{G_t-G_s} (q_t.k_s) d_s) / sqrt(S)
+//   M_L = e^{G_L} M0 + sum_s e^{G_L-G_s} k_s d_s^T
+void gated_delta_rule_chunked(const DeltaArgs& a, int chunk, void* ws, ThreadPool& pool) {
+  KILN_CHECK(a.Hk > 0 && a.Hv % a.Hk == 0, "gated_delta_rule_chunked: Hv {} not a multiple of Hk {}", a.Hv, a.Hk);
+  KILN_CHECK(chunk >= 1 && ws != nullptr, "gated_delta_rule_chunked: chunk {} / workspace", chunk);
+  const Table& T = cpu::table();
+  const int64_t S = a.S, C = chunk;
+  const float qscale = 1.0f / std::sqrt(float(S));
+  const size_t per = align64(size_t(3 * C * S + 2 * C * C + 2 * C) * 4);
+  pool.parallel_for(a.Hv, [&](int64_t h0, int64_t h1, int tid) {
+    float* base = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + size_t(tid) * per);
+    float* KS = base;          // [S, C]: row t = M0^T k_t
+    float* QS = KS + C * S;    // [S, C]: row t = M0^T q_t
+    float* Dl = QS + C * S;    // [S, C]: row t = d_t
+    float* KK = Dl + C * S;    // [C, C]: KK[t*C + s] = k_t.k_s
+    float* QK = KK + C * C;    // [C, C]
+    float* G = QK + C * C;     // [C]
+    float* cf = G + C;         // [C]
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t hk = h % a.Hk;
+      float* st = a.state + h * S * S;
+      for (int64_t t0 = 0; t0 < a.n_t; t0 += C) {
+        const int64_t L = std::min<int64_t>(C, a.n_t - t0);
+        auto qv = [&](int64_t t) { return a.q + (t0 + t) * a.qk_stride + hk * S; };
+        auto kv = [&](int64_t t) { return a.k + (t0 + t) * a.qk_stride + hk * S; };
+        float gs = 0;
+        for (int64_t t = 0; t < L; ++t) G[t] = (gs += a.g[(t0 + t) * a.Hv + h]);
+        for (int64_t t = 0; t < L; ++t)
+          for (int64_t j = 0; j < S; ++j) {
+            KS[t * S + j] = T.dot_f32(st + j * S, kv(t), S);
+            QS[t * S + j] = T.dot_f32(st + j * S, qv(t), S);
+          }
+        for (int64_t t = 0; t < L; ++t)
+          for (int64_t s = 0; s <= t; ++s) {
+            KK[t * C + s] = T.dot_f32(kv(t), kv(s), S);
+            QK[t * C + s] = T.dot_f32(qv(t), kv(s), S);
+          }
+        for (int64_t t = 0; t < L; ++t) {
+          const float beta = a.beta[(t0 + t) * a.Hv + h], eg = std::exp(G[t]);
+          const float* v = a.v + (t0 + t) * a.v_stride + h * S;
+          float* d = Dl + t * S;
+          for (int64_t j = 0; j < S; ++j) d[j] = v[j] - eg * KS[t * S + j];
+          for (int64_t s = 0; s < t; ++s) T.axpy(-std::exp(G[t] - G[s]) * KK[t * C + s], Dl + s * S, d, S);
+          T.scale(d, beta, S);
+          float* o = a.out + (t0 + t) * a.out_stride + h * S;
+          for (int64_t j = 0; j < S; ++j) o[j] = eg * QS[t * S + j];
+          for (int64_t s = 0; s <= t; ++s) T.axpy(std::exp(G[t] - G[s]) * QK[t * C + s], Dl + s * S, o, S);
+          T.scale(o, qscale, S);
+        }
+        const float eL = std::exp(G[L - 1]);
+        for (int64_t s = 0; s < L; ++s) cf[s] = std::exp(G[L - 1] - G[s]);
+        for (int64_t j = 0; j < S; ++j) {
+          float* row = st + j * S;
+          T.scale(row, eL, S);
+          for (int64_t s = 0; s < L; ++s) T.axpy(cf[s] * Dl[s * S + j], kv(s), row, S);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace kiln::kernels

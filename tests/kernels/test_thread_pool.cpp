@@ -1,0 +1,74 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/thread_pool.h"
+
+using namespace kiln;
+
+TEST(ThreadPool, CoversEveryIndexOnceWithinGrain) {
+  for (int nt : {1, 2, 3, 5}) {
+    ThreadPool pool(nt);
+    EXPECT_EQ(pool.size(), nt);
+    for (int64_t n : {0, 1, 2, 7, 64, 1000, 4097}) {
+      for (int64_t grain : {1, 4, 16}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        std::atomic<int> bad_tid{0}, bad_align{0};
+        pool.parallel_for(n, [&](int64_t b, int64_t e, int tid) {
+          if (tid < 0 || tid >= nt) bad_tid++;
+          if (b % grain != 0) bad_align++;
+          for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+        }, grain);
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "nt " << nt << " n " << n << " i " << i;
+        EXPECT_EQ(bad_tid.load(), 0);
+        EXPECT_EQ(bad_align.load(), 0);
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, UsesDistinctThreadIdsAndNestsInline) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> per_tid(4);
+  std::atomic<int64_t> inner_sum{0};
+  pool.parallel_for(4, [&](int64_t b, int64_t e, int tid) {
+    per_tid[size_t(tid)] += int(e - b);
+    // A nested call runs inline on this thread (thread id 0, the whole range).
+    pool.parallel_for(10, [&](int64_t b2, int64_t e2, int tid2) {
+      EXPECT_EQ(tid2, 0);
+      EXPECT_EQ(b2, 0);
+      EXPECT_EQ(e2, 10);
+      inner_sum += e2 - b2;
+    });
+  });
+  for (auto& c : per_tid) EXPECT_EQ(c.load(), 1);
+  EXPECT_EQ(inner_sum.load(), 40);
+}
+
+TEST(ThreadPool, RunAllAndManyBackToBackJobs) {
+  ThreadPool pool(3);
+  std::vector<int> seen(3, 0);
+  pool.run_all([&](int tid, int nt) {
+    EXPECT_EQ(nt, 3);
+    seen[size_t(tid)]++;
+  });
+  EXPECT_EQ(seen, std::vector<int>({1, 1, 1}));
+  std::atomic<int64_t> total{0};
+  for (int it = 0; it < 2000; ++it)
+    pool.parallel_for(3, [&](int64_t b, int64_t e, int) { total += e - b; });
+  EXPECT_EQ(total.load(), 6000);
+}
+
+TEST(CpuFeatures, IsaNamesAndLevels) {
+  for (CpuIsa i : {CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512}) EXPECT_EQ(parse_isa(isa_name(i)), i);
+  EXPECT_FALSE(parse_isa("sse9").has_value());
+  EXPECT_TRUE(isa_supported(CpuIsa::Scalar));
+  EXPECT_TRUE(isa_supported(best_isa()));
+  EXPECT_LE(int(selected_isa()), int(best_isa()));
+  // Levels are nested: a CPU with AVX-512 (as kiln defines it) also has the AVX2 level.
+  if (isa_supported(CpuIsa::Avx512)) EXPECT_TRUE(isa_supported(CpuIsa::Avx2));
+  const auto& f = cpu_features();
+  EXPECT_EQ(isa_supported(CpuIsa::Avx2), f.avx2 && f.fma && f.f16c);
+}
