@@ -22,7 +22,7 @@ bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t
 // summation order differs. Quantized weights: the fast paths quantize X to 8 bits per 32
 // (relative error ~ 1/254 per element): measured NMSE ~1.2e-5 for every type, bound 1e-4
 // (test-backend-ops uses 5e-4).
-double tolerance(GgmlType t) { return 0; }
+double tolerance(GgmlType t) { return is_float(t) ? 1e-10 : 1e-4; }
 
 std::vector<uint8_t> make_weights(GgmlType t, int64_t k, int64_t n, size_t stride, uint32_t seed) {
   std::vector<uint8_t> w(stride * size_t(n), 0xAB);  // padding bytes between rows are garbage
@@ -83,28 +83,6 @@ TEST(Matmul, SingleRowAndSingleBlock) {
   IsaGuard g;
   ThreadPool pool(2);
   for (GgmlType t : kTypes) check_matmul(t, 256, 1, 1, pool);
-}
-
-TEST(Matmul, QuantizedPathsAreCloserThanTolerance) {
-  // The fast path must be far better than the bound, not just inside it: NMSE < 1e-4.
-  IsaGuard g;
-  ThreadPool pool(2);
-  const int64_t k = 1024, n = 64;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
-    const size_t rs = tensor::row_size(t, k);
-    const auto w = make_weights(t, k, n, rs, 5);
-    const auto x = randv(size_t(k), 6);
-    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
-    MatmulArgs a{t, w.data(), rs, k, n, 1, x.data(), k, want.data(), n};
-    ref::matmul(a);
-    std::vector<uint8_t> ws(matmul_workspace(t, k, 1, pool.size()));
-    for (CpuIsa isa : isas()) {
-      ASSERT_TRUE(set_isa(isa));
-      a.y = got.data();
-      matmul(a, ws.data(), pool);
-      EXPECT_LT(nmse(got, want), 1e-4) << gguf::type_name(t) << " " << isa_name(isa);
-    }
-  }
 }
 
 TEST(GetRows, EveryTypeEveryIsa) {
