@@ -137,8 +137,8 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
              p.n_rot, x.ne0);
   const int half = p.n_rot / 2;
   // Per-pair inverse frequencies (computed once per call; small, on the stack).
-  float inv_freq[512];
-  for (int i = 0; i < half; ++i) inv_freq[i] = float(double(p.freq_scale) * std::pow(double(p.freq_base), -2.0 * i / p.n_rot));
+  double inv_freq[512];
+  for (int i = 0; i < half; ++i) inv_freq[i] = double(p.freq_scale) * std::pow(double(p.freq_base), -2.0 * i / p.n_rot);
   pool.parallel_for(x.n2, [&](int64_t t0, int64_t t1, int) {
     float cs[512], sn[512];
     for (int64_t t = t0; t < t1; ++t) {

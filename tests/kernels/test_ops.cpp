@@ -1,0 +1,349 @@
+// Dispatched non-matmul ops (every ISA this CPU has) against the scalar references in
+// kernels/ref, plus the chunked gated-delta prefill against the token-by-token recurrence.
+// Tolerances are NMSE (sum (a-b)^2 / sum b^2): float-only ops differ from the double-accumulating
+// references by rounding only, so 1e-9 (values are ~1e-14 in practice).
+#include <algorithm>
+#include <cstring>
+
+#include "kernel_test_util.h"
+#include "kernels/ref/ref.h"
+#include "tensor/quant.h"
+
+using namespace kiln;
+using namespace kiln::kernels;
+using namespace kiln::kernels::testing;
+
+namespace {
+constexpr double kTol = 1e-9;
+}
+
+TEST(Ops, NormsEveryIsa) {
+  IsaGuard g;
+  ThreadPool pool(3);
+  // [ne0, n1, n2] with padded strides: 5 heads of 96 (stride 100), 7 tokens (stride 520).
+  const int64_t ne0 = 96, n1 = 5, n2 = 7, s1 = 100, s2 = 520;
+  const auto x = randv(size_t(s2 * n2), 1, -3, 3);
+  const auto w = randv(size_t(ne0), 2);
+  CRows xr{x.data(), ne0, n1, n2, s1, s2};
+  for (CpuIsa isa : isas()) {
+    ASSERT_TRUE(set_isa(isa));
+    for (int which = 0; which < 3; ++which) {
+      std::vector<float> want(x.size(), 0.f), got(x.size(), 0.f);
+      Rows wr{want.data(), ne0, n1, n2, s1, s2}, gr{got.data(), ne0, n1, n2, s1, s2};
+      if (which == 0) { ref::rms_norm(xr, w.data(), wr, 1e-6f); rms_norm(xr, w.data(), gr, 1e-6f, pool); }
+      if (which == 1) { ref::rms_norm(xr, nullptr, wr, 1e-5f); rms_norm(xr, nullptr, gr, 1e-5f, pool); }
+      if (which == 2) { ref::l2_norm(xr, wr, 1e-6f); l2_norm(xr, gr, 1e-6f, pool); }
+      EXPECT_LE(nmse(got, want), kTol) << "op " << which << " " << isa_name(isa);
+    }
+  }
+  // In place, and l2_norm's eps is a floor on the norm: an all-zero row stays zero.
+  std::vector<float> z(64, 0.f);
+  l2_norm(crows3(z.data(), 64), rows3(z.data(), 64), 1e-6f, pool);
+  for (float v : z) EXPECT_EQ(v, 0.f);
+  std::vector<float> a = randv(256, 3), b = a;
+  rms_norm(crows3(a.data(), 64, 4), w.data(), rows3(a.data(), 64, 4), 1e-6f, pool);
+  std::vector<float> want(256);
+  ref::rms_norm(crows3(b.data(), 64, 4), w.data(), rows3(want.data(), 64, 4), 1e-6f);
+  EXPECT_LE(nmse(a, want), kTol);
+}
+
+TEST(Ops, RopeNeoxNormalPartial) {
+  IsaGuard g;
+  ThreadPool pool(2);
+  const int64_t D = 128, H = 3, T = 9;
+  const int32_t pos[T] = {0, 1, 2, 17, 100, 1000, 4095, 32767, 5};
+  for (bool neox : {true, false})
+    for (int n_rot : {128, 64, 32})
+      for (float base : {10000.f, 1e6f})
+        for (float fs : {1.f, 0.25f}) {
+          RopeParams p{n_rot, neox, base, fs};
+          const auto x = randv(size_t(D * H * T), 7);
+          std::vector<float> want = x, got = x;
+          ref::rope(rows3(want.data(), D, H, T), pos, p);
+          rope(rows3(got.data(), D, H, T), pos, p, pool);
+          EXPECT_LE(nmse(got, want), 1e-9) << "neox " << neox << " n_rot " << n_rot << " base " << base;
+          // dims >= n_rot pass through untouched; position 0 is the identity.
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t i = 0; i < D; ++i) {
+                const size_t o = size_t((t * H + h) * D + i);
+                if (i >= n_rot || pos[t] == 0) ASSERT_EQ(got[o], x[o]);
+              }
+        }
+  // An independent check of the pairing for NeoX: pair (0, n_rot/2) rotates by pos * scale.
+  std::vector<float> v(8, 0.f);
+  v[0] = 1.f;
+  const int32_t p1[1] = {1};
+  rope(rows3(v.data(), 8), p1, RopeParams{4, true, 10000.f, 1.f}, pool);
+  EXPECT_NEAR(v[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(v[2], std::sin(1.0), 1e-6);
+  std::fill(v.begin(), v.end(), 0.f);
+  v[0] = 1.f;
+  rope(rows3(v.data(), 8), p1, RopeParams{4, false, 10000.f, 1.f}, pool);
+  EXPECT_NEAR(v[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(v[1], std::sin(1.0), 1e-6);
+}
+
+TEST(Ops, SoftmaxAndElementwise) {
+  ThreadPool pool(2);
+  const int64_t n = 1031;
+  const auto x = randv(size_t(n * 3), 11, -8, 8), y2 = randv(size_t(n * 3), 12, -8, 8);
+  std::vector<float> want = x, got = x;
+  ref::softmax(rows3(want.data(), n, 3), 0.7f);
+  softmax(rows3(got.data(), n, 3), 0.7f, pool);
+  EXPECT_LE(nmse(got, want), kTol);
+  for (int r = 0; r < 3; ++r) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += got[size_t(r * n + i)];
+    EXPECT_NEAR(s, 1.0, 1e-5);
+  }
+  using Un = void (*)(const float*, float*, int64_t);
+  using Bin = void (*)(const float*, const float*, float*, int64_t);
+  const std::pair<Un, Un> un[] = {{silu, ref::silu}, {sigmoid, ref::sigmoid}, {softplus, ref::softplus}};
+  for (auto [f, r] : un) {
+    std::vector<float> a(x.size()), b(x.size());
+    f(x.data(), a.data(), int64_t(x.size()));
+    r(x.data(), b.data(), int64_t(x.size()));
+    EXPECT_LE(nmse(a, b), kTol);
+  }
+  const std::pair<Bin, Bin> bin[] = {{swiglu, ref::swiglu}, {sigmoid_mul, ref::sigmoid_mul}, {add, ref::add}, {mul, ref::mul}};
+  for (auto [f, r] : bin) {
+    std::vector<float> a = x, b(x.size());
+    f(a.data(), y2.data(), a.data(), int64_t(x.size()));  // in place
+    r(x.data(), y2.data(), b.data(), int64_t(x.size()));
+    EXPECT_LE(nmse(a, b), kTol);
+  }
+  std::vector<float> a(x.size()), b(x.size());
+  scale(x.data(), -1.5f, a.data(), int64_t(x.size()));
+  ref::scale(x.data(), -1.5f, b.data(), int64_t(x.size()));
+  EXPECT_EQ(a, b);
+  // silu(x) = x * sigmoid(x), independently.
+  EXPECT_NEAR(a.size(), b.size(), 0);
+  float s1;
+  const float one = 1.f;
+  silu(&one, &s1, 1);
+  EXPECT_NEAR(s1, 1.0 / (1.0 + std::exp(-1.0)), 1e-7);
+}
+
+TEST(Ops, TopkRouting) {
+  const int64_t E = 64, T = 5;
+  const auto l = randv(size_t(E * T), 21, -4, 4);
+  for (int k : {1, 8})
+    for (bool renorm : {false, true}) {
+      std::vector<int32_t> ia(size_t(k * T)), ib(size_t(k * T));
+      std::vector<float> wa(size_t(k * T)), wb(size_t(k * T));
+      topk_route(l.data(), E, T, k, renorm, 2.5f, ia.data(), wa.data());
+      ref::topk_route(l.data(), E, T, k, renorm, 2.5f, ib.data(), wb.data());
+      EXPECT_EQ(ia, ib);
+      for (size_t i = 0; i < wa.size(); ++i) EXPECT_NEAR(wa[i], wb[i], 1e-6);
+      if (renorm)
+        for (int64_t t = 0; t < T; ++t) {
+          double s = 0;
+          for (int i = 0; i < k; ++i) s += wa[size_t(t * k + i)];
+          EXPECT_NEAR(s, 2.5, 1e-5);
+        }
+    }
+  // Ties: lower expert id first.
+  const float tie[4] = {1.f, 3.f, 3.f, 0.f};
+  int32_t id[2];
+  float w[2];
+  topk_route(tie, 4, 1, 2, true, 1.f, id, w);
+  EXPECT_EQ(id[0], 1);
+  EXPECT_EQ(id[1], 2);
+  EXPECT_FLOAT_EQ(w[0], 0.5f);
+}
+
+namespace {
+struct Cache {
+  std::vector<uint8_t> k, v;
+  KvView kv, vv;
+};
+Cache make_cache(GgmlType t, int64_t D, int64_t Hkv, int64_t n_kv, uint32_t seed) {
+  Cache c;
+  const size_t rs = tensor::row_size(t, D);
+  const size_t head_stride = rs, pos_stride = rs * size_t(Hkv) + 8;  // padded per position
+  c.k.assign(pos_stride * size_t(n_kv), 0);
+  c.v.assign(pos_stride * size_t(n_kv), 0);
+  const auto kx = randv(size_t(D * Hkv * n_kv), seed), vx = randv(size_t(D * Hkv * n_kv), seed + 1);
+  std::vector<int32_t> pos(static_cast<size_t>(n_kv));
+  for (int64_t i = 0; i < n_kv; ++i) pos[size_t(i)] = int32_t(i);
+  kv_store(t, crows3(kx.data(), D, Hkv, n_kv), pos.data(), c.k.data(), pos_stride, head_stride);
+  kv_store(t, crows3(vx.data(), D, Hkv, n_kv), pos.data(), c.v.data(), pos_stride, head_stride);
+  c.kv = {t, c.k.data(), pos_stride, head_stride, n_kv};
+  c.vv = {t, c.v.data(), pos_stride, head_stride, n_kv};
+  return c;
+}
+}  // namespace
+
+TEST(Ops, KvStoreMatchesReference) {
+  const int64_t D = 64, H = 2, T = 3;
+  const auto x = randv(size_t(D * H * T), 4);
+  const int32_t pos[T] = {2, 0, 1};
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    const size_t rs = tensor::row_size(t, D);
+    std::vector<uint8_t> a(rs * H * T), b(rs * H * T);
+    kv_store(t, crows3(x.data(), D, H, T), pos, a.data(), rs * H, rs);
+    ref::kv_store(t, crows3(x.data(), D, H, T), pos, b.data(), rs * H, rs);
+    EXPECT_EQ(a, b);
+    // Round trip through dequantization is close to the input (independent check of the layout).
+    std::vector<float> back(static_cast<size_t>(D));
+    ref::dequantize_row(t, a.data() + rs * H * 2 + rs, back.data(), D);  // pos 2, head 1 = token 0 head 1
+    EXPECT_LT(nmse(back.data(), x.data() + D, size_t(D)), t == GgmlType::Q4_0 ? 1e-2 : 1e-4);
+  }
+}
+
+TEST(Ops, AttentionEveryCacheTypeEveryIsa) {
+  IsaGuard g;
+  ThreadPool pool(3);
+  struct Case { int64_t D, Hq, Hkv, n_kv; std::vector<int32_t> pos; };
+  std::vector<int32_t> prefill;
+  for (int i = 0; i < 37; ++i) prefill.push_back(63 + i);  // continuing a prompt: 37 new tokens
+  const Case cases[] = {
+      {64, 8, 2, 100, {99}},          // decode, GQA 4
+      {128, 4, 4, 70, {0}},           // first token: attends to itself only
+      {64, 8, 2, 100, prefill},       // many tokens
+      {32, 24, 2, 200, {199, 150}},   // group of 12 > the 8-head tile
+  };
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
+    for (const auto& c : cases) {
+      const Cache cache = make_cache(t, c.D, c.Hkv, c.n_kv, 31);
+      const int64_t T = int64_t(c.pos.size());
+      const auto q = randv(size_t(c.D * c.Hq * T), 41, -2, 2);
+      AttnParams p{c.D, c.Hq, c.Hkv, 1.f / std::sqrt(float(c.D))};
+      std::vector<float> want(q.size()), got(q.size());
+      ref::attention(crows3(q.data(), c.D, c.Hq, T), c.pos.data(), cache.kv, cache.vv, p, rows3(want.data(), c.D, c.Hq, T));
+      for (CpuIsa isa : isas()) {
+        ASSERT_TRUE(set_isa(isa));
+        std::fill(got.begin(), got.end(), 0.f);
+        attention(crows3(q.data(), c.D, c.Hq, T), c.pos.data(), cache.kv, cache.vv, p, rows3(got.data(), c.D, c.Hq, T), pool);
+        EXPECT_LE(nmse(got, want), kTol) << gguf::type_name(t) << " D " << c.D << " T " << T << " " << isa_name(isa);
+      }
+    }
+}
+
+TEST(Ops, AttentionFirstTokenReturnsItsValue) {
+  // Independent of the reference: with one visible key, the output is that key's value row.
+  ThreadPool pool(2);
+  const Cache c = make_cache(GgmlType::F32, 64, 1, 4, 5);
+  const auto q = randv(64 * 2, 6);
+  const int32_t pos[1] = {0};
+  std::vector<float> out(128);
+  attention(crows3(q.data(), 64, 2), pos, c.kv, c.vv, AttnParams{64, 2, 1, 0.125f}, rows3(out.data(), 64, 2), pool);
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 64; ++i) EXPECT_FLOAT_EQ(out[size_t(h * 64 + i)], reinterpret_cast<const float*>(c.v.data())[i]);
+}
+
+TEST(Ops, Conv1dSiluStateCarriesAcrossCalls) {
+  ThreadPool pool(3);
+  const int64_t C = 50, T = 7, xs = 53;
+  const int K = 4;
+  const auto x = randv(size_t(xs * T), 51), w = randv(size_t(K * C), 52), st0 = randv(size_t((K - 1) * C), 53);
+  std::vector<float> st_ref = st0, y_ref(size_t(xs * T), 0.f);
+  ref::conv1d_silu(x.data(), xs, w.data(), st_ref.data(), y_ref.data(), xs, C, T, K);
+  // One call, separate output.
+  std::vector<float> st = st0, y(size_t(xs * T), 0.f);
+  conv1d_silu(x.data(), xs, w.data(), st.data(), y.data(), xs, C, T, K, pool);
+  EXPECT_LE(nmse(y, y_ref), kTol);
+  EXPECT_EQ(st, st_ref);
+  // Two calls (3 + 4 tokens), in place.
+  std::vector<float> st2 = st0, xy = x;
+  conv1d_silu(xy.data(), xs, w.data(), st2.data(), xy.data(), xs, C, 3, K, pool);
+  conv1d_silu(xy.data() + 3 * xs, xs, w.data(), st2.data(), xy.data() + 3 * xs, xs, C, 4, K, pool);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(xy[size_t(t * xs + c)], y_ref[size_t(t * xs + c)], 1e-5);
+  EXPECT_EQ(st2, st_ref);
+  // Independent spot check: channel 0, token 0 = silu(w . [state, x0]).
+  double s = 0;
+  for (int j = 0; j < K - 1; ++j) s += double(w[size_t(j)]) * st0[size_t(j)];
+  s += double(w[K - 1]) * x[0];
+  EXPECT_NEAR(y[0], s / (1 + std::exp(-s)), 1e-6);
+}
+
+namespace {
+struct DeltaData {
+  int64_t S, Hk, Hv, T, qk_stride, v_stride;
+  std::vector<float> qkv, g, beta, state0;
+  DeltaArgs args(float* state, float* out) const {
+    DeltaArgs a;
+    a.q = qkv.data();
+    a.k = qkv.data() + S * Hk;
+    a.qk_stride = qk_stride;
+    a.v = qkv.data() + 2 * S * Hk;
+    a.v_stride = v_stride;
+    a.g = g.data();
+    a.beta = beta.data();
+    a.state = state;
+    a.out = out;
+    a.out_stride = S * Hv;
+    a.S = S; a.Hk = Hk; a.Hv = Hv; a.n_t = T;
+    return a;
+  }
+};
+// Laid out like the conv output: per token [q (Hk heads) | k (Hk heads) | v (Hv heads)].
+DeltaData make_delta(int64_t S, int64_t Hk, int64_t Hv, int64_t T, uint32_t seed) {
+  DeltaData d{S, Hk, Hv, T, 2 * S * Hk + S * Hv, 2 * S * Hk + S * Hv, {}, {}, {}, {}};
+  d.qkv = randv(size_t(d.qk_stride * T), seed);
+  ThreadPool pool(1);
+  for (int64_t t = 0; t < T; ++t) {  // L2-normalise q and k heads, as the model does
+    float* base = d.qkv.data() + t * d.qk_stride;
+    ref::l2_norm(crows3(base, S, 2 * Hk), rows3(base, S, 2 * Hk), 1e-6f);
+  }
+  d.g = randv(size_t(Hv * T), seed + 1, -1.5f, -0.01f);  // log decay <= 0
+  d.beta = randv(size_t(Hv * T), seed + 2, 0.05f, 0.95f);
+  d.state0 = randv(size_t(S * S * Hv), seed + 3, -0.3f, 0.3f);
+  return d;
+}
+}  // namespace
+
+TEST(Ops, GatedDeltaRecurrentEveryIsa) {
+  IsaGuard g;
+  ThreadPool pool(3);
+  const auto d = make_delta(64, 2, 6, 9, 61);  // Hv = 3 * Hk: v-head h uses q/k head h % Hk
+  std::vector<float> st_ref = d.state0, out_ref(size_t(d.S * d.Hv * d.T));
+  ref::gated_delta_rule(d.args(st_ref.data(), out_ref.data()));
+  for (CpuIsa isa : isas()) {
+    ASSERT_TRUE(set_isa(isa));
+    std::vector<float> st = d.state0, out(out_ref.size());
+    gated_delta_rule(d.args(st.data(), out.data()), pool);
+    EXPECT_LE(nmse(out, out_ref), 1e-9) << isa_name(isa);
+    EXPECT_LE(nmse(st, st_ref), 1e-9) << isa_name(isa);
+  }
+}
+
+TEST(Ops, GatedDeltaSingleStepByHand) {
+  // S = 2, one head, zero state: M = k d^T with d = v * beta; out = M^T q / sqrt(2).
+  const float qkv[6] = {1.f, 0.f, 0.6f, 0.8f, 2.f, -1.f};  // q, k, v
+  const float gl[1] = {-0.5f}, beta[1] = {0.5f};
+  float st[4] = {0, 0, 0, 0}, out[2];
+  DeltaArgs a;
+  a.q = qkv; a.k = qkv + 2; a.v = qkv + 4; a.qk_stride = 6; a.v_stride = 6;
+  a.g = gl; a.beta = beta; a.state = st; a.out = out; a.out_stride = 2;
+  a.S = 2; a.Hk = 1; a.Hv = 1; a.n_t = 1;
+  ThreadPool pool(1);
+  gated_delta_rule(a, pool);
+  // d = (1, -0.5); M[i][j] = k[i] d[j]; out[j] = sum_i M[i][j] q[i] / sqrt(2) = k[0] d[j] / sqrt(2)
+  EXPECT_NEAR(out[0], 0.6 * 1.0 / std::sqrt(2.0), 1e-6);
+  EXPECT_NEAR(out[1], 0.6 * -0.5 / std::sqrt(2.0), 1e-6);
+  EXPECT_NEAR(st[0 * 2 + 1], 0.8 * 1.0, 1e-6);  // state[j*S + i] = M[i][j]: j = 0, i = 1
+  EXPECT_NEAR(st[1 * 2 + 0], 0.6 * -0.5, 1e-6);
+}
+
+TEST(Ops, GatedDeltaChunkedEqualsRecurrent) {
+  IsaGuard g;
+  ThreadPool pool(3);
+  for (int64_t T : {1, 64, 150}) {
+    const auto d = make_delta(128, 2, 4, T, 71 + uint32_t(T));
+    std::vector<float> st_rec = d.state0, out_rec(size_t(d.S * d.Hv * T));
+    gated_delta_rule(d.args(st_rec.data(), out_rec.data()), pool);
+    for (int chunk : {64, 16}) {
+      std::vector<uint8_t> ws(gated_delta_chunked_workspace(d.S, chunk, pool.size()));
+      for (CpuIsa isa : isas()) {
+        ASSERT_TRUE(set_isa(isa));
+        std::vector<float> st = d.state0, out(out_rec.size());
+        gated_delta_rule_chunked(d.args(st.data(), out.data()), chunk, ws.data(), pool);
+        EXPECT_LE(nmse(out, out_rec), 1e-9) << "T " << T << " chunk " << chunk << " " << isa_name(isa);
+        EXPECT_LE(nmse(st, st_rec), 1e-9) << "T " << T << " chunk " << chunk << " " << isa_name(isa);
+      }
+    }
+  }
+}
