@@ -1,0 +1,87 @@
+#include <cstring>
+
+#include "backend/backend.h"
+
+namespace kiln::backend {
+
+namespace {
+size_t bytes_for(GgmlType t, int64_t n) {
+  const auto& ti = gguf::type_info(t);
+  KILN_CHECK(n % ti.block_size == 0, "{} elements of {} is not whole blocks", n, ti.name);
+  return size_t(n / ti.block_size) * ti.type_size;
+}
+}  // namespace
+
+Tensor Tensor::make(Buffer* buf, size_t offset, GgmlType type, std::array<int64_t, 4> ne) {
+  Tensor t;
+  t.buf = buf;
+  t.offset = offset;
+  t.type = type;
+  t.ne = ne;
+  t.nb[0] = gguf::type_info(type).type_size;
+  t.nb[1] = bytes_for(type, ne[0]);
+  t.nb[2] = t.nb[1] * size_t(ne[1]);
+  t.nb[3] = t.nb[2] * size_t(ne[2]);
+  if (buf) KILN_CHECK(offset + t.n_bytes() <= buf->size(), "tensor [{} {} {} {}] at {} overflows buffer of {}", ne[0], ne[1],
+                      ne[2], ne[3], offset, buf->size());
+  return t;
+}
+
+size_t Tensor::row_bytes() const { return bytes_for(type, ne[0]); }
+
+size_t Tensor::n_bytes() const {
+  if (n_elements() == 0) return 0;
+  size_t last = row_bytes();
+  for (int d = 1; d < 4; ++d) last += size_t(ne[d] - 1) * nb[d];
+  return last;
+}
+
+bool Tensor::is_contiguous() const {
+  return nb[1] == row_bytes() && nb[2] == nb[1] * size_t(ne[1]) && nb[3] == nb[2] * size_t(ne[2]);
+}
+
+Tensor Tensor::slice(int dim, int64_t start, int64_t n) const {
+  KILN_CHECK(dim >= 1 && dim <= 3 && start >= 0 && n >= 0 && start + n <= ne[size_t(dim)], "slice dim {} [{}, +{}) of {}",
+             dim, start, n, ne[size_t(dim)]);
+  Tensor t = *this;
+  t.offset += size_t(start) * nb[size_t(dim)];
+  t.ne[size_t(dim)] = n;
+  return t;
+}
+
+Tensor Tensor::reshape(std::array<int64_t, 4> new_ne) const {
+  KILN_CHECK(is_contiguous(), "reshape of a non-contiguous tensor");
+  KILN_CHECK(new_ne[0] * new_ne[1] * new_ne[2] * new_ne[3] == n_elements(), "reshape changes the element count");
+  return make(buf, offset, type, new_ne);
+}
+
+void* Tensor::host() const {
+  KILN_CHECK(buf != nullptr, "tensor has no buffer");
+  void* p = buf->host_ptr();
+  KILN_CHECK(p != nullptr, "tensor memory is not host-addressable");
+  return static_cast<char*>(p) + offset;
+}
+
+size_t Arena::reserve(size_t bytes, size_t align) {
+  KILN_CHECK(align > 0 && (align & (align - 1)) == 0, "arena alignment {} not a power of two", align);
+  const size_t off = (size_ + align - 1) & ~(align - 1);
+  size_ = off + bytes;
+  return off;
+}
+
+size_t Arena::reserve_tensor(GgmlType type, std::array<int64_t, 4> ne) {
+  return reserve(Tensor::make(nullptr, 0, type, ne).n_bytes());
+}
+
+void Arena::allocate(Device& dev) {
+  if (!buf_ || buf_->size() < size_ || &buf_->device() != &dev) buf_ = dev.alloc(std::max<size_t>(size_, 64));
+}
+
+void Arena::reset() { size_ = 0; }
+
+Tensor Arena::tensor(size_t offset, GgmlType type, std::array<int64_t, 4> ne) const {
+  KILN_CHECK(buf_ != nullptr, "arena not allocated");
+  return Tensor::make(buf_.get(), offset, type, ne);
+}
+
+}  // namespace kiln::backend
