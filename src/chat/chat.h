@@ -71,9 +71,11 @@ const char* reasoning_format_name(ReasoningFormat f);
 //   QwenXml:    <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>
 //               (Qwen3.5, Qwen3-Coder)
 //   HermesJson: <tool_call>\n{"name": NAME, "arguments": {…}}\n</tool_call> (Qwen2.5/3, Hermes)
+//   ArgKeyXml:  <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call> (GLM-4.x,
+//               Ling, Laguna)
 // The output parser accepts either body inside <tool_call>…</tool_call> whatever the template
 // says; the format only decides whether parsing is on and what docs/tests expect.
-enum class ToolCallFormat { None, QwenXml, HermesJson };
+enum class ToolCallFormat { None, QwenXml, HermesJson, ArgKeyXml };
 const char* tool_call_format_name(ToolCallFormat f);
 
 // ---------------------------------------------------------------------------------------------

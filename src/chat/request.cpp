@@ -31,6 +31,7 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::None: return "none";
     case ToolCallFormat::QwenXml: return "qwen-xml";
     case ToolCallFormat::HermesJson: return "hermes-json";
+    case ToolCallFormat::ArgKeyXml: return "arg-key-xml";
   }
   return "?";
 }

@@ -19,6 +19,22 @@ namespace {
 
 bool contains(std::string_view s, std::string_view needle) { return s.find(needle) != std::string_view::npos; }
 
+// Does the source show "<tool_call>" followed by a JSON object with "name" (possibly written
+// inside a Jinja string literal with escaped quotes / "\n")?
+bool hermes_json_example(std::string_view src) {
+  for (size_t pos = src.find("<tool_call>"); pos != std::string_view::npos; pos = src.find("<tool_call>", pos + 1)) {
+    std::string compact;
+    for (char ch : src.substr(pos + 11, 24)) {
+      if (ch == ' ' || ch == '\n' || ch == '\\') continue;
+      compact += ch;
+    }
+    // "\n" written in a literal leaves an 'n' after removing the backslash.
+    if (compact.rfind("n{", 0) == 0) compact.erase(0, 1);
+    if (compact.rfind("{\"name\"", 0) == 0 || compact.rfind("{{\"name\"", 0) == 0) return true;
+  }
+  return false;
+}
+
 constexpr std::string_view kProbeTool = "kiln_probe_tool_7f3a";
 constexpr std::string_view kProbeText = "KILN_PROBE_TEXT_5c1e";
 constexpr std::string_view kProbeSystem = "KILN_PROBE_SYSTEM_91d2";
@@ -47,7 +63,8 @@ kiln::Result<ChatTemplate> ChatTemplate::create(std::string_view source, Templat
   c.uses_preserve_vars = contains(src, "preserve_thinking") || contains(src, "clear_thinking") ||
                          contains(src, "truncate_history_thinking");
   if (contains(src, "<function=") && contains(src, "<parameter=")) c.tool_format = ToolCallFormat::QwenXml;
-  else if (contains(src, "<tool_call>")) c.tool_format = ToolCallFormat::HermesJson;
+  else if (contains(src, "<tool_call>") && contains(src, "<arg_key>")) c.tool_format = ToolCallFormat::ArgKeyXml;
+  else if (hermes_json_example(src)) c.tool_format = ToolCallFormat::HermesJson;
 
   // Behavioural probes: render small conversations and look for a marker string.
   auto probe = [&](const ojson& ctx, std::string_view needle) {

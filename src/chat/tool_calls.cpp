@@ -113,6 +113,39 @@ bool parse_xml(std::string_view s, const std::vector<Tool>& tools, std::string& 
   return true;
 }
 
+// GLM-4.x / Ling / Laguna: NAME<arg_key>K</arg_key><arg_value>V</arg_value>… (newlines optional).
+// Values are typed like the Qwen XML form (the templates write non-strings with tojson).
+bool parse_arg_key(std::string_view s, const std::vector<Tool>& tools, std::string& name, std::string& arguments) {
+  constexpr std::string_view kK = "<arg_key>", kKEnd = "</arg_key>", kV = "<arg_value>", kVEnd = "</arg_value>";
+  s = trim(s);
+  size_t first = s.find(kK);
+  std::string_view nm = trim(s.substr(0, first));
+  if (nm.empty() || nm.find_first_of("<>{}\n\"") != std::string_view::npos) return false;
+  name = std::string(nm);
+  const Tool* tool = find(tools, name);
+  ojson args = ojson::object();
+  s.remove_prefix(first == std::string_view::npos ? s.size() : first);
+  for (;;) {
+    s = trim(s);
+    if (s.empty()) break;
+    if (!starts_with(s, kK)) return false;
+    s.remove_prefix(kK.size());
+    size_t ke = s.find(kKEnd);
+    if (ke == std::string_view::npos) return false;
+    std::string key(trim(s.substr(0, ke)));
+    s.remove_prefix(ke + kKEnd.size());
+    s = trim(s);
+    if (!starts_with(s, kV)) return false;
+    s.remove_prefix(kV.size());
+    size_t ve = s.find(kVEnd);
+    if (ve == std::string_view::npos) return false;
+    args[key] = convert_value(std::string(s.substr(0, ve)), param_schema(tool, key));
+    s.remove_prefix(ve + kVEnd.size());
+  }
+  arguments = dump_safe(args);
+  return true;
+}
+
 bool parse_json(std::string_view s, std::string& name, std::string& arguments) {
   ojson j = ojson::parse(trim(s), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
@@ -141,6 +174,7 @@ bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools,
   std::string_view t = trim(body);
   if (starts_with(t, "<function=")) return parse_xml(t, tools, name, arguments);
   if (starts_with(t, "{")) return parse_json(t, name, arguments);
+  if (t.find("<arg_key>") != std::string_view::npos) return parse_arg_key(t, tools, name, arguments);
   return false;
 }
 

@@ -213,6 +213,19 @@ TEST(ChatOutput, JsonToolCalls) {
          {{"search", R"({"query":"kiln"})"}, {"get_weather", R"({"city":"Rome"})"}, {"search", R"({"query":"q"})"}}});
 }
 
+TEST(ChatOutput, ArgKeyToolCalls) {
+  // GLM-4.x / Ling / Laguna form; values typed by the schema like the Qwen XML form.
+  const std::string text =
+      "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value>"
+      "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
+      "<tool_call>search\n<arg_key>query</arg_key>\n<arg_value>a b</arg_value>\n</tool_call>";
+  check(text, with_tools(ParserConfig{}),
+        {"", "", {{"get_weather", R"({"city":"Rome","days":2})"}, {"search", R"({"query":"a b"})"}}});
+  // A bare name with no arguments, and a broken pair.
+  check("<tool_call>search<arg_key>query</arg_key></tool_call>", with_tools(ParserConfig{}),
+        {"<tool_call>search<arg_key>query</arg_key></tool_call>", "", {}});
+}
+
 TEST(ChatOutput, TextAroundCalls) {
   const std::string text =
       "Sure.\n<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>\nDone.";
