@@ -23,7 +23,7 @@ int cmd_tokenize(int argc, char** argv) {
       "Prints the ids space-separated (or JSON with --json). Input: -p TEXT, -f FILE, or stdin.",
       "kiln tokenize"};
   std::string model, prompt, file, add_bos = "auto";
-  bool no_parse_special = false, json = false, detok = false, pieces = false, bench = false;
+  bool no_parse_special = false, json = false, detok = false, pieces = false, bench = false, jsonl = false;
   int bench_iters = 3;
   app.add_option("-m,--model", model, "GGUF file (a vocab-only file is enough)")->required();
   app.add_option("-p,--prompt", prompt, "text to tokenize (with --detok: ids, space or comma separated)");
@@ -34,6 +34,8 @@ int cmd_tokenize(int argc, char** argv) {
   app.add_flag("--json", json, "print JSON: {\"ids\": [...], \"pieces\": [...]} (or {\"text\": ...} with --detok)");
   app.add_flag("--pieces", pieces, "print one 'id<TAB>piece' line per token instead of the id list");
   app.add_flag("--detok", detok, "detokenize: the input is token ids; prints the text");
+  app.add_flag("--jsonl", jsonl,
+               "batch mode: every input line is a JSON string; prints one JSON id array per line");
   app.add_flag("--bench", bench, "time tokenization of the input (tokens/s, MB/s on stderr)");
   app.add_option("--bench-iters", bench_iters, "iterations for --bench (default 3)")->check(CLI::PositiveNumber);
   try {
@@ -107,6 +109,27 @@ int cmd_tokenize(int argc, char** argv) {
   kiln::tokenizer::EncodeOptions opt;
   opt.parse_special = !no_parse_special;
   opt.add_special = add_bos == "auto";
+
+  if (jsonl) {
+    std::istringstream ls(text);
+    std::string line;
+    size_t lineno = 0;
+    while (std::getline(ls, line)) {
+      ++lineno;
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_string()) {
+        std::fprintf(stderr, "kiln tokenize: --jsonl line %zu is not a JSON string\n", lineno);
+        return 1;
+      }
+      std::vector<TokenId> out;
+      if (add_bos == "on" && tok.vocab().bos != kiln::tokenizer::kNoToken) out.push_back(tok.vocab().bos);
+      auto b = tok.encode(j.get<std::string>(), opt);
+      out.insert(out.end(), b.begin(), b.end());
+      std::cout << nlohmann::json(out).dump() << "\n";
+    }
+    return 0;
+  }
   std::vector<TokenId> ids;
   if (add_bos == "on" && tok.vocab().bos != kiln::tokenizer::kNoToken) ids.push_back(tok.vocab().bos);
   auto body = tok.encode(text, opt);
