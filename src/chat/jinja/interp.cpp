@@ -292,6 +292,8 @@ struct Interp {
           if (const Value* v = obj.d->find(key.sv())) return *v;
           return get_attr(obj, key.sv());
         }
+        if (key.is_number() || key.is_none())
+          if (const Value* v = obj.d->find(dict_key(key))) return *v;
         return Value::undefined("'dict object' has no attribute " + py_repr(key));
       case Kind::List:
         if (!obj.gen && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
@@ -376,7 +378,7 @@ struct Interp {
       case Kind::List: return *v.l;
       case Kind::Dict: {
         std::vector<Value> keys;
-        for (const auto& kv : v.d->items) keys.push_back(Value::str(kv.first));
+        for (const auto& kv : v.d->items) keys.push_back(key_value(kv.first));
         return keys;
       }
       case Kind::String: {
@@ -417,7 +419,7 @@ struct Interp {
       case Kind::Dict:
         if (item.is_list() && !item.tuple) fail("in", "unhashable type: 'list'");
         if (item.is_dict()) fail("in", "unhashable type: 'dict'");
-        return item.is_str() && container.d->find(item.sv()) != nullptr;
+        return container.d->find(dict_key(item)) != nullptr;
       default: fail("in", std::string("argument of type '") + type_name(container) + "' is not iterable");
     }
   }
@@ -909,18 +911,18 @@ struct Interp {
       if (name == "get") {
         const Value* k = arg(a, 0, "key");
         if (!k) fail(construct, "get expected at least 1 argument, got 0");
-        if (k->is_str())
-          if (const Value* v = self.d->find(k->sv())) return *v;
+        if (k->is_str() || k->is_number() || k->is_none())
+          if (const Value* v = self.d->find(dict_key(*k))) return *v;
         return arg_or(a, 1, "default", Value::none());
       }
       if (name == "items") {
         std::vector<Value> out;
-        for (auto& kv : self.d->items) out.push_back(Value::list({Value::str(kv.first), kv.second}, true));
+        for (auto& kv : self.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
         return Value::list(out);
       }
       if (name == "keys") {
         std::vector<Value> out;
-        for (auto& kv : self.d->items) out.push_back(Value::str(kv.first));
+        for (auto& kv : self.d->items) out.push_back(key_value(kv.first));
         return Value::list(out);
       }
       if (name == "values") {
@@ -1067,7 +1069,7 @@ struct Interp {
   }
 
   Value select_or_reject(const Value& in, CallArgs& a, bool select, bool attr_mode, Scope& sc) {
-    std::vector<Value> items = iterate(in, "select");
+    std::vector<Value> items = truthy(in) ? iterate(in, "select") : std::vector<Value>{};
     size_t off = 0;
     Value attribute;
     if (attr_mode) {
@@ -1206,7 +1208,7 @@ struct Interp {
       if (v.is_undefined()) return gen({});
       if (!v.is_dict()) fail(construct, "Can only get item pairs from a mapping.");
       std::vector<Value> out;
-      for (auto& kv : v.d->items) out.push_back(Value::list({Value::str(kv.first), kv.second}, true));
+      for (auto& kv : v.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
       return gen(std::move(out));
     }
     if (name == "dictsort") {
@@ -1220,7 +1222,7 @@ struct Interp {
       size_t pos = by.is_str() && by.sv() == "value" ? 1 : 0;
       if (by.is_str() && by.sv() != "key" && by.sv() != "value") fail(construct, "You can only sort by either \"key\" or \"value\"");
       std::vector<Value> out;
-      for (auto& kv : v.d->items) out.push_back(Value::list({Value::str(kv.first), kv.second}, true));
+      for (auto& kv : v.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
       std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
         Value kx = sort_key((*x.l)[pos], cs), ky = sort_key((*y.l)[pos], cs);
         return rev ? less(ky, kx, "<") : less(kx, ky, "<");
@@ -1286,7 +1288,7 @@ struct Interp {
       return gen(std::move(items));
     }
     if (name == "map") {
-      auto items = iterate(v, cn);
+      auto items = truthy(v) ? iterate(v, cn) : std::vector<Value>{};
       std::vector<Value> out;
       const Value* attribute = nullptr;
       for (auto& kv : a.kw)
@@ -1542,8 +1544,7 @@ struct Interp {
         Value d = Value::dict();
         for (size_t k = 0; k + 1 < n->ch.size(); k += 2) {
           Value key = eval(n->ch[k], sc);
-          if (!key.is_str()) fail("dict literal", "kiln supports only string keys in dict literals");
-          d.d->set(key.sv(), eval(n->ch[k + 1], sc));
+          d.d->set(dict_key(key), eval(n->ch[k + 1], sc));
         }
         return d;
       }

@@ -87,6 +87,25 @@ void Dict::set(std::string_view k, Value v) {
   items.emplace_back(std::string(k), std::move(v));
 }
 
+std::string dict_key(const Value& k) {
+  switch (k.kind) {
+    case Kind::String: return k.sv();
+    case Kind::Bool: return std::string("\0i", 2) + (k.b ? "1" : "0");
+    case Kind::Int: return std::string("\0i", 2) + std::to_string(k.i);
+    case Kind::Float:
+      if (std::floor(k.f) == k.f && std::fabs(k.f) < 9e18) return std::string("\0i", 2) + std::to_string(int64_t(k.f));
+      return std::string("\0f", 2) + py_float_repr(k.f);
+    case Kind::None: return std::string("\0n", 2);
+    default: fail("dict key", std::string("unhashable type: '") + type_name(k) + "'");
+  }
+}
+Value key_value(const std::string& k) {
+  if (k.size() < 2 || k[0] != '\0') return Value::str(k);
+  if (k[1] == 'i') return Value::integer(std::strtoll(k.c_str() + 2, nullptr, 10));
+  if (k[1] == 'f') return Value::flt(std::strtod(k.c_str() + 2, nullptr));
+  return Value::none();
+}
+
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Kind::Undefined: return false;
@@ -294,7 +313,7 @@ static void str_into(std::string& out, const Value& v, int depth) {
       for (const auto& kv : v.d->items) {
         if (!first) out += ", ";
         first = false;
-        out += py_str_repr(kv.first);
+        repr_into(out, key_value(kv.first), depth + 1);
         out += ": ";
         repr_into(out, kv.second, depth + 1);
       }
@@ -467,7 +486,12 @@ static void json_into(std::string& out, const Value& v, const JsonOpts& o, int l
           out += "\n";
           for (int d = 0; d <= level; d++) out += o.indent;
         }
-        json_str(out, kv->first, o.ensure_ascii);
+        if (!kv->first.empty() && kv->first[0] == '\0') {
+          Value kk = key_value(kv->first);
+          json_str(out, kk.is_none() ? "null" : py_str(kk), o.ensure_ascii);
+        } else {
+          json_str(out, kv->first, o.ensure_ascii);
+        }
         out += o.key_sep;
         json_into(out, kv->second, o, level + 1);
       }

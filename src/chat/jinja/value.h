@@ -82,6 +82,11 @@ struct Callable {
   std::function<Value(Interp&, CallArgs&)> fn;
 };
 
+// Dict keys are strings; other hashable Python keys (int, float, None; bool as int) are
+// encoded with a leading NUL byte so they keep their identity and repr.
+std::string dict_key(const Value& k);       // throws JinjaError for unhashable keys
+Value key_value(const std::string& k);      // inverse of dict_key
+
 // Python semantics helpers.
 bool truthy(const Value& v);
 std::string py_str(const Value& v);   // str(v)
