@@ -256,8 +256,11 @@ void fill_values(const InitSpec& init, Rng& rng, float* x, int64_t n) {
     case Init::Norm:  // RMSNorm weights, stored with the +1 already applied where the arch uses it
       for (int64_t i = 0; i < n; ++i) x[i] = 1.0f + init.sigma * rng.normal();
       break;
-    case Init::SsmA:  // -exp(A_log), A_log ~ U(log 1, log 16)
-      for (int64_t i = 0; i < n; ++i) x[i] = -std::exp(rng.uniform() * std::log(16.0f));
+    // -exp(A_log), A_log ~ U(log 0.01, log 0.5): slow, trained-model-like decays. (HF init range
+    // A in [1, 16] forgets the state within a token or two; o = S^T q is then often tiny and the
+    // gated RMSNorm amplifies rounding noise, making logits hypersensitive to weight quantization.)
+    case Init::SsmA:
+      for (int64_t i = 0; i < n; ++i) x[i] = -std::exp(std::log(0.01f) + rng.uniform() * std::log(50.0f));
       break;
     case Init::DtBias:
       for (int64_t i = 0; i < n; ++i) x[i] = 1.0f + init.sigma * rng.normal();
