@@ -92,21 +92,22 @@ CpuIsa best_isa() {
   return CpuIsa::Scalar;
 }
 
+CpuIsa isa_from_env(const char* value, CpuIsa best) {
+  if (!value || !*value) return best;
+  auto want = parse_isa(value);
+  if (!want || int(*want) > int(best)) return best;
+  return *want;
+}
+
 CpuIsa selected_isa() {
   static const CpuIsa sel = [] {
-    CpuIsa best = best_isa();
+    const CpuIsa best = best_isa();
     const char* env = std::getenv("KILN_CPU");
-    if (!env || !*env) return best;
-    auto want = parse_isa(env);
-    if (!want) {
-      KILN_LOG_WARN("KILN_CPU='{}' is not one of scalar, avx2, avx512; using {}", env, isa_name(best));
-      return best;
-    }
-    if (int(*want) > int(best)) {
-      KILN_LOG_WARN("KILN_CPU={} is not supported by this CPU; using {}", env, isa_name(best));
-      return best;
-    }
-    return *want;
+    const CpuIsa got = isa_from_env(env, best);
+    if (env && *env && (!parse_isa(env) || *parse_isa(env) != got))
+      KILN_LOG_WARN("KILN_CPU='{}' is not one of scalar, avx2, avx512 or not supported by this CPU; using {}", env,
+                    isa_name(got));
+    return got;
   }();
   return sel;
 }

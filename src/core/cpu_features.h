@@ -25,6 +25,9 @@ const CpuFeatures& cpu_features();
 CpuIsa best_isa();        // highest level the CPU (and OS, via XGETBV) supports
 CpuIsa selected_isa();    // best_isa() capped by KILN_CPU when set (read once)
 bool isa_supported(CpuIsa isa);
+// The KILN_CPU rule, as a pure function: value (may be null/empty) capped at `best`; an unknown
+// name or a level above `best` gives `best` (selected_isa() logs a warning for those).
+CpuIsa isa_from_env(const char* value, CpuIsa best);
 std::string_view isa_name(CpuIsa isa);                  // "scalar", "avx2", "avx512"
 std::optional<CpuIsa> parse_isa(std::string_view name);  // inverse of isa_name
 

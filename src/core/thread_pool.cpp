@@ -14,7 +14,21 @@
 namespace kiln {
 namespace {
 thread_local bool t_in_worker = false;
-constexpr int kSpinIters = 1 << 14;  // ~tens of microseconds before sleeping
+// Waiting: kSpinPause pause-spins (a few microseconds), then kSpinYield sched_yield()s (lets an
+// oversubscribed core run the thread we wait for), then sleep on the futex.
+constexpr int kSpinPause = 2000;
+constexpr int kSpinYield = 64;
+template <class Pred>
+inline void spin_until(Pred&& done) {
+  for (int i = 0; i < kSpinPause; ++i) {
+    if (done()) return;
+    KILN_PAUSE();
+  }
+  for (int i = 0; i < kSpinYield; ++i) {
+    if (done()) return;
+    std::this_thread::yield();
+  }
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -51,11 +65,8 @@ void ThreadPool::worker_main(int tid) {
   t_in_worker = true;
   uint32_t seen = 0;
   for (;;) {
-    uint32_t g = generation_.load(std::memory_order_acquire);
-    for (int i = 0; g == seen && i < kSpinIters; ++i) {
-      KILN_PAUSE();
-      g = generation_.load(std::memory_order_acquire);
-    }
+    uint32_t g;
+    spin_until([&] { return (g = generation_.load(std::memory_order_acquire)) != seen; });
     while (g == seen) {
       generation_.wait(seen, std::memory_order_acquire);
       g = generation_.load(std::memory_order_acquire);
@@ -89,11 +100,8 @@ void ThreadPool::run_ranges(int64_t n, int64_t grain, Thunk thunk, void* ctx) {
   t_in_worker = true;  // nested calls from fn run inline
   do_range(0);
   t_in_worker = false;
-  int p = pending_.load(std::memory_order_acquire);
-  for (int i = 0; p != 0 && i < kSpinIters; ++i) {
-    KILN_PAUSE();
-    p = pending_.load(std::memory_order_acquire);
-  }
+  int p;
+  spin_until([&] { return (p = pending_.load(std::memory_order_acquire)) == 0; });
   while (p != 0) {
     pending_.wait(p, std::memory_order_acquire);
     p = pending_.load(std::memory_order_acquire);
