@@ -79,10 +79,11 @@ TEST(Matmul, ManyTokens513) {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16}) check_matmul(t, 256, 24, 513, pool);
 }
 
-TEST(Matmul, SingleRowAndSingleBlock) {
+TEST(Matmul, SingleRowAndSingleBlockFewColumns) {
   IsaGuard g;
   ThreadPool pool(2);
-  for (GgmlType t : kTypes) check_matmul(t, 256, 1, 1, pool);
+  for (GgmlType t : kTypes)
+    for (int64_t m : {1, 2, 3, 4}) check_matmul(t, 256, 1, m, pool);  // every column-group width
 }
 
 TEST(GetRows, EveryTypeEveryIsa) {

@@ -26,8 +26,10 @@ inline const float* act_d(const void* a, int64_t k) { return reinterpret_cast<co
 inline const float* act_s(const void* a, int64_t k) { return act_d(a, k) + k / 32; }
 
 using QuantizeActFn = void (*)(const float* x, int64_t k, void* act);
-// Dot of one weight row (k elements of the table's type) with one Q8A column.
-using VecDotQ8Fn = float (*)(int64_t k, const void* w_row, const void* act);
+// Dots of one weight row (k elements of the table's type) with nc (1..kMaxCols) Q8A columns at
+// act + c*act_stride: out[c] = row . column c.
+inline constexpr int kMaxCols = 4;
+using VecDotQ8Fn = void (*)(int64_t k, const void* w_row, const void* act, size_t act_stride, int nc, float* out);
 // Dot of one F32/F16/BF16 row with F32 x.
 using DotRowFn = float (*)(const void* w_row, const float* x, int64_t k);
 using ToF32Fn = void (*)(const void* src, float* dst, int64_t n);

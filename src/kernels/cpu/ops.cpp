@@ -20,9 +20,9 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 }  // namespace
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
-  if (is_float_type(wt)) return 0;
-  // Q8A activations for every column + one dequantized row per thread (float fallback path).
-  return align64(size_t(m) * cpu::act_bytes(k)) + size_t(n_threads) * align64(size_t(k) * 4);
+  if (is_float_type(wt) && m == 1) return 0;
+  // Q8A activations for every column + kRowTile dequantized rows per thread (float path).
+  return align64(size_t(m) * cpu::act_bytes(k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
 }
 
 void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
@@ -33,19 +33,15 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   const auto* w = static_cast<const char*>(a.w);
   const int64_t k = a.k, m = a.m;
 
-  if (is_float_type(a.wt)) {
+  if (is_float_type(a.wt) && m == 1) {
     const cpu::DotRowFn dot = T.dot_row[wi];
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
-      for (int64_t jb = j0; jb < j1; jb += kRowTile) {
-        const int64_t je = std::min(j1, jb + kRowTile);
-        for (int64_t t = 0; t < m; ++t)
-          for (int64_t j = jb; j < je; ++j) a.y[t * a.y_stride + j] = dot(w + size_t(j) * a.w_stride, a.x + t * a.x_stride, k);
-      }
-    });
+      for (int64_t j = j0; j < j1; ++j) a.y[j] = dot(w + size_t(j) * a.w_stride, a.x, k);
+    }, 4);
     return;
   }
-  KILN_CHECK(ws != nullptr, "matmul: {} weights need a workspace", gguf::type_name(a.wt));
-  const cpu::VecDotQ8Fn vd = T.vec_dot_q8[wi];
+  KILN_CHECK(ws != nullptr, "matmul: {} weights with m = {} need a workspace", gguf::type_name(a.wt), m);
+  const cpu::VecDotQ8Fn vd = is_float_type(a.wt) ? nullptr : T.vec_dot_q8[wi];
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
@@ -60,24 +56,32 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
-        for (int64_t t = 0; t < m; ++t) {
+        for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
+          const int nc = int(std::min<int64_t>(cpu::kMaxCols, m - t));
           const uint8_t* at = act + size_t(t) * ab;
-          float* yt = a.y + t * a.y_stride;
-          for (int64_t j = jb; j < je; ++j) yt[j] = vd(k, w + size_t(j) * a.w_stride, at);
+          float out[cpu::kMaxCols];
+          for (int64_t j = jb; j < je; ++j) {
+            vd(k, w + size_t(j) * a.w_stride, at, ab, nc, out);
+            for (int c = 0; c < nc; ++c) a.y[(t + c) * a.y_stride + j] = out[c];
+          }
         }
       }
     }, 4);
     return;
   }
-  // Float fallback: dequantize each weight row once, dot it with every column.
+  // Float path: dequantize a tile of weight rows once, dot it with every column.
   auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(k));
   const cpu::ToF32Fn deq = T.to_f32[wi];
   KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
   pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
-    float* row = reinterpret_cast<float*>(rows + size_t(tid) * align64(size_t(k) * 4));
-    for (int64_t j = j0; j < j1; ++j) {
-      deq(w + size_t(j) * a.w_stride, row, k);
-      for (int64_t t = 0; t < m; ++t) a.y[t * a.y_stride + j] = T.dot_f32(row, a.x + t * a.x_stride, k);
+    float* tile = reinterpret_cast<float*>(rows + size_t(tid) * align64(size_t(kRowTile * k) * 4));
+    for (int64_t jb = j0; jb < j1; jb += kRowTile) {
+      const int64_t je = std::min(j1, jb + kRowTile);
+      for (int64_t j = jb; j < je; ++j) deq(w + size_t(j) * a.w_stride, tile + (j - jb) * k, k);
+      for (int64_t t = 0; t < m; ++t) {
+        const float* xt = a.x + t * a.x_stride;
+        for (int64_t j = jb; j < je; ++j) a.y[t * a.y_stride + j] = T.dot_f32(tile + (j - jb) * k, xt, k);
+      }
     }
   }, 4);
 }
