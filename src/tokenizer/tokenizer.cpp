@@ -250,33 +250,45 @@ Status Tokenizer::Impl::build(std::string_view src) {
 
   if (v.types.empty()) v.types.assign(n, TokenType::Normal);
 
-  // end-of-generation tokens, as llama.cpp derives them (ids from metadata + well-known texts)
-  static const char* const kEotTexts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                          "<|end_of_text|>", "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>",
-                                          "<end_of_utterance>"};
-  static const char* const kEogTexts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                          "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"};
+  // end-of-generation / FIM tokens, as llama.cpp derives them: ids from metadata, else found by
+  // their well-known texts; such tokens are treated as CONTROL (so they are matched as specials)
   auto make_control = [&](TokenId id) {
     if (v.types[size_t(id)] != TokenType::Control) {
-      KILN_LOG_DEBUG("{}: token {} '{}' is used as end-of-generation; treating it as CONTROL", src, id, v.tokens[size_t(id)]);
+      KILN_LOG_DEBUG("{}: token {} '{}' looks like a control token; treating it as CONTROL", src, id, v.tokens[size_t(id)]);
       v.types[size_t(id)] = TokenType::Control;
     }
   };
-  if (v.eot == kNoToken) {
-    for (const char* t : kEotTexts) {
+  auto detect = [&](TokenId& slot, std::initializer_list<const char*> texts) {
+    if (slot != kNoToken) return;
+    for (const char* t : texts) {
       TokenId id = lookup(t);
       if (id != kNoToken) {
-        v.eot = id;
+        slot = id;
         make_control(id);
-        break;
+        return;
       }
     }
-  }
+  };
+  detect(v.eot, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+                 "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"});
+  detect(v.eom, {"<|eom_id|>"});
+  detect(v.fim_pre, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                     "<|code_prefix|>", "<|prefix|>"});
+  detect(v.fim_suf, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                     "<|code_suffix|>", "<|suffix|>"});
+  detect(v.fim_mid, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                     "<|code_middle|>", "<|middle|>"});
+  detect(v.fim_pad, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
+  detect(v.fim_rep, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
+  detect(v.fim_sep, {"<|file_sep|>"});
   auto add_eog = [&](TokenId id) {
     if (id != kNoToken && eog_set.insert(id).second) eog.push_back(id);
   };
   for (TokenId id : {v.fim_pad, v.fim_rep, v.fim_sep}) add_eog(id);
-  for (const char* t : kEogTexts) {
+  for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                        "<｜end▁of▁sentence｜>", "[e~["}) {
     TokenId id = lookup(t);
     if (id != kNoToken) {
       add_eog(id);
@@ -284,6 +296,27 @@ Status Tokenizer::Impl::build(std::string_view src) {
     }
   }
   for (TokenId id : {v.eos, v.eot, v.eom}) add_eog(id);
+  // harmony-style vocabularies: "<|end|>" is not end-of-generation when "<|return|>"+"<|call|>" exist
+  for (const char* t : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}) {
+    TokenId id = lookup(t);
+    if (id != kNoToken) v.types[size_t(id)] = TokenType::UserDefined;
+  }
+  {
+    TokenId end = lookup("<|end|>");
+    bool ret = eog_set.count(lookup("<|return|>")), call = eog_set.count(lookup("<|call|>")) || eog_set.count(lookup("<|calls|>")),
+         flush = eog_set.count(lookup("<|flush|>"));
+    if (end != kNoToken && eog_set.count(end) && ((ret && call) || (call && flush))) {
+      eog_set.erase(end);
+      eog.erase(std::remove(eog.begin(), eog.end(), end), eog.end());
+      v.types[size_t(end)] = TokenType::UserDefined;
+    }
+    TokenId s_end = lookup("</s>");
+    if (s_end != kNoToken && eog_set.count(lookup("<|tool_response>")) && eog_set.count(s_end)) {
+      eog_set.erase(s_end);
+      eog.erase(std::remove(eog.begin(), eog.end(), s_end), eog.end());
+      v.types[size_t(s_end)] = TokenType::Normal;
+    }
+  }
   std::sort(eog.begin(), eog.end());
 
   // special-token trie (longest text first; ties by id)
