@@ -54,7 +54,12 @@ inline uint16_t scale_to_fp16(float v) {
 inline int round_clamp(float v, int lo, int hi) {
   if (!(v >= static_cast<float>(lo))) return lo;
   if (v > static_cast<float>(hi)) return hi;
-  return static_cast<int>(std::nearbyint(v));
+  // v is now within [lo, hi] (small): adding 1.5 * 2^23 rounds it to an integer in the low
+  // mantissa bits, half to even, without a libm call.
+  const float t = v + 12582912.0f;
+  int32_t i;
+  std::memcpy(&i, &t, 4);
+  return (i & 0x007fffff) - 0x00400000;
 }
 // Round half away from zero (C roundf) then clamp; NaN -> 0.
 inline int round_away_clamp(float v, int lo, int hi) {
@@ -71,15 +76,32 @@ inline int trunc_clamp(float v, int lo, int hi) {
 }
 
 // Index of the IQ4_NL codebook value nearest to t (ties go to the lower value; NaN -> 0).
+int nearest_iq4_slow(float t) {
+  if (!(t > kIQ4NLValues[0])) return 0;
+  if (t >= kIQ4NLValues[15]) return 15;
+  int hi = 1;
+  while (kIQ4NLValues[hi] < t) ++hi;
+  return (t - kIQ4NLValues[hi - 1] <= kIQ4NLValues[hi] - t) ? hi - 1 : hi;
+}
+// Codebook values are integers, so every decision boundary (a midpoint) is a multiple of 1/2:
+// the answer is constant on each open interval (k/2, (k+1)/2). Tables over k = floor(2t).
+struct IQ4Tables {
+  uint8_t at[512], inside[512];  // nearest(k/2), nearest(k/2 + 1/4); index k + 256
+  IQ4Tables() {
+    for (int k = -256; k < 256; ++k) {
+      at[k + 256] = static_cast<uint8_t>(nearest_iq4_slow(0.5f * float(k)));
+      inside[k + 256] = static_cast<uint8_t>(nearest_iq4_slow(0.5f * float(k) + 0.25f));
+    }
+  }
+};
+const IQ4Tables kIQ4Tables;
 inline int nearest_iq4(float t) {
   if (!(t > kIQ4NLValues[0])) return 0;
   if (t >= kIQ4NLValues[15]) return 15;
-  int lo = 0, hi = 15;  // invariant: v[lo] < t <= v[hi]
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (t <= kIQ4NLValues[mid]) hi = mid; else lo = mid;
-  }
-  return (t - kIQ4NLValues[lo] <= kIQ4NLValues[hi] - t) ? lo : hi;
+  const float u = 2.0f * t;  // exact; in (-254, 226)
+  int k = static_cast<int>(u);
+  if (static_cast<float>(k) > u) --k;  // floor
+  return u == static_cast<float>(k) ? kIQ4Tables.at[k + 256] : kIQ4Tables.inside[k + 256];
 }
 
 // Largest-magnitude element (signed) of x[0..n); 0 when all are zero or NaN. First one wins.
