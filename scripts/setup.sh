@@ -12,6 +12,7 @@ DEB_PKGS=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
   clang libclang-rt-14-dev python3-venv
+  r-cran-janeaustenr fortunes-zh  # tokenizer oracle corpus: English prose (via Rscript), Chinese text
 )
 
 missing=()
