@@ -73,9 +73,13 @@ const char* reasoning_format_name(ReasoningFormat f);
 //   HermesJson: <tool_call>\n{"name": NAME, "arguments": {…}}\n</tool_call> (Qwen2.5/3, Hermes)
 //   ArgKeyXml:  <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call> (GLM-4.x,
 //               Ling, Laguna)
-// The output parser accepts either body inside <tool_call>…</tool_call> whatever the template
-// says; the format only decides whether parsing is on and what docs/tests expect.
-enum class ToolCallFormat { None, QwenXml, HermesJson, ArgKeyXml };
+//   MistralToolCalls: [TOOL_CALLS][{"name":…,"arguments":{…}}, …] (Nemo) or
+//               [TOOL_CALLS]NAME[ARGS]{…} (Mistral Small 3.2, Devstral); runs to the end.
+//   Llama3Json: the whole output is {"name": N, "parameters": {…}} (Llama 3.1-3.3), optionally
+//               after <|python_tag|>.
+// For the three <tool_call>…</tool_call> formats the output parser accepts any of the three bodies
+// (XML, JSON, arg_key) whatever the template says.
+enum class ToolCallFormat { None, QwenXml, HermesJson, ArgKeyXml, MistralToolCalls, Llama3Json };
 const char* tool_call_format_name(ToolCallFormat f);
 
 // ---------------------------------------------------------------------------------------------
@@ -180,6 +184,7 @@ struct ParserConfig {
   std::string reasoning_start = "<think>";
   std::string reasoning_end = "</think>";
   bool parse_tool_calls = false;       // tools present, tool_choice != none, template has a format
+  ToolCallFormat tool_format = ToolCallFormat::HermesJson;  // any <tool_call> form; or Mistral / Llama3
   std::vector<Tool> tools;             // for typing XML parameter values by their schema
   // Id generator for tool calls; empty = "call_" + 24 random alphanumerics.
   std::function<std::string()> make_tool_call_id;

@@ -9,6 +9,8 @@ namespace {
 
 constexpr std::string_view kToolOpen = "<tool_call>";
 constexpr std::string_view kToolClose = "</tool_call>";
+constexpr std::string_view kMistralOpen = "[TOOL_CALLS]";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
 
 bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -173,7 +175,47 @@ Delta OutputParser::process(bool final) {
           if (final) flush_content_ws(d);
           return d;
         }
-        size_t pos = buf_.find(kToolOpen);
+        if (cfg_.tool_format == ToolCallFormat::Llama3Json) {
+          // Llama 3.x: the whole output is the call, so only its very start can open one.
+          if (!llama_decided_) {
+            size_t i = 0;
+            while (i < buf_.size() && is_ws(buf_[i])) ++i;
+            std::string_view rest = std::string_view(buf_).substr(i);
+            if (rest.empty() && !final) return d;
+            if (!rest.empty() && rest[0] == '{') {
+              tail_marker_.clear();
+              tool_ws_ = buf_.substr(0, i);
+              buf_.erase(0, i);
+              mode_ = Mode::TailCalls;
+              continue;
+            }
+            if (rest.substr(0, kPythonTag.size()) == kPythonTag) {
+              tail_marker_ = kPythonTag;
+              tool_ws_ = buf_.substr(0, i);
+              buf_.erase(0, i + kPythonTag.size());
+              mode_ = Mode::TailCalls;
+              continue;
+            }
+            if (!final && kPythonTag.substr(0, rest.size()) == rest) return d;
+            llama_decided_ = true;
+          }
+          emit_content(buf_, d);
+          buf_.clear();
+          if (final) flush_content_ws(d);
+          return d;
+        }
+        const std::string_view open_marker =
+            cfg_.tool_format == ToolCallFormat::MistralToolCalls ? kMistralOpen : kToolOpen;
+        size_t pos = buf_.find(open_marker);
+        if (pos != std::string::npos && open_marker == kMistralOpen) {
+          emit_content(std::string_view(buf_).substr(0, pos), d);
+          tool_ws_ = std::move(content_ws_);
+          content_ws_.clear();
+          tail_marker_ = kMistralOpen;
+          buf_.erase(0, pos + kMistralOpen.size());
+          mode_ = Mode::TailCalls;
+          continue;
+        }
         if (pos != std::string::npos) {
           emit_content(std::string_view(buf_).substr(0, pos), d);
           // Whitespace between content and a call is layout, not content; kept aside in case
@@ -185,10 +227,34 @@ Delta OutputParser::process(bool final) {
           scan_from_ = 0;
           continue;
         }
-        size_t hold = final ? 0 : partial_marker_suffix(buf_, kToolOpen);
+        size_t hold = final ? 0 : partial_marker_suffix(buf_, open_marker);
         emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), d);
         buf_.erase(0, buf_.size() - hold);
         if (final) flush_content_ws(d);
+        return d;
+      }
+      case Mode::TailCalls: {
+        // Mistral [TOOL_CALLS] / Llama 3 JSON: the calls run to the end of the output.
+        if (!final) return d;
+        std::vector<std::pair<std::string, std::string>> calls;
+        if (parse_tail_tool_calls(cfg_.tool_format, buf_, cfg_.tools, calls)) {
+          for (auto& [name, args] : calls) {
+            ToolCallDelta call;
+            call.index = static_cast<int>(msg_.tool_calls.size());
+            call.id = cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
+            if (call.id.empty()) call.id = random_tool_call_id();
+            call.name = std::move(name);
+            call.arguments = std::move(args);
+            msg_.tool_calls.push_back(ToolCall{call.id, call.name, call.arguments});
+            d.tool_calls.push_back(std::move(call));
+          }
+        } else {
+          std::string raw = tool_ws_ + tail_marker_ + buf_;
+          content_skip_ws_ = false;
+          emit_content(raw, d);
+          flush_content_ws(d);
+        }
+        buf_.clear();
         return d;
       }
       case Mode::ToolCall: {

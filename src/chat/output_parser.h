@@ -58,7 +58,7 @@ class OutputParser {
   const ParsedMessage& message() const { return msg_; }
 
  private:
-  enum class Mode { Start, Reasoning, Content, ToolCall };
+  enum class Mode { Start, Reasoning, Content, ToolCall, TailCalls };
   Delta process(bool final);
   void emit_reasoning(std::string_view text, bool closing, Delta& d);
   void emit_content(std::string_view text, Delta& d);
@@ -75,6 +75,8 @@ class OutputParser {
   bool content_skip_ws_ = false;    // drop leading whitespace (after </think> or </tool_call>)
   std::string content_ws_;          // trailing whitespace of content, held back
   std::string tool_ws_;             // whitespace dropped before the current <tool_call>
+  std::string tail_marker_;         // TailCalls: the marker that opened it ("[TOOL_CALLS]", …)
+  bool llama_decided_ = false;      // Llama3Json: the start of the output was not a call
   ParsedMessage msg_;
 };
 
@@ -86,6 +88,12 @@ ParsedMessage parse_output(std::string_view text, const ParserConfig& cfg);
 // the tool's schema gives the parameter a non-string type and the text parses; else strings.
 bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools, std::string& name,
                           std::string& arguments);
+
+// Calls that run to the end of the output: Mistral (after "[TOOL_CALLS]": a JSON array of
+// {name, arguments}, or NAME[ARGS]{…} segments separated by "[TOOL_CALLS]") and Llama 3.x (a JSON
+// object {name, parameters|arguments}, or an array of them, or several separated by ';').
+bool parse_tail_tool_calls(ToolCallFormat format, std::string_view text, const std::vector<Tool>& tools,
+                           std::vector<std::pair<std::string, std::string>>& calls);
 
 // OpenAI JSON shapes, for the server.
 //   delta_to_json:   {"content":…, "reasoning_content":…, "tool_calls":[{index,id,type,function}]}

@@ -32,6 +32,8 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::QwenXml: return "qwen-xml";
     case ToolCallFormat::HermesJson: return "hermes-json";
     case ToolCallFormat::ArgKeyXml: return "arg-key-xml";
+    case ToolCallFormat::MistralToolCalls: return "mistral";
+    case ToolCallFormat::Llama3Json: return "llama3-json";
   }
   return "?";
 }

@@ -65,6 +65,8 @@ kiln::Result<ChatTemplate> ChatTemplate::create(std::string_view source, Templat
   if (contains(src, "<function=") && contains(src, "<parameter=")) c.tool_format = ToolCallFormat::QwenXml;
   else if (contains(src, "<tool_call>") && contains(src, "<arg_key>")) c.tool_format = ToolCallFormat::ArgKeyXml;
   else if (hermes_json_example(src)) c.tool_format = ToolCallFormat::HermesJson;
+  else if (contains(src, "[TOOL_CALLS]")) c.tool_format = ToolCallFormat::MistralToolCalls;
+  else if (contains(src, "{\"name\": function name, \"parameters\"")) c.tool_format = ToolCallFormat::Llama3Json;
 
   // Behavioural probes: render small conversations and look for a marker string.
   auto probe = [&](const ojson& ctx, std::string_view needle) {
@@ -224,6 +226,7 @@ kiln::Result<Prompt> ChatTemplate::apply(const ChatRequest& req, const ApplyOpti
   }
   pc.parse_tool_calls = !req.tools.empty() && req.tool_choice.mode != ToolChoice::Mode::None &&
                         caps_.tool_format != ToolCallFormat::None;
+  pc.tool_format = caps_.tool_format;
   if (pc.parse_tool_calls) pc.tools = req.tools;
   return p;
 }

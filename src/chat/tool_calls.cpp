@@ -146,9 +146,17 @@ bool parse_arg_key(std::string_view s, const std::vector<Tool>& tools, std::stri
   return true;
 }
 
+bool call_from_json(const ojson& j, std::string& name, std::string& arguments);
+
 bool parse_json(std::string_view s, std::string& name, std::string& arguments) {
   ojson j = ojson::parse(trim(s), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return false;
+  if (j.is_discarded()) return false;
+  return call_from_json(j, name, arguments);
+}
+
+// {"name": N, "arguments"|"parameters": {…} or "<json text>"}.
+bool call_from_json(const ojson& j, std::string& name, std::string& arguments) {
+  if (!j.is_object()) return false;
   auto nm = j.find("name");
   if (nm == j.end() || !nm->is_string() || nm->get_ref<const std::string&>().empty()) return false;
   name = nm->get<std::string>();
@@ -168,6 +176,60 @@ bool parse_json(std::string_view s, std::string& name, std::string& arguments) {
 }
 
 }  // namespace
+
+bool parse_tail_tool_calls(ToolCallFormat format, std::string_view text, const std::vector<Tool>& tools,
+                           std::vector<std::pair<std::string, std::string>>& calls) {
+  calls.clear();
+  std::string_view t = trim(text);
+  if (t.empty()) return false;
+  auto from_json_value = [&](const ojson& j) {
+    std::vector<const ojson*> items;
+    if (j.is_array()) {
+      if (j.empty()) return false;
+      for (const auto& e : j) items.push_back(&e);
+    } else {
+      items.push_back(&j);
+    }
+    for (const ojson* e : items) {
+      std::string name, args;
+      if (!call_from_json(*e, name, args)) return false;
+      calls.emplace_back(std::move(name), std::move(args));
+    }
+    return true;
+  };
+  if (format == ToolCallFormat::Llama3Json) {
+    ojson j = ojson::parse(t, nullptr, false);
+    if (j.is_discarded()) return false;
+    if (!from_json_value(j)) return false;
+    // The whole answer is JSON: only a known tool name makes it a call (an ordinary JSON answer
+    // such as {"name": "Bob"} stays content).
+    for (const auto& c : calls)
+      if (!find(tools, c.first)) return false;
+    return true;
+  }
+  if (format != ToolCallFormat::MistralToolCalls) return false;
+  if (t.front() == '[') {  // Nemo: [TOOL_CALLS][{"name":…,"arguments":…}, …]
+    ojson j = ojson::parse(t, nullptr, false);
+    return !j.is_discarded() && j.is_array() && from_json_value(j);
+  }
+  // Mistral Small 3.2 / Devstral: NAME[ARGS]{…} (optionally NAME[CALL_ID]ID[ARGS]{…}), repeated with [TOOL_CALLS].
+  constexpr std::string_view kSep = "[TOOL_CALLS]", kArgs = "[ARGS]", kId = "[CALL_ID]";
+  while (!t.empty()) {
+    size_t next = t.find(kSep);
+    std::string_view seg = trim(t.substr(0, next));
+    t = next == std::string_view::npos ? std::string_view{} : trim(t.substr(next + kSep.size()));
+    size_t a = seg.find(kArgs);
+    if (a == std::string_view::npos) return false;
+    std::string_view head = seg.substr(0, a);
+    if (size_t c = head.find(kId); c != std::string_view::npos) head = head.substr(0, c);
+    head = trim(head);
+    if (head.empty() || head.find_first_of("[]{}\"\n ") != std::string_view::npos) return false;
+    ojson args = ojson::parse(trim(seg.substr(a + kArgs.size())), nullptr, false);
+    if (args.is_discarded() || !args.is_object()) return false;
+    calls.emplace_back(std::string(head), dump_safe(args));
+  }
+  return !calls.empty();
+}
 
 bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools, std::string& name,
                           std::string& arguments) {

@@ -320,3 +320,33 @@ TEST(ChatOutput, JsonShapes) {
   bad.content = std::string("a\xff\xfe") + "b";
   EXPECT_NO_THROW((void)delta_to_json(bad).dump());
 }
+
+TEST(ChatOutput, MistralToolCalls) {
+  ParserConfig cfg = with_tools(ParserConfig{});
+  cfg.tool_format = ToolCallFormat::MistralToolCalls;
+  // Nemo: a JSON array after the marker.
+  check("Let me look.[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}, \"id\": \"abcdefghi\"},"
+        " {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]",
+        cfg, {"Let me look.", "", {{"search", R"({"query":"a"})"}, {"get_weather", R"({"city":"Rome"})"}}});
+  // Mistral Small 3.2 / Devstral: NAME[ARGS]{…} repeated.
+  check("[TOOL_CALLS]search[ARGS]{\"query\": \"x\"}[TOOL_CALLS]get_weather[CALL_ID]abc123xyz[ARGS]{\"city\": \"Oslo\"}",
+        cfg, {"", "", {{"search", R"({"query":"x"})"}, {"get_weather", R"({"city":"Oslo"})"}}});
+  // Malformed → content, verbatim.
+  check("ok [TOOL_CALLS]search[ARGS]{broken", cfg, {"ok [TOOL_CALLS]search[ARGS]{broken", "", {}});
+  // <tool_call> means nothing in this format.
+  check("<tool_call>{\"name\":\"search\",\"arguments\":{}}</tool_call>", cfg,
+        {"<tool_call>{\"name\":\"search\",\"arguments\":{}}</tool_call>", "", {}});
+}
+
+TEST(ChatOutput, Llama3JsonToolCalls) {
+  ParserConfig cfg = with_tools(ParserConfig{});
+  cfg.tool_format = ToolCallFormat::Llama3Json;
+  check("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", cfg,
+        {"", "", {{"get_weather", R"({"city":"Paris"})"}}});
+  check("\n<|python_tag|>{\"name\": \"search\", \"parameters\": {\"query\": \"q\"}}", cfg,
+        {"", "", {{"search", R"({"query":"q"})"}}});
+  // JSON that is not a known tool stays content; so does prose, and JSON later in the text.
+  check("{\"name\": \"Bob\", \"age\": 3}", cfg, {"{\"name\": \"Bob\", \"age\": 3}", "", {}});
+  check("Hello {\"name\": \"search\"}", cfg, {"Hello {\"name\": \"search\"}", "", {}});
+  check("<|python_tag|>brave_search.call(query=\"x\")", cfg, {"<|python_tag|>brave_search.call(query=\"x\")", "", {}});
+}

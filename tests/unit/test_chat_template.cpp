@@ -74,7 +74,20 @@ TEST(ChatTemplate, CapsOtherFamilies) {
   {
     LOAD_TEMPLATE(t, "meta-llama-Llama-3.1-8B-Instruct.jinja");
     EXPECT_TRUE(t.caps().supports_tools);
-    EXPECT_EQ(t.caps().tool_format, ToolCallFormat::None);  // Llama 3 JSON calls: not parsed (yet)
+    EXPECT_EQ(t.caps().tool_format, ToolCallFormat::Llama3Json);
+  }
+  {
+    LOAD_TEMPLATE(t, "mistralai-Mistral-Nemo-Instruct-2407.jinja");
+    EXPECT_EQ(t.caps().tool_format, ToolCallFormat::MistralToolCalls);
+  }
+  {
+    LOAD_TEMPLATE(t, "unsloth-mistral-Devstral-Small-2507.jinja");
+    EXPECT_EQ(t.caps().tool_format, ToolCallFormat::MistralToolCalls);
+  }
+  {
+    LOAD_TEMPLATE(t, "Qwen-Qwen3-0.6B.jinja");
+    EXPECT_EQ(t.caps().tool_format, ToolCallFormat::HermesJson);
+    EXPECT_TRUE(t.caps().supports_thinking);
   }
   {
     LOAD_TEMPLATE(t, "google-gemma-2-2b-it.jinja");
