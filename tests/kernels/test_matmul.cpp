@@ -86,6 +86,15 @@ TEST(Matmul, SingleRowAndSingleBlockFewColumns) {
     for (int64_t m : {1, 2, 3, 4}) check_matmul(t, 256, 1, m, pool);  // every column-group width
 }
 
+TEST(Matmul, OddBlockCountLegacyTypes) {
+  // 11 blocks of 32: the kernels' two-chain unrolling leaves a tail block.
+  IsaGuard g;
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                     GgmlType::IQ4_NL})
+    for (int64_t m : {1, 2, 3}) check_matmul(t, 352, 13, m, pool);
+}
+
 TEST(GetRows, EveryTypeEveryIsa) {
   IsaGuard g;
   ThreadPool pool(3);
