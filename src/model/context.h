@@ -1,0 +1,79 @@
+// model/context.h — running a Model: Batch (tokens of one or more sequences) and Context (thread
+//   pool, scratch planned once for a maximum batch size, output logits) whose decode() runs the
+//   forward pass of the model's architecture and writes the sequences' Memory.
+// Owns: scratch buffers and the logits of the last decode(); a ThreadPool.
+// Must not: allocate in decode() (all scratch is sized in the constructor for n_batch tokens);
+//   sample, tokenize or see requests.
+// Batch rules: a batch holds one or more runs; a run is consecutive tokens of ONE sequence at
+//   consecutive positions pos0, pos0+1, ... (a prefill chunk or a single decode token). Every run
+//   must start at the sequence's current position in Memory (seq_pos); attention-only models may
+//   also start earlier (the rows after pos0 are overwritten: a rollback). A sequence appears in at
+//   most one run per batch. Runs may mix prefill chunks and decode tokens of different sequences.
+// Threading: a Context is used by one thread at a time; several Contexts may share one Model.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/result.h"
+#include "core/thread_pool.h"
+#include "model/memory.h"
+#include "model/model.h"
+
+namespace kiln::model {
+
+struct Batch {
+  std::vector<int32_t> token;
+  std::vector<int32_t> pos;
+  std::vector<int32_t> seq;
+  std::vector<uint8_t> output;  // 1: compute this token's logits
+  void clear() { token.clear(); pos.clear(); seq.clear(); output.clear(); }
+  void add(int32_t tok, int32_t p, int32_t s, bool out) {
+    token.push_back(tok); pos.push_back(p); seq.push_back(s); output.push_back(out ? 1 : 0);
+  }
+  // Appends a run of tokens of sequence s starting at pos0; logits for all tokens or just the last.
+  void add_run(std::span<const int32_t> toks, int32_t pos0, int32_t s, bool all_logits, bool last_logits = true) {
+    for (size_t i = 0; i < toks.size(); ++i)
+      add(toks[i], pos0 + int32_t(i), s, all_logits || (last_logits && i + 1 == toks.size()));
+  }
+  int64_t size() const { return int64_t(token.size()); }
+};
+
+struct ContextOptions {
+  int64_t n_batch = 512;   // most tokens one decode() may take
+  int n_threads = 0;       // <= 0: all cores (or KILN_THREADS)
+  // Gated-delta prefill: runs of at least this many tokens use the chunked form (0 = never).
+  int delta_chunk_min = 0;
+};
+
+class Context {
+ public:
+  Context(const Model& model, const ContextOptions& opt);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const Model& model() const { return model_; }
+  ThreadPool& pool() { return *pool_; }
+  int64_t n_batch() const { return opt_.n_batch; }
+
+  // Runs the batch; on success memory's positions are advanced and logits() holds one row per
+  // token with output=1, in batch order. Errors: bad token ids, positions or run structure.
+  Status decode(const Batch& batch, Memory& mem);
+
+  int64_t n_outputs() const { return n_out_; }
+  // Logits row i (i < n_outputs()): n_vocab floats.
+  const float* logits(int64_t i) const;
+
+  struct Impl;
+
+ private:
+  const Model& model_;
+  ContextOptions opt_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Impl> impl_;
+  int64_t n_out_ = 0;
+};
+
+}  // namespace kiln::model

@@ -1,0 +1,202 @@
+// load_model: open the GGUF, read the config, and bind + validate every tensor the architecture
+// needs (name, type, shape). Tensor names follow gguf-py constants.py TENSOR_NAMES.
+#include <chrono>
+#include <cstring>
+#include <unordered_set>
+
+#include "core/log.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "tensor/dtype.h"
+#include "tensor/quant.h"
+
+namespace kiln::model {
+namespace {
+
+enum class Kind {
+  Matrix,  // used by matmul in place: any kernels::matmul_supported type
+  Table,   // token_embd: any type get_rows can dequantize
+  Vector,  // small tensor read as F32 (converted when stored as F16/BF16/...)
+};
+
+class Binder {
+ public:
+  Binder(Model& m, const gguf::File& f, std::vector<std::unique_ptr<float[]>>& owned)
+      : f_(f), owned_(owned) { (void)m; }
+
+  // Binds `name` with expected shape `ne` (ne[0] first). Missing + required -> error.
+  Status bind(Weight& w, const std::string& name, std::vector<int64_t> ne, Kind kind, bool required = true) {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (!t) {
+      if (required) return err("{}: tensor '{}' is missing (needed by {})", f_.path(), name, arch_);
+      return {};
+    }
+    used_.insert(name);
+    std::array<int64_t, 4> want = {1, 1, 1, 1};
+    for (size_t i = 0; i < ne.size(); ++i) want[i] = ne[i];
+    if (want != t->ne)
+      return err("{}: tensor '{}' has shape [{}, {}, {}, {}], expected [{}, {}, {}, {}]", f_.path(), name, t->ne[0],
+                 t->ne[1], t->ne[2], t->ne[3], want[0], want[1], want[2], want[3]);
+    const auto& ti = gguf::type_info(t->type);
+    if (t->ne[0] % ti.block_size != 0)
+      return err("{}: tensor '{}' row length {} is not a multiple of the {} block size {}", f_.path(), name, t->ne[0],
+                 ti.name, ti.block_size);
+    w.type = t->type;
+    w.data = f_.tensor_data(*t);
+    w.ne = t->ne;
+    w.row_bytes = size_t(t->ne[0] / ti.block_size) * ti.type_size;
+    switch (kind) {
+      case Kind::Matrix:
+        if (!kernels::matmul_supported(t->type))
+          return err("{}: tensor '{}' has type {}, which kiln cannot multiply (supported: F32 F16 BF16 Q4_0 Q4_1 Q5_0 "
+                     "Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS)",
+                     f_.path(), name, ti.name);
+        break;
+      case Kind::Table:
+        if (!tensor::dtype_traits(t->type) || !tensor::dtype_traits(t->type)->dequantize_row)
+          return err("{}: tensor '{}' has type {}, which kiln cannot dequantize", f_.path(), name, ti.name);
+        break;
+      case Kind::Vector: {
+        if (t->type == GgmlType::F32) break;
+        const auto* tr = tensor::dtype_traits(t->type);
+        if (!tr || !tr->dequantize_row)
+          return err("{}: tensor '{}' has type {}, expected F32/F16/BF16", f_.path(), name, ti.name);
+        const int64_t n = t->n_elements();
+        auto buf = std::make_unique<float[]>(size_t(n));
+        const int64_t rows = n / t->ne[0];
+        for (int64_t r = 0; r < rows; ++r)
+          tensor::dequantize_row(t->type, w.data + size_t(r) * w.row_bytes, buf.get() + r * t->ne[0], t->ne[0]);
+        w.type = GgmlType::F32;
+        w.data = reinterpret_cast<const uint8_t*>(buf.get());
+        w.row_bytes = size_t(t->ne[0]) * sizeof(float);
+        owned_.push_back(std::move(buf));
+        break;
+      }
+    }
+    bytes_ += t->n_bytes;
+    return {};
+  }
+
+  void set_arch(std::string a) { arch_ = std::move(a); }
+  const std::unordered_set<std::string>& used() const { return used_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const gguf::File& f_;
+  std::vector<std::unique_ptr<float[]>>& owned_;
+  std::unordered_set<std::string> used_;
+  std::string arch_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opt) {
+  gguf::OpenOptions oo;
+  oo.load_mode = opt.load_mode;
+  auto f = gguf::File::open(path, oo);
+  KILN_TRY(f);
+  return load_model(std::move(*f), opt);
+}
+
+Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, const LoadOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = std::unique_ptr<Model>(new Model());
+  m->file_ = std::move(file);
+  const gguf::File& f = *m->file_;
+  auto cfg = load_config(f);
+  KILN_TRY(cfg);
+  m->cfg_ = std::move(*cfg);
+  ModelConfig& c = m->cfg_;
+
+  Binder b(*m, f, m->owned_);
+  b.set_arch(c.arch_str);
+  // Vocabulary size comes from token_embd.
+  const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
+  if (!te) return err("{}: tensor 'token_embd.weight' is missing", f.path());
+  if (c.n_vocab == 0) c.n_vocab = te->ne[1];
+  const int64_t E = c.n_embd, V = c.n_vocab, D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv;
+  KILN_TRY(b.bind(m->token_embd, "token_embd.weight", {E, V}, Kind::Table));
+  KILN_TRY(b.bind(m->output_norm, "output_norm.weight", {E}, Kind::Vector));
+  KILN_TRY(b.bind(m->output, "output.weight", {E, V}, Kind::Matrix, /*required=*/false));
+  if (!m->output.present()) {
+    c.tied_embeddings = true;
+    m->output = m->token_embd;
+    if (!kernels::matmul_supported(m->output.type))
+      return err("{}: tied output uses 'token_embd.weight' of type {}, which kiln cannot multiply", f.path(),
+                 gguf::type_name(m->output.type));
+  }
+  if (f.find_tensor("rope_freqs.weight"))
+    return err("{}: tensor 'rope_freqs.weight' (llama3 rope frequency factors) is not supported yet", f.path());
+
+  const bool hybrid = arch_is_hybrid(c.arch);
+  const size_t n_total = size_t(c.n_layer);
+  m->layers.resize(size_t(c.n_layer));
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    LayerWeights& L = m->layers[size_t(il)];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    KILN_TRY(b.bind(L.attn_norm, p + "attn_norm.weight", {E}, Kind::Vector));
+    const bool attn = !c.is_recurrent(il);
+    if (attn) {
+      KILN_TRY(b.bind(L.attn_q, p + "attn_q.weight", {E, (hybrid ? 2 : 1) * D * Hq}, Kind::Matrix));
+      KILN_TRY(b.bind(L.attn_k, p + "attn_k.weight", {E, D * Hkv}, Kind::Matrix));
+      KILN_TRY(b.bind(L.attn_v, p + "attn_v.weight", {E, D * Hkv}, Kind::Matrix));
+      KILN_TRY(b.bind(L.attn_output, p + "attn_output.weight", {D * Hq, E}, Kind::Matrix));
+      const bool need_bias = c.arch == Arch::Qwen2;
+      if (!hybrid) {
+        KILN_TRY(b.bind(L.attn_q_bias, p + "attn_q.bias", {D * Hq}, Kind::Vector, need_bias));
+        KILN_TRY(b.bind(L.attn_k_bias, p + "attn_k.bias", {D * Hkv}, Kind::Vector, need_bias));
+        KILN_TRY(b.bind(L.attn_v_bias, p + "attn_v.bias", {D * Hkv}, Kind::Vector, need_bias));
+        KILN_TRY(b.bind(L.attn_output_bias, p + "attn_output.bias", {E}, Kind::Vector, false));
+      }
+      if (c.arch == Arch::Qwen3 || hybrid) {
+        KILN_TRY(b.bind(L.attn_q_norm, p + "attn_q_norm.weight", {D}, Kind::Vector));
+        KILN_TRY(b.bind(L.attn_k_norm, p + "attn_k_norm.weight", {D}, Kind::Vector));
+      }
+    } else {
+      const int64_t S = c.ssm_d_state, Hv = c.ssm_dt_rank, conv = c.ssm_conv_dim(), vd = c.ssm_value_dim();
+      KILN_TRY(b.bind(L.ssm_qkv, p + "attn_qkv.weight", {E, conv}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ssm_gate, p + "attn_gate.weight", {E, vd}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ssm_conv1d, p + "ssm_conv1d.weight", {c.ssm_d_conv, conv}, Kind::Vector));
+      KILN_TRY(b.bind(L.ssm_dt, p + "ssm_dt.bias", {Hv}, Kind::Vector));
+      KILN_TRY(b.bind(L.ssm_a, p + "ssm_a", {Hv}, Kind::Vector));
+      KILN_TRY(b.bind(L.ssm_beta, p + "ssm_beta.weight", {E, Hv}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ssm_alpha, p + "ssm_alpha.weight", {E, Hv}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ssm_norm, p + "ssm_norm.weight", {S}, Kind::Vector));
+      KILN_TRY(b.bind(L.ssm_out, p + "ssm_out.weight", {vd, E}, Kind::Matrix));
+    }
+    KILN_TRY(b.bind(L.ffn_norm, p + (hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, Kind::Vector));
+    if (c.arch == Arch::Qwen35Moe) {
+      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
+      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
+      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
+    } else {
+      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
+    }
+    if (opt.progress) opt.progress(size_t(il + 1), n_total);
+  }
+  for (const auto& t : f.tensors())
+    if (!b.used().count(t.name)) m->info_.unused.push_back(t.name);
+  if (!m->info_.unused.empty()) {
+    std::string list;
+    for (size_t i = 0; i < m->info_.unused.size() && i < 4; ++i) list += (i ? ", " : "") + m->info_.unused[i];
+    if (m->info_.unused.size() > 4) list += ", ...";
+    KILN_LOG_INFO("{}: {} tensor(s) not used by the {} forward pass (e.g. MTP/nextn block): {}", f.path(),
+                  m->info_.unused.size(), c.arch_str, list);
+  }
+  m->info_.file_bytes = f.file_size();
+  m->info_.weight_bytes = b.bytes();
+  m->info_.load_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return m;
+}
+
+}  // namespace kiln::model

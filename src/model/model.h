@@ -1,0 +1,102 @@
+// model/model.h — a loaded model: config, validated weights (views into the GGUF mapping), and the
+//   entry point load_model().
+// Owns: the gguf::File (and so the mapping) for the model's lifetime; small F32 copies of 1-D
+//   tensors (norms, biases, ssm_a, ...) and of ssm_conv1d when they are stored in another type.
+// Must not: hold per-sequence state (model/memory.h) or scratch (model/context.h); see requests.
+// Loading: every tensor the architecture needs is checked for name, type and shape; errors name
+//   the file and the tensor. Tensors the architecture does not use (e.g. an MTP block's nextn.*)
+//   are reported once in LoadInfo::unused and logged, never fatal.
+// Threading: immutable after load_model(); read from any number of Contexts concurrently.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/mmap.h"
+#include "core/result.h"
+#include "gguf/reader.h"
+#include "model/config.h"
+
+namespace kiln::model {
+
+using gguf::GgmlType;
+
+// A weight used in place: ne[0] contiguous; row r of matrix slice e at data + (e*ne[1] + r)*row_bytes.
+struct Weight {
+  GgmlType type = GgmlType::F32;
+  const uint8_t* data = nullptr;
+  std::array<int64_t, 4> ne = {1, 1, 1, 1};
+  size_t row_bytes = 0;  // bytes of one ne[0] row
+  bool present() const { return data != nullptr; }
+  const float* f32() const { return reinterpret_cast<const float*>(data); }  // only for F32 weights
+};
+
+struct LayerWeights {
+  Weight attn_norm;            // [E]
+  // attention (llama/qwen2/qwen3 and the full-attention layers of qwen35)
+  Weight attn_q;               // [E, D*Hq] (qwen35: [E, 2*D*Hq], per head q then gate)
+  Weight attn_k, attn_v;       // [E, D*Hkv]
+  Weight attn_output;          // [D*Hq, E]
+  Weight attn_q_bias, attn_k_bias, attn_v_bias, attn_output_bias;  // optional (qwen2: q/k/v)
+  Weight attn_q_norm, attn_k_norm;  // [D] (qwen3, qwen35)
+  // delta-net (qwen35 recurrent layers)
+  Weight ssm_qkv;              // attn_qkv [E, conv_dim]
+  Weight ssm_gate;             // attn_gate [E, value_dim] (z)
+  Weight ssm_conv1d;           // [d_conv, conv_dim], F32
+  Weight ssm_dt;               // ssm_dt.bias [Hv]
+  Weight ssm_a;                // [Hv] = -exp(A_log)
+  Weight ssm_beta, ssm_alpha;  // [E, Hv]
+  Weight ssm_norm;             // [S]
+  Weight ssm_out;              // [value_dim, E]
+  // FFN
+  Weight ffn_norm;             // [E] (qwen35: post_attention_norm)
+  Weight ffn_gate, ffn_up;     // [E, n_ff]
+  Weight ffn_down;             // [n_ff, E]
+  Weight ffn_gate_inp;         // [E, n_expert] router
+  Weight ffn_gate_exps, ffn_up_exps;  // [E, n_ff_exp, n_expert]
+  Weight ffn_down_exps;        // [n_ff_exp, E, n_expert]
+  Weight ffn_gate_inp_shexp;   // [E], F32
+  Weight ffn_gate_shexp, ffn_up_shexp;  // [E, n_ff_shexp]
+  Weight ffn_down_shexp;       // [n_ff_shexp, E]
+};
+
+struct LoadOptions {
+  LoadMode load_mode = LoadMode::Mmap;  // mmap (default), mlock, or read into memory ("none")
+  // Called with (tensors checked, total) while validating; optional.
+  std::function<void(size_t, size_t)> progress;
+};
+
+struct LoadInfo {
+  double load_ms = 0;                // wall time of load_model()
+  uint64_t file_bytes = 0;
+  uint64_t weight_bytes = 0;         // bytes of the tensors used
+  std::vector<std::string> unused;   // tensors present in the file but not run (e.g. nextn.*)
+};
+
+class Model {
+ public:
+  const ModelConfig& config() const { return cfg_; }
+  const gguf::File& file() const { return *file_; }
+  const LoadInfo& info() const { return info_; }
+
+  Weight token_embd;   // [E, V]
+  Weight output_norm;  // [E]
+  Weight output;       // [E, V] (= token_embd when tied)
+  std::vector<LayerWeights> layers;  // n_layer trunk layers
+
+ private:
+  friend Result<std::unique_ptr<Model>> load_model(const std::string&, const LoadOptions&);
+  friend Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File>, const LoadOptions&);
+  ModelConfig cfg_;
+  std::unique_ptr<gguf::File> file_;
+  LoadInfo info_;
+  std::vector<std::unique_ptr<float[]>> owned_;  // F32 copies of small tensors
+};
+
+Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opt = {});
+Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, const LoadOptions& opt = {});
+
+}  // namespace kiln::model

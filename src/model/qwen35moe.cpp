@@ -1,0 +1,60 @@
+// `qwen35moe`: the qwen35 mixer layers (qwen35.cpp) with a routed-expert FFN plus a shared expert.
+// Math as llama.cpp's build_moe_ffn (softmax gating, norm_w = true) + shared expert:
+//   p = softmax(ffn_gate_inp·m); top n_expert_used experts (ties: lower id), weights renormalised to
+//   sum 1 (expert_weights_norm), times expert_weights_scale;
+//   out = Σ_e w_e · down_e(silu(gate_e·m) * up_e·m)
+//       + sigmoid(ffn_gate_inp_shexp·m) · down_sh(silu(gate_sh·m) * up_sh·m)
+#include <cmath>
+#include <cstring>
+
+#include "model/forward.h"
+
+namespace kiln::model {
+
+void moe_ffn(Context::Impl& s, const LayerWeights& L) {
+  const ModelConfig& c = s.c;
+  const int64_t T = s.T, E = c.n_embd, X = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, Fs = c.n_ff_shexp;
+  s.matmul(L.ffn_gate_inp, s.cur.data(), T, s.router.data());
+  kernels::topk_route(s.router.data(), X, T, int(K), c.expert_weights_norm, c.expert_weights_scale, s.ids.data(),
+                      s.wts.data());
+  std::memset(s.tmp.data(), 0, size_t(E * T) * sizeof(float));
+  for (int64_t e = 0; e < X; ++e) {
+    int64_t m = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j)
+        if (s.ids[size_t(t * K + j)] == e) {
+          s.etok[size_t(m)] = int32_t(t);
+          s.ewt[size_t(m)] = s.wts[size_t(t * K + j)];
+          std::memcpy(s.xe.data() + m * E, s.cur.data() + t * E, size_t(E) * sizeof(float));
+          ++m;
+        }
+    if (m == 0) continue;
+    s.matmul(L.ffn_gate_exps, s.xe.data(), m, s.fa.data(), e);
+    s.matmul(L.ffn_up_exps, s.xe.data(), m, s.fb.data(), e);
+    kernels::swiglu(s.fa.data(), s.fb.data(), s.fa.data(), F * m);
+    s.matmul(L.ffn_down_exps, s.fa.data(), m, s.ye.data(), e);
+    for (int64_t i = 0; i < m; ++i) {
+      float* dst = s.tmp.data() + int64_t(s.etok[size_t(i)]) * E;
+      const float* src = s.ye.data() + i * E;
+      const float w = s.ewt[size_t(i)];
+      for (int64_t d = 0; d < E; ++d) dst[d] += w * src[d];
+    }
+  }
+  // Shared expert with its scalar sigmoid gate.
+  s.matmul(L.ffn_gate_shexp, s.cur.data(), T, s.fa.data());
+  s.matmul(L.ffn_up_shexp, s.cur.data(), T, s.fb.data());
+  kernels::swiglu(s.fa.data(), s.fb.data(), s.fa.data(), Fs * T);
+  s.matmul(L.ffn_down_shexp, s.fa.data(), T, s.ye.data());
+  const float* gw = L.ffn_gate_inp_shexp.f32();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = s.cur.data() + t * E;
+    float dot = 0;
+    for (int64_t d = 0; d < E; ++d) dot += gw[d] * xt[d];
+    const float gsh = 1.0f / (1.0f + std::exp(-dot));
+    float* dst = s.tmp.data() + t * E;
+    const float* src = s.ye.data() + t * E;
+    for (int64_t d = 0; d < E; ++d) dst[d] += gsh * src[d];
+  }
+}
+
+}  // namespace kiln::model

@@ -1,0 +1,75 @@
+// tools/kiln/model_cli.h — shared by `kiln run`, `kiln perplexity` and `kiln logits`: loading a
+// model with llama.cpp-like flags (load mode, progress, load time), cache-type parsing, and the
+// tokenizer for a model file.
+#pragma once
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "core/result.h"
+#include "gguf/types.h"
+#include "model/context.h"
+#include "model/model.h"
+#include "model/vocab_loader.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::tools {
+
+// CLI11 has no multi-letter single-dash options: rewrite llama.cpp's -ctk/-ctv/-ngl style flags to
+// their long forms in place before parsing.
+inline void normalize_llama_flags(int argc, char** argv) {
+  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", fa[] = "--flash-attn", ngl[] = "--n-gpu-layers";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-ctk") argv[i] = ctk;
+    else if (a == "-ctv") argv[i] = ctv;
+    else if (a == "-fa") argv[i] = fa;
+    else if (a == "-ngl") argv[i] = ngl;
+  }
+}
+
+inline Result<gguf::GgmlType> parse_cache_type(const std::string& s, const char* flag) {
+  auto t = gguf::type_from_name(s);
+  if (!t || (*t != gguf::GgmlType::F32 && *t != gguf::GgmlType::F16 && *t != gguf::GgmlType::Q8_0 &&
+             *t != gguf::GgmlType::Q4_0))
+    return err("{} {}: supported cache types are f32, f16, q8_0, q4_0", flag, s);
+  return *t;
+}
+
+inline Result<LoadMode> parse_load_mode(const std::string& s) {
+  if (s == "mmap") return LoadMode::Mmap;
+  if (s == "mlock") return LoadMode::Mlock;
+  if (s == "none" || s == "read") return LoadMode::Read;
+  return err("--load-mode {}: expected mmap, mlock or none", s);
+}
+
+// Loads with a progress bar on stderr (when show_progress) and prints the load time.
+inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& path, LoadMode mode,
+                                                            bool show_progress) {
+  model::LoadOptions lo;
+  lo.load_mode = mode;
+  if (show_progress)
+    lo.progress = [](size_t done, size_t total) {
+      const int w = 30, filled = total ? int(w * done / total) : w;
+      std::fprintf(stderr, "\rloading [%.*s%*s] %zu/%zu layers", filled, "==============================", w - filled,
+                   "", done, total);
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+  auto m = model::load_model(path, lo);
+  KILN_TRY(m);
+  if (show_progress) {
+    const auto& c = (*m)->config();
+    std::fprintf(stderr, "model: %s, %s, %lld layers, n_embd %lld, n_vocab %lld, %.2f MiB weights, loaded in %.1f ms\n",
+                 c.arch_str.c_str(), c.name.c_str(), (long long)c.n_layer, (long long)c.n_embd, (long long)c.n_vocab,
+                 double((*m)->info().weight_bytes) / (1024.0 * 1024.0), (*m)->info().load_ms);
+  }
+  return m;
+}
+
+inline Result<std::unique_ptr<tokenizer::Tokenizer>> load_tokenizer(const model::Model& m) {
+  auto v = model::load_vocab(m.file());
+  KILN_TRY(v);
+  return tokenizer::Tokenizer::create(std::move(*v));
+}
+
+}  // namespace kiln::tools
