@@ -237,3 +237,87 @@ TEST(GgufWriter, BadTensorsAreErrors) {
 
 }  // namespace
 }  // namespace kiln::gguf
+
+// ---- the generator (model/gen) writes through the Writer; check its files with the reader ----
+#include "model/gen/gen.h"
+
+namespace kiln::model::gen {
+namespace {
+
+TEST(GgufGen, TinyPresetsMatchThePlanAndTheVocab) {
+  for (const char* preset : {"tiny-llama", "tiny-qwen3", "tiny-qwen35", "tiny-qwen35moe"}) {
+    GenOptions o;
+    o.spec = find_preset(preset)->spec;
+    o.type = gguf::GgmlType::F32;
+    o.n_threads = 2;
+    if (o.spec.arch == "qwen35") o.spec.n_mtp = 1;
+    auto pl = plan(o);
+    ASSERT_TRUE(pl.ok()) << pl.error().message;
+    const std::string p = gguf::tmp_path(std::string(preset) + ".gguf");
+    auto st = generate(o, p);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    auto fr = gguf::File::open(p);
+    ASSERT_TRUE(fr.ok()) << fr.error().message;
+    const gguf::File& f = **fr;
+    ASSERT_EQ(f.tensors().size(), pl->size()) << preset;
+    for (size_t i = 0; i < pl->size(); ++i) {
+      const auto& t = f.tensors()[i];
+      EXPECT_EQ(t.name, (*pl)[i].name);
+      EXPECT_EQ(t.n_bytes, (*pl)[i].n_bytes);
+      ASSERT_EQ(t.type, gguf::GgmlType::F32);
+      const float* x = reinterpret_cast<const float*>(f.tensor_data(t));
+      for (int64_t k = 0; k < t.n_elements(); ++k) ASSERT_TRUE(std::isfinite(x[k])) << t.name;
+    }
+    const std::string a = o.spec.arch;
+    EXPECT_EQ(f.get_string("general.architecture").value(), a);
+    auto toks = f.get_string_array("tokenizer.ggml.tokens");
+    ASSERT_TRUE(toks.ok());
+    EXPECT_EQ(int64_t(toks->size()), f.find_tensor("token_embd.weight")->ne[1]);
+    EXPECT_EQ(int64_t(toks->size()), o.spec.n_vocab);
+    EXPECT_EQ(f.get_int(a + ".block_count").value(), o.spec.n_layer + o.spec.n_mtp);
+    EXPECT_EQ(f.get_int_array("tokenizer.ggml.token_type")->size(), toks->size());
+    if (a == "qwen35") {
+      EXPECT_EQ(f.get_int("qwen35.nextn_predict_layers").value(), 1);
+      const auto* t = f.find_tensor("blk.0.ssm_a");
+      ASSERT_NE(t, nullptr);
+      const float* x = reinterpret_cast<const float*>(f.tensor_data(*t));
+      for (int64_t k = 0; k < t->n_elements(); ++k) EXPECT_LT(x[k], 0.0f);
+      EXPECT_NE(f.find_tensor("blk.4.nextn.eh_proj.weight"), nullptr);
+    }
+  }
+}
+
+TEST(GgufGen, SameSeedSameBytesAnyThreadCount) {
+  GenOptions o;
+  o.spec = find_preset("tiny-qwen35")->spec;
+  o.type = gguf::GgmlType::F16;
+  o.n_threads = 1;
+  const std::string a = gguf::tmp_path("seed-a.gguf"), b = gguf::tmp_path("seed-b.gguf"),
+                    c = gguf::tmp_path("seed-c.gguf");
+  ASSERT_TRUE(generate(o, a).ok());
+  o.n_threads = 3;
+  ASSERT_TRUE(generate(o, b).ok());
+  o.seed = 43;
+  ASSERT_TRUE(generate(o, c).ok());
+  EXPECT_EQ(gguf::read_all(a), gguf::read_all(b));
+  EXPECT_NE(gguf::read_all(a), gguf::read_all(c));
+}
+
+TEST(GgufGen, InvalidSpecsAreErrorsNamingTheField) {
+  GenOptions o;
+  o.spec = find_preset("tiny-qwen35")->spec;
+  o.spec.ssm_n_group = 3;  // Hv = 4 is not a multiple
+  auto r = plan(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("ssm_n_group"), std::string::npos);
+  o.spec = find_preset("tiny-llama")->spec;
+  o.spec.n_vocab = 10;
+  r = plan(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("n_vocab"), std::string::npos);
+  auto v = build_vocabulary("qwen35", 300);
+  EXPECT_FALSE(v.ok());
+}
+
+}  // namespace
+}  // namespace kiln::model::gen
