@@ -19,9 +19,9 @@ import subprocess
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")  # listed in scripts/requirements.txt: always installed by `make test`
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT  # noqa: E402
-from gguf import quants as gq  # noqa: E402
+# gguf is in scripts/requirements.txt (always installed by `make test`): a missing one is a failure.
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+from gguf import quants as gq
 
 # Byte offsets of the fp16 scale fields in one block (ggml-common.h layouts).
 FP16_FIELDS = {
