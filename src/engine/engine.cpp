@@ -1,0 +1,831 @@
+// Engine: the engine thread, admission + prefix reuse, the step loop (batch building, decode,
+// sampling, stop handling), request channels, metrics.
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/log.h"
+#include "engine/prefix_cache.h"
+#include "model/vocab_loader.h"
+
+namespace kiln::engine {
+
+using Clock = std::chrono::steady_clock;
+
+static double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "";
+}
+
+// ============================================================================================
+// Channels
+
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  bool poke = false;  // a cancellation happened
+  struct Pending {
+    std::shared_ptr<Channel> ch;
+    Request req;
+    Clock::time_point t_submit;
+  };
+  std::deque<Pending> pending;
+  void wake() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      poke = true;
+    }
+    cv.notify_one();
+  }
+};
+
+struct Channel {
+  uint64_t id = 0;
+  std::shared_ptr<Inbox> inbox;
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> q;
+  bool final_pushed = false;
+  bool final_taken = false;
+
+  void push(Event e) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (final_pushed) return;
+      final_pushed = e.final();
+      q.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+};
+
+RequestHandle::RequestHandle(std::shared_ptr<Channel> ch) : ch_(std::move(ch)) {}
+
+RequestHandle& RequestHandle::operator=(RequestHandle&& o) noexcept {
+  if (this != &o) {
+    if (ch_ && !done()) cancel();
+    ch_ = std::move(o.ch_);
+  }
+  return *this;
+}
+
+RequestHandle::~RequestHandle() {
+  if (ch_ && !done()) cancel();
+}
+
+uint64_t RequestHandle::id() const { return ch_ ? ch_->id : 0; }
+
+std::optional<Event> RequestHandle::next(std::chrono::milliseconds timeout) {
+  if (!ch_) return std::nullopt;
+  std::unique_lock<std::mutex> lk(ch_->mu);
+  if (ch_->final_taken) return std::nullopt;
+  if (!ch_->cv.wait_for(lk, timeout, [&] { return !ch_->q.empty(); })) return std::nullopt;
+  Event e = std::move(ch_->q.front());
+  ch_->q.pop_front();
+  if (e.final()) ch_->final_taken = true;
+  return e;
+}
+
+void RequestHandle::cancel() {
+  if (!ch_) return;
+  ch_->cancelled.store(true);
+  if (ch_->inbox) ch_->inbox->wake();
+}
+
+bool RequestHandle::done() const {
+  if (!ch_) return true;
+  std::lock_guard<std::mutex> lk(ch_->mu);
+  return ch_->final_taken;
+}
+
+// ============================================================================================
+// Engine internals
+
+namespace {
+
+struct Active {
+  std::shared_ptr<Channel> ch;
+  Request req;
+  Clock::time_point t_submit, t_admit, t_prompt_done;
+  bool prompt_done = false;
+  int slot = -1;
+  int64_t n_past = 0;     // positions in the slot's memory
+  int64_t cache_n = 0;
+  int64_t n_decoded = 0;
+  int32_t next_token = -1;  // sampled, to be fed in the next step
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<tokenizer::StreamDecoder> dec;
+  std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
+  bool finished = false;
+  // per-step bookkeeping
+  int64_t step_n = 0;
+  int64_t out_row = -1;
+};
+
+struct SlotState {
+  std::vector<int32_t> tokens;  // what the slot's memory holds (size == runner seq_pos)
+  Active* active = nullptr;
+  uint64_t last_used = 0;
+};
+
+int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return int64_t(i);
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  Engine& eng;
+  std::unique_ptr<Runner> runner;
+  std::unique_ptr<PrefixCache> cache;
+  const tokenizer::Tokenizer* tok = nullptr;
+  int64_t n_ctx_slot = 0;
+  int64_t step_tokens = 0;
+  int64_t snap_interval = 0;
+  bool recurrent = false;
+  std::vector<int32_t> eog;  // sorted
+
+  std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>();
+  std::atomic<uint64_t> next_id{1};
+
+  // engine-thread state
+  std::vector<SlotState> slots;
+  std::deque<std::unique_ptr<Active>> waiting;
+  std::vector<std::unique_ptr<Active>> active;  // admission order
+  uint64_t clock = 0;
+  model::Batch batch;
+  std::vector<float> rec_buf;
+  PrefixCacheStats cs;          // last published cache stats
+  uint64_t cache_version = 0;
+
+  // published state
+  mutable std::mutex pub_mu;
+  Metrics metrics;
+  std::vector<SlotInfo> slot_info;
+
+  explicit Impl(Engine& e) : eng(e) {}
+
+  void run();
+  void take_inbox(std::unique_lock<std::mutex>& lk);
+  void handle_cancellations();
+  void admit();
+  void prepare(Active& a, int s);
+  int pick_slot(const Active& a) const;
+  void step();
+  void process_token(Active& a, int32_t tok, const float* logits);
+  void finish(Active& a, FinishReason r, Event ev, const std::string& error = {});
+  void cache_insert(const Active& a, bool end_of_turn);
+  void publish();
+  bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }
+};
+
+void Engine::Impl::take_inbox(std::unique_lock<std::mutex>& lk) {
+  while (!inbox->pending.empty()) {
+    auto p = std::move(inbox->pending.front());
+    inbox->pending.pop_front();
+    auto a = std::make_unique<Active>();
+    a->ch = std::move(p.ch);
+    a->req = std::move(p.req);
+    a->t_submit = p.t_submit;
+    waiting.push_back(std::move(a));
+  }
+}
+
+void Engine::Impl::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(inbox->mu);
+      if (active.empty() && waiting.empty())
+        inbox->cv.wait(lk, [&] { return inbox->stop || inbox->poke || !inbox->pending.empty(); });
+      inbox->poke = false;
+      if (inbox->stop) break;
+      take_inbox(lk);
+    }
+    handle_cancellations();
+    admit();
+    publish();
+    if (!active.empty()) step();
+    publish();
+  }
+  // Shutdown: everything still known ends with Cancelled.
+  {
+    std::unique_lock<std::mutex> lk(inbox->mu);
+    take_inbox(lk);
+  }
+  for (auto& a : active)
+    if (!a->finished) finish(*a, FinishReason::Cancelled, Event{});
+  for (auto& a : waiting) finish(*a, FinishReason::Cancelled, Event{});
+  active.clear();
+  waiting.clear();
+  publish();
+}
+
+void Engine::Impl::handle_cancellations() {
+  for (auto it = waiting.begin(); it != waiting.end();) {
+    if ((*it)->ch->cancelled.load()) {
+      finish(**it, FinishReason::Cancelled, Event{});
+      it = waiting.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& a : active)
+    if (!a->finished && a->ch->cancelled.load()) finish(*a, FinishReason::Cancelled, Event{});
+  std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+}
+
+// Slot choice: the free slot whose own content gives the longest reusable prefix; ties go to the
+// least recently used slot (its content is the least likely to be wanted again).
+int Engine::Impl::pick_slot(const Active& a) const {
+  int best = -1;
+  int64_t best_reuse = -1;
+  for (int s = 0; s < int(slots.size()); ++s) {
+    const SlotState& st = slots[size_t(s)];
+    if (st.active) continue;
+    int64_t c = std::min<int64_t>(common_prefix(st.tokens, a.req.prompt), int64_t(a.req.prompt.size()) - 1);
+    if (recurrent && c != int64_t(st.tokens.size())) c = 0;
+    if (c > best_reuse || (c == best_reuse && st.last_used < slots[size_t(best)].last_used)) {
+      best = s;
+      best_reuse = c;
+    }
+  }
+  return best;
+}
+
+void Engine::Impl::admit() {
+  while (!waiting.empty()) {
+    const int s = pick_slot(*waiting.front());
+    if (s < 0) break;
+    auto a = std::move(waiting.front());
+    waiting.pop_front();
+    prepare(*a, s);
+    active.push_back(std::move(a));
+  }
+}
+
+// NOTE(engine): reuse = max(own slot content, prefix cache match), both capped at P-1 (the last
+// prompt token is always decoded: its logits give the first generated token). Restoring copies only
+// the KV rows the slot does not already hold (rows [common, L)), plus the recurrent state at L.
+void Engine::Impl::prepare(Active& a, int s) {
+  SlotState& st = slots[size_t(s)];
+  a.slot = s;
+  st.active = &a;
+  a.t_admit = Clock::now();
+  const auto& prompt = a.req.prompt;
+  const int64_t P = int64_t(prompt.size());
+  KILN_CHECK(runner->seq_pos(s) == int64_t(st.tokens.size()), "slot {} holds {} positions but {} tokens", s,
+             runner->seq_pos(s), st.tokens.size());
+  const int64_t common = std::min(common_prefix(st.tokens, prompt), P - 1);
+  int64_t own = common;
+  if (recurrent && common != int64_t(st.tokens.size())) own = 0;
+  if (!a.req.cache_prompt) own = 0;
+  PrefixCache::Match m;
+  if (a.req.cache_prompt && cache->enabled()) m = cache->match(prompt, P - 1);
+  int64_t reused;
+  if (m.n_tokens > own) {
+    const int64_t from = std::min(common, m.n_tokens);  // rows [0, from) are already in the slot
+    if (runner->kv_bytes_per_pos() > 0)
+      for (const auto& pc : m.pieces) {
+        const int64_t r0 = std::max<int64_t>(0, from - pc.pos0);
+        const int64_t r1 = std::min<int64_t>(pc.rows, m.n_tokens - pc.pos0);
+        if (r0 < r1) runner->write_kv(s, pc.pos0, pc.kv, pc.rows, r0, r1);
+      }
+    if (recurrent) runner->write_rec(s, m.rec);
+    runner->set_seq_pos(s, m.n_tokens);
+    reused = m.n_tokens;
+  } else {
+    if (own == 0) runner->seq_clear(s);
+    else if (own != runner->seq_pos(s)) {
+      Status k = runner->seq_keep(s, own);
+      KILN_CHECK(k.ok(), "seq_keep: {}", k.ok() ? "" : k.error().message);
+    }
+    reused = own;
+  }
+  st.tokens.assign(prompt.begin(), prompt.begin() + reused);
+  a.n_past = reused;
+  a.cache_n = reused;
+  a.sampler = std::make_unique<Sampler>(a.req.sampling, runner->n_vocab());
+  a.sampler->accept(std::span<const int32_t>(prompt));
+  a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special);
+  KILN_LOG_DEBUG("slot {} | request {} | prompt {} tokens, reused {} (own {}, cache {})", s, a.ch->id, P, reused,
+                 own, m.n_tokens);
+}
+
+void Engine::Impl::cache_insert(const Active& a, bool end_of_turn) {
+  if (!a.req.cache_prompt || !cache->enabled()) return;
+  const SlotState& st = slots[size_t(a.slot)];
+  if (st.tokens.empty()) return;
+  const int s = a.slot;
+  const float* rec = nullptr;
+  if (recurrent) {
+    rec_buf.resize(runner->rec_floats());
+    runner->read_rec(s, rec_buf.data());
+    rec = rec_buf.data();
+  }
+  cache->insert(st.tokens, [&](int64_t p0, int64_t n, uint8_t* out) { runner->read_kv(s, p0, n, out); }, rec,
+                end_of_turn);
+}
+
+void Engine::Impl::step() {
+  batch.clear();
+  int64_t budget = step_tokens;
+  int64_t row = 0;
+  for (auto& a : active) {
+    a->step_n = 0;
+    a->out_row = -1;
+    if (!a->prompt_done) continue;
+    batch.add(a->next_token, int32_t(a->n_past), a->slot, true);
+    a->step_n = 1;
+    a->out_row = row++;
+    --budget;
+  }
+  for (auto& a : active) {
+    if (a->prompt_done || budget <= 0) continue;
+    const auto& prompt = a->req.prompt;
+    const int64_t P = int64_t(prompt.size());
+    int64_t n = std::min(P - a->n_past, budget);
+    if (recurrent && a->req.cache_prompt && cache->enabled()) {
+      const int64_t next_snap = (a->n_past / snap_interval + 1) * snap_interval;
+      if (next_snap < P) n = std::min(n, next_snap - a->n_past);
+    }
+    const bool last = a->n_past + n == P;
+    batch.add_run(std::span<const int32_t>(prompt).subspan(size_t(a->n_past), size_t(n)), int32_t(a->n_past),
+                  a->slot, false, last);
+    a->step_n = n;
+    if (last) a->out_row = row++;
+    budget -= n;
+  }
+  if (batch.size() == 0) return;
+
+  Status st = runner->decode(batch);
+  {
+    std::lock_guard<std::mutex> lk(pub_mu);
+    metrics.decode_calls++;
+    int busy = 0;
+    for (auto& s : slots) busy += s.active ? 1 : 0;
+    metrics.busy_slot_steps += uint64_t(busy);
+  }
+  if (!st.ok()) {
+    KILN_LOG_ERROR("decode failed: {}", st.error().message);
+    for (auto& a : active) {
+      if (a->step_n == 0) continue;
+      SlotState& ss = slots[size_t(a->slot)];
+      runner->seq_clear(a->slot);
+      ss.tokens.clear();
+      a->n_past = 0;
+      a->req.cache_prompt = false;  // nothing valid to cache
+      finish(*a, FinishReason::Error, Event{}, "decode failed: " + st.error().message);
+    }
+    std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    return;
+  }
+
+  for (auto& ap : active) {
+    Active& a = *ap;
+    if (a.step_n == 0) continue;
+    SlotState& ss = slots[size_t(a.slot)];
+    if (a.prompt_done) {
+      ss.tokens.push_back(a.next_token);
+      a.n_past += 1;
+      process_token(a, a.sampler->sample(runner->logits(a.out_row)), runner->logits(a.out_row));
+      continue;
+    }
+    const auto& prompt = a.req.prompt;
+    ss.tokens.insert(ss.tokens.end(), prompt.begin() + a.n_past, prompt.begin() + a.n_past + a.step_n);
+    a.n_past += a.step_n;
+    if (a.n_past == int64_t(prompt.size())) {
+      a.prompt_done = true;
+      a.t_prompt_done = Clock::now();
+      cache_insert(a, true);  // end of prompt: blocks, tail and (hybrid) the state here
+      if (a.req.max_tokens == 0) {
+        finish(a, FinishReason::Length, Event{});
+        continue;
+      }
+      const float* lg = runner->logits(a.out_row);
+      process_token(a, a.sampler->sample(lg), lg);
+    } else if (!recurrent) {
+      cache_insert(a, false);  // full blocks so far (concurrent requests can share them)
+    } else if (a.n_past % snap_interval == 0) {
+      cache_insert(a, false);  // hybrid: a snapshot point inside a long prompt
+    }
+  }
+  std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+}
+
+void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
+  a.n_decoded++;
+  Event ev;
+  TokenOut to;
+  to.id = t;
+  to.piece = tok->token_to_piece(t, a.req.render_special);
+  if (a.req.n_probs != 0)
+    to.logprob = Sampler::logprob_of(logits, runner->n_vocab(), t, std::max(0, a.req.n_probs), &to.top);
+  a.sampler->accept(t);
+  ev.tokens.push_back(std::move(to));
+
+  const bool stop_tok = std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), t) != a.req.stop_tokens.end();
+  if ((is_eog(t) && !a.req.ignore_eos) || stop_tok) {
+    ev.text = a.held + a.dec->flush();
+    a.held.clear();
+    finish(a, FinishReason::Stop, std::move(ev));
+    return;
+  }
+  a.held += a.dec->push(t);
+  // Earliest stop string in the held text.
+  size_t best = std::string::npos;
+  const std::string* word = nullptr;
+  for (const auto& s : a.req.stop) {
+    if (s.empty()) continue;
+    const size_t p = a.held.find(s);
+    if (p != std::string::npos && (best == std::string::npos || p < best)) {
+      best = p;
+      word = &s;
+    }
+  }
+  if (word) {
+    ev.text = a.held.substr(0, best);
+    ev.stop_word = *word;
+    a.held.clear();
+    finish(a, FinishReason::Stop, std::move(ev));
+    return;
+  }
+  // Hold back the longest suffix that could begin a stop string.
+  size_t hold = 0;
+  for (const auto& s : a.req.stop)
+    for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), a.held.size()); k > hold; --k)
+      if (a.held.compare(a.held.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  ev.text = a.held.substr(0, a.held.size() - hold);
+  a.held.erase(0, a.held.size() - hold);
+
+  const bool out_of_tokens = a.req.max_tokens >= 0 && a.n_decoded >= a.req.max_tokens;
+  const bool out_of_ctx = a.n_past + 1 > n_ctx_slot;  // no room to feed this token
+  if (out_of_tokens || out_of_ctx) {
+    ev.text += a.held + a.dec->flush();
+    a.held.clear();
+    finish(a, FinishReason::Length, std::move(ev));
+    return;
+  }
+  a.next_token = t;
+  a.ch->push(std::move(ev));
+}
+
+void Engine::Impl::finish(Active& a, FinishReason r, Event ev, const std::string& error) {
+  const auto now = Clock::now();
+  ev.finish = r;
+  ev.error = error;
+  const int64_t P = int64_t(a.req.prompt.size());
+  Timings& tm = ev.timings;
+  tm.cache_n = a.cache_n;
+  tm.queue_ms = a.slot >= 0 ? ms_between(a.t_submit, a.t_admit) : ms_between(a.t_submit, now);
+  if (a.slot >= 0) {
+    tm.prompt_n = (a.prompt_done ? P : a.n_past) - a.cache_n;
+    tm.prompt_ms = ms_between(a.t_admit, a.prompt_done ? a.t_prompt_done : now);
+    tm.predicted_n = a.n_decoded;
+    tm.predicted_ms = a.prompt_done ? ms_between(a.t_prompt_done, now) : 0;
+  }
+  if (a.slot >= 0) {
+    if (r != FinishReason::Error) cache_insert(a, true);  // end of the turn: the next one starts here
+    SlotState& st = slots[size_t(a.slot)];
+    st.active = nullptr;
+    st.last_used = ++clock;
+  }
+  a.finished = true;
+  {
+    std::lock_guard<std::mutex> lk(pub_mu);
+    metrics.requests_finished++;
+    if (r == FinishReason::Cancelled) metrics.requests_cancelled++;
+    if (r == FinishReason::Error) metrics.requests_failed++;
+    metrics.prompt_tokens += uint64_t(std::max<int64_t>(0, tm.prompt_n));
+    metrics.prompt_seconds += tm.prompt_ms / 1000.0;
+    metrics.predicted_tokens += uint64_t(tm.predicted_n);
+    metrics.predicted_seconds += tm.predicted_ms / 1000.0;
+    if (a.cache_n > 0) metrics.cache_requests_hit++;
+    metrics.cache_tokens_reused += uint64_t(a.cache_n);
+  }
+  if (a.slot >= 0) {
+    const double pps = tm.prompt_ms > 0 ? 1000.0 * double(tm.prompt_n) / tm.prompt_ms : 0;
+    const double tps = tm.predicted_ms > 0 ? 1000.0 * double(tm.predicted_n) / tm.predicted_ms : 0;
+    KILN_LOG_INFO("slot {} | request {} | prompt eval time = {:.2f} ms / {} tokens ({:.2f} tokens per second), "
+                  "cached {}", a.slot, a.ch->id, tm.prompt_ms, tm.prompt_n, pps, tm.cache_n);
+    KILN_LOG_INFO("slot {} | request {} |        eval time = {:.2f} ms / {} tokens ({:.2f} tokens per second)",
+                  a.slot, a.ch->id, tm.predicted_ms, tm.predicted_n, tps);
+    KILN_LOG_INFO("slot {} | request {} |       total time = {:.2f} ms / {} tokens, finish: {}", a.slot, a.ch->id,
+                  tm.prompt_ms + tm.predicted_ms, tm.prompt_n + tm.predicted_n, finish_reason_name(r));
+  }
+  a.ch->push(std::move(ev));
+}
+
+void Engine::Impl::publish() {
+  std::vector<SlotInfo> info(slots.size());
+  int busy = 0;
+  int64_t max_past = 0;
+  for (size_t s = 0; s < slots.size(); ++s) {
+    SlotInfo& si = info[s];
+    si.id = int(s);
+    si.n_ctx = n_ctx_slot;
+    si.n_past = int64_t(slots[s].tokens.size());
+    max_past = std::max(max_past, si.n_past);
+    if (const Active* a = slots[s].active) {
+      si.busy = true;
+      ++busy;
+      si.request_id = a->ch->id;
+      si.n_prompt = int64_t(a->req.prompt.size());
+      si.n_decoded = a->n_decoded;
+      si.cache_n = a->cache_n;
+    }
+  }
+  if (cache->version() != cache_version || cache_version == 0) {
+    cs = cache->stats();
+    cache_version = cache->version() == 0 ? 1 : cache->version();
+  }
+  std::lock_guard<std::mutex> lk(pub_mu);
+  slot_info = std::move(info);
+  metrics.busy_slots = busy;
+  metrics.queue_length = int(waiting.size());
+  metrics.max_tokens_seen = std::max(metrics.max_tokens_seen, max_past);
+  metrics.cache_bytes = uint64_t(cs.bytes);
+  metrics.cache_entries = uint64_t(cs.n_nodes + cs.n_tails);
+  metrics.cache_states = uint64_t(cs.n_states);
+  metrics.cache_evictions = uint64_t(cs.evictions);
+}
+
+// ============================================================================================
+// Engine
+
+Engine::Engine() : impl_(std::make_unique<Impl>(*this)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    impl_->inbox->stop = true;
+  }
+  impl_->inbox->cv.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Requests submitted after the thread ended (or when it never served).
+  std::deque<Inbox::Pending> rest;
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    rest.swap(impl_->inbox->pending);
+  }
+  for (auto& p : rest) {
+    Event e;
+    e.finish = FinishReason::Cancelled;
+    p.ch->push(std::move(e));
+  }
+}
+
+static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokenizer& tok, const std::string& path) {
+  ModelInfo mi;
+  const auto& c = m.config();
+  mi.arch = c.arch_str;
+  mi.name = c.name;
+  mi.path = path;
+  if (auto t = m.file().get_string("tokenizer.chat_template"); t.ok()) mi.chat_template = *t;
+  mi.n_ctx_train = c.n_ctx_train;
+  mi.n_vocab = c.n_vocab;
+  mi.n_embd = c.n_embd;
+  mi.n_params_bytes = int64_t(m.info().weight_bytes);
+  mi.hybrid = model::arch_is_hybrid(c.arch);
+  const auto& v = tok.vocab();
+  mi.bos = v.bos;
+  mi.eos = v.eos;
+  mi.eot = v.eot;
+  mi.add_bos = v.add_bos;
+  mi.eog_ids = tok.eog_ids();
+  if (v.bos >= 0 && v.bos < int32_t(v.tokens.size())) mi.bos_text = tok.token_to_piece(v.bos, true);
+  if (v.eos >= 0 && v.eos < int32_t(v.tokens.size())) mi.eos_text = tok.token_to_piece(v.eos, true);
+  return mi;
+}
+
+// Per-slot context and step size from the options (and the model's training context).
+static void plan_sizes(const EngineOptions& o, int64_t n_ctx_train, int64_t* n_ctx_slot, int64_t* step) {
+  const int np = std::max(1, o.n_parallel);
+  int64_t total = o.n_ctx > 0 ? o.n_ctx : (n_ctx_train > 0 ? n_ctx_train : 4096);
+  *n_ctx_slot = std::max<int64_t>(1, total / np);
+  *step = std::max<int64_t>(std::min(o.n_batch > 0 ? o.n_batch : 2048, o.n_ubatch > 0 ? o.n_ubatch : 512), np);
+}
+
+Status Engine::init_serving(std::unique_ptr<Runner> runner) {
+  Impl& I = *impl_;
+  I.runner = std::move(runner);
+  I.tok = tok_.get();
+  I.n_ctx_slot = I.runner->n_ctx();
+  I.step_tokens = I.runner->n_batch();
+  I.recurrent = I.runner->has_recurrent();
+  if (I.runner->n_vocab() != int64_t(tok_->n_tokens()) && I.runner->n_vocab() < int64_t(tok_->n_tokens()))
+    return err("model has {} logits but the vocabulary has {} tokens", I.runner->n_vocab(), tok_->n_tokens());
+  I.eog = tok_->eog_ids();
+  for (int32_t t : info_.eog_ids) I.eog.push_back(t);
+  std::sort(I.eog.begin(), I.eog.end());
+  I.eog.erase(std::unique(I.eog.begin(), I.eog.end()), I.eog.end());
+  info_.eog_ids = I.eog;
+  info_.n_ctx_slot = I.n_ctx_slot;
+  info_.n_ctx = I.n_ctx_slot * I.runner->n_slots();
+  info_.n_vocab = I.runner->n_vocab();
+  info_.hybrid = I.recurrent;
+  PrefixCacheOptions po;
+  po.block = std::max<int32_t>(1, opt_.cache_block);
+  po.ram_bytes = opt_.cache_ram_bytes;
+  po.recurrent = I.recurrent;
+  po.kv_bytes_per_pos = I.runner->kv_bytes_per_pos();
+  po.rec_floats = I.runner->rec_floats();
+  I.cache = std::make_unique<PrefixCache>(po);
+  const int64_t B = po.block;
+  I.snap_interval = std::max<int64_t>(B, (std::max<int64_t>(opt_.cache_snapshot_interval, 1) + B - 1) / B * B);
+  I.slots.assign(size_t(I.runner->n_slots()), SlotState{});
+  for (int s = 0; s < I.runner->n_slots(); ++s) I.runner->seq_clear(s);
+  I.publish();
+  return {};
+}
+
+void Engine::start_thread(std::string path) {
+  thread_ = std::thread([this, p = std::move(path)]() mutable { thread_main(std::move(p)); });
+}
+
+void Engine::thread_main(std::string path) {
+  if (!path.empty()) {
+    auto fail = [&](const std::string& msg) {
+      KILN_LOG_ERROR("{}", msg);
+      {
+        std::lock_guard<std::mutex> lk(impl_->pub_mu);
+        load_error_ = msg;
+      }
+      state_.store(EngineState::Failed);
+      state_.notify_all();
+    };
+    model::LoadOptions lo;
+    lo.load_mode = opt_.load_mode;
+    lo.progress = [this](size_t done, size_t total) { progress_.store(total ? float(done) / float(total) : 1.f); };
+    auto m = model::load_model(path, lo);
+    if (!m.ok()) return fail(m.error().message);
+    model_ = std::move(*m);
+    auto v = model::load_vocab(model_->file());
+    if (!v.ok()) return fail(v.error().message);
+    auto t = tokenizer::Tokenizer::create(std::move(*v));
+    if (!t.ok()) return fail(t.error().message);
+    tok_ = std::move(*t);
+    info_ = info_from_model(*model_, *tok_, path);
+    ModelRunnerOptions ro;
+    plan_sizes(opt_, model_->config().n_ctx_train, &ro.n_ctx_slot, &ro.n_batch);
+    ro.n_slots = std::max(1, opt_.n_parallel);
+    ro.n_threads = opt_.n_threads;
+    ro.type_k = opt_.type_k;
+    ro.type_v = opt_.type_v;
+    auto r = ModelRunner::create(*model_, ro);
+    if (!r.ok()) return fail(path + ": " + r.error().message);
+    Status s = init_serving(std::move(*r));
+    if (!s.ok()) return fail(path + ": " + s.error().message);
+    progress_.store(1.f);
+    state_.store(EngineState::Ready);
+    state_.notify_all();
+  }
+  impl_->run();
+}
+
+std::unique_ptr<Engine> Engine::load_async(const std::string& path, const EngineOptions& opt) {
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->opt_ = opt;
+  e->start_thread(path.empty() ? std::string("<no model path>") : path);
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const EngineOptions& opt) {
+  auto e = load_async(path, opt);
+  KILN_TRY(e->wait_ready());
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::Model> m, const EngineOptions& opt) {
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->opt_ = opt;
+  auto v = model::load_vocab(m->file());
+  KILN_TRY(v);
+  auto t = tokenizer::Tokenizer::create(std::move(*v));
+  KILN_TRY(t);
+  e->tok_ = std::move(*t);
+  e->model_ = std::move(m);
+  e->info_ = info_from_model(*e->model_, *e->tok_, "");
+  ModelRunnerOptions ro;
+  plan_sizes(opt, e->model_->config().n_ctx_train, &ro.n_ctx_slot, &ro.n_batch);
+  ro.n_slots = std::max(1, opt.n_parallel);
+  ro.n_threads = opt.n_threads;
+  ro.type_k = opt.type_k;
+  ro.type_v = opt.type_v;
+  auto r = ModelRunner::create(*e->model_, ro);
+  KILN_TRY(r);
+  KILN_TRY(e->init_serving(std::move(*r)));
+  e->progress_.store(1.f);
+  e->state_.store(EngineState::Ready);
+  e->start_thread({});
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Runner> runner, std::unique_ptr<tokenizer::Tokenizer> tok,
+                                               ModelInfo info, const EngineOptions& opt) {
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->opt_ = opt;
+  e->tok_ = std::move(tok);
+  e->info_ = std::move(info);
+  KILN_TRY(e->init_serving(std::move(runner)));
+  e->progress_.store(1.f);
+  e->state_.store(EngineState::Ready);
+  e->start_thread({});
+  return e;
+}
+
+Status Engine::wait_ready(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const EngineState s = state_.load();
+    if (s == EngineState::Ready) return {};
+    if (s == EngineState::Failed) return err("{}", load_error());
+    if (timeout.count() >= 0 && Clock::now() >= deadline) return err("model still loading after {} ms", timeout.count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string Engine::load_error() const {
+  std::lock_guard<std::mutex> lk(impl_->pub_mu);
+  return load_error_;
+}
+
+const ModelInfo& Engine::info() const {
+  KILN_CHECK(ready(), "Engine::info() before the model is ready");
+  return info_;
+}
+
+const tokenizer::Tokenizer& Engine::tokenizer() const {
+  KILN_CHECK(ready(), "Engine::tokenizer() before the model is ready");
+  return *tok_;
+}
+
+RequestHandle Engine::submit(Request req) {
+  auto ch = std::make_shared<Channel>();
+  ch->id = impl_->next_id.fetch_add(1);
+  ch->inbox = impl_->inbox;
+  {
+    std::lock_guard<std::mutex> lk(impl_->pub_mu);
+    impl_->metrics.requests_submitted++;
+  }
+  auto fail = [&](std::string msg) {
+    {
+      std::lock_guard<std::mutex> lk(impl_->pub_mu);
+      impl_->metrics.requests_finished++;
+      impl_->metrics.requests_failed++;
+    }
+    Event e;
+    e.finish = FinishReason::Error;
+    e.error = std::move(msg);
+    ch->push(std::move(e));
+    return RequestHandle(ch);
+  };
+  if (state_.load() == EngineState::Loading) return fail("the model is still loading");
+  if (state_.load() == EngineState::Failed) return fail("the model failed to load: " + load_error());
+  const int64_t P = int64_t(req.prompt.size());
+  if (P == 0) return fail("prompt: empty (at least one token is needed)");
+  if (P >= impl_->n_ctx_slot)
+    return fail(fmt::format("prompt: {} tokens do not fit the context of {} tokens per slot", P, impl_->n_ctx_slot));
+  for (size_t i = 0; i < req.prompt.size(); ++i)
+    if (req.prompt[i] < 0 || req.prompt[i] >= info_.n_vocab)
+      return fail(fmt::format("prompt: token {} at index {} is outside the vocabulary [0, {})", req.prompt[i], i,
+                              info_.n_vocab));
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    impl_->inbox->pending.push_back({ch, std::move(req), Clock::now()});
+  }
+  impl_->inbox->cv.notify_one();
+  return RequestHandle(ch);
+}
+
+Metrics Engine::metrics() const {
+  std::lock_guard<std::mutex> lk(impl_->pub_mu);
+  Metrics m = impl_->metrics;
+  // Requests still in the inbox count as queued.
+  return m;
+}
+
+std::vector<SlotInfo> Engine::slots() const {
+  std::lock_guard<std::mutex> lk(impl_->pub_mu);
+  return impl_->slot_info;
+}
+
+}  // namespace kiln::engine

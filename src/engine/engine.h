@@ -1,0 +1,249 @@
+// engine/engine.h — the inference engine: one engine thread that owns the model, its memory
+//   (n_parallel slots) and the prefix cache, and runs continuous batching over submitted requests.
+//   The server's whole view of inference is this header.
+//
+// Owns: the Model (when loaded from a path), the Tokenizer, a Runner (Context + Memory), the
+//   PrefixCache, the request queue and every running request's sampler and detokenizer.
+// Must not: see JSON, chat templates or HTTP. Requests arrive as token ids + typed parameters.
+//
+// Threading:
+//   - Engine::load_async() returns at once; the engine thread loads the model, then serves.
+//     state() / wait_ready() tell loading / ready / failed (for /health 503 while loading).
+//   - submit(), cancel (RequestHandle), metrics(), slots(), info() and tokenizer() may be called
+//     from any thread. tokenizer() is immutable (encode/decode are const and thread-safe); it and
+//     info() are valid once state() == Ready.
+//   - Each RequestHandle is read by one consumer thread: next(timeout) pops events in order.
+//     Destroying a handle before its final event cancels the request.
+//
+// Scheduling (see docs/engine.md): every step builds one model::Batch of at most `step_tokens`
+//   (= min(n_batch, n_ubatch)) tokens: first one decode token for every generating request, then
+//   prefill chunks of admitted requests, oldest first. A long prompt therefore delays the others'
+//   next token by at most one chunk. Requests wait in FIFO order while all slots are busy.
+//
+// Prefix cache (see engine/prefix_cache.h, docs/engine.md): on admission the engine reuses the
+//   longest cached prefix from the slot's own content or from the cross-slot radix tree (restoring
+//   KV rows and, for hybrid models, a recurrent-state snapshot). Event::timings.cache_n reports it.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/runner.h"
+#include "engine/sampling.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::engine {
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+struct EngineOptions {
+  int64_t n_ctx = 0;           // -c: total context; each slot gets n_ctx / n_parallel positions.
+                               //     0: the model's training context (per slot: n_ctx_train / n_parallel,
+                               //     at least 1).
+  int n_parallel = 1;          // -np: slots
+  int64_t n_batch = 2048;      // -b: logical batch
+  int64_t n_ubatch = 512;      // -ub: physical batch; one step decodes at most min(n_batch, n_ubatch)
+  int n_threads = 0;           // -t: compute threads (<= 0: all cores / KILN_THREADS)
+  model::GgmlType type_k = model::GgmlType::F16;  // -ctk
+  model::GgmlType type_v = model::GgmlType::F16;  // -ctv
+  LoadMode load_mode = LoadMode::Mmap;  // --load-mode
+  int64_t cache_ram_bytes = int64_t(8192) << 20;  // --cache-ram (MiB * 2^20): <0 unlimited, 0 off
+  int32_t cache_block = 32;                       // prefix-cache block size (tokens)
+  // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
+  // a multiple of cache_block); the ends of prompts and of generated turns are always snapshotted.
+  int64_t cache_snapshot_interval = 512;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Requests and events
+
+struct Request {
+  std::vector<int32_t> prompt;     // token ids (already templated and tokenized; BOS included if wanted)
+  SamplingParams sampling;
+  int32_t max_tokens = -1;         // n_predict / max_tokens: -1 = until EOG or the slot's context is full
+  std::vector<std::string> stop;   // stop strings: never emitted, even split across tokens
+  std::vector<int32_t> stop_tokens;  // extra stop token ids (not emitted as text)
+  bool ignore_eos = false;         // keep generating after end-of-generation tokens (they are not stopped on)
+  int32_t n_probs = 0;             // logprobs: > 0 gives each token's logprob and this many top alternatives;
+                                   // -1: the logprob only (OpenAI logprobs=true, top_logprobs=0)
+  bool render_special = false;     // detokenize control tokens as text (llama.cpp "special")
+  bool cache_prompt = true;        // use / fill the prefix cache
+};
+
+enum class FinishReason { None, Stop, Length, Cancelled, Error };
+const char* finish_reason_name(FinishReason r);  // "", "stop", "length", "cancelled", "error"
+
+struct Timings {
+  int64_t prompt_n = 0;      // prompt tokens processed (not reused)
+  int64_t cache_n = 0;       // prompt tokens reused from the prefix cache / slot
+  double prompt_ms = 0;      // admission → first token (prompt processing)
+  int64_t predicted_n = 0;   // tokens generated
+  double predicted_ms = 0;   // first token → finish
+  double queue_ms = 0;       // submit → admission
+};
+
+struct TokenOut {
+  int32_t id = -1;
+  std::string piece;                 // token_to_piece(id, render_special): this token's bytes
+  TokenLogprob logprob;              // valid when Request::n_probs != 0
+  std::vector<TokenLogprob> top;     // n_probs alternatives (descending)
+};
+
+struct Event {
+  std::vector<TokenOut> tokens;  // tokens generated since the previous event (usually one)
+  std::string text;              // new text (UTF-8 complete; stop strings and their possible
+                                 // beginnings held back until decided)
+  FinishReason finish = FinishReason::None;  // != None: the final event of the request
+  std::string stop_word;         // the stop string that ended it (FinishReason::Stop), if any
+  std::string error;             // FinishReason::Error: why
+  Timings timings;               // on the final event
+  bool final() const { return finish != FinishReason::None; }
+};
+
+class Engine;
+struct Channel;
+
+// The consumer's end of a request. Movable; destroying it before the final event cancels the request.
+class RequestHandle {
+ public:
+  RequestHandle() = default;
+  explicit RequestHandle(std::shared_ptr<Channel> ch);
+  RequestHandle(RequestHandle&&) noexcept = default;
+  RequestHandle& operator=(RequestHandle&& o) noexcept;
+  ~RequestHandle();
+
+  uint64_t id() const;
+  // Next event, waiting at most `timeout`; nullopt on timeout or after the final event was taken.
+  std::optional<Event> next(std::chrono::milliseconds timeout);
+  // Asks the engine to stop the request and free its slot; a final Cancelled event follows.
+  void cancel();
+  bool done() const;  // the final event has been taken
+
+ private:
+  std::shared_ptr<Channel> ch_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Introspection
+
+struct ModelInfo {
+  std::string arch;            // general.architecture
+  std::string name;            // general.name
+  std::string path;            // model file
+  std::string chat_template;   // tokenizer.chat_template ("" if absent)
+  int64_t n_ctx = 0;           // total context (n_ctx_slot * n_parallel)
+  int64_t n_ctx_slot = 0;      // positions per slot
+  int64_t n_ctx_train = 0;
+  int64_t n_vocab = 0;
+  int64_t n_embd = 0;
+  int64_t n_params_bytes = 0;  // weight bytes
+  bool hybrid = false;
+  int32_t bos = -1, eos = -1, eot = -1;
+  bool add_bos = false;
+  std::vector<int32_t> eog_ids;
+  std::string bos_text, eos_text;  // token texts ("" if none)
+};
+
+struct Metrics {
+  uint64_t requests_submitted = 0;
+  uint64_t requests_finished = 0;
+  uint64_t requests_cancelled = 0;
+  uint64_t requests_failed = 0;
+  uint64_t prompt_tokens = 0;        // processed (llama-server prompt_tokens_total)
+  double prompt_seconds = 0;
+  uint64_t predicted_tokens = 0;     // tokens_predicted_total
+  double predicted_seconds = 0;
+  uint64_t decode_calls = 0;         // n_decode_total
+  uint64_t busy_slot_steps = 0;      // sum over decode calls of busy slots (n_busy_slots_per_decode = /decode_calls)
+  uint64_t cache_requests_hit = 0;   // requests that reused > 0 tokens
+  uint64_t cache_tokens_reused = 0;  // sum of cache_n
+  uint64_t cache_bytes = 0;          // prefix-cache bytes held now
+  uint64_t cache_entries = 0;        // blocks + tails held now
+  uint64_t cache_states = 0;         // recurrent snapshots held now
+  uint64_t cache_evictions = 0;
+  int busy_slots = 0;                // now
+  int queue_length = 0;              // requests waiting for a slot now
+  int64_t max_tokens_seen = 0;       // largest n_past of any slot (llama-server n_tokens_max)
+};
+
+struct SlotInfo {
+  int id = 0;
+  bool busy = false;
+  uint64_t request_id = 0;
+  int64_t n_ctx = 0;
+  int64_t n_past = 0;        // positions in memory
+  int64_t n_prompt = 0;
+  int64_t n_decoded = 0;
+  int64_t cache_n = 0;
+};
+
+enum class EngineState { Loading, Ready, Failed };
+
+// ---------------------------------------------------------------------------------------------
+
+class Engine {
+ public:
+  // Starts the engine thread, which loads the model at `path` and then serves. Never fails here;
+  // a load error is reported by state() == Failed / wait_ready().
+  static std::unique_ptr<Engine> load_async(const std::string& path, const EngineOptions& opt);
+  // load_async + wait_ready.
+  static Result<std::unique_ptr<Engine>> load(const std::string& path, const EngineOptions& opt);
+  // From a loaded model (kept alive by the engine).
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<model::Model> m, const EngineOptions& opt);
+  // From any Runner (tests: fake models). info must carry n_vocab/eog ids consistent with the runner.
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<Runner> runner,
+                                                std::unique_ptr<tokenizer::Tokenizer> tok, ModelInfo info,
+                                                const EngineOptions& opt);
+  ~Engine();  // stops the thread; unfinished requests get a final Cancelled event
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  EngineState state() const { return state_.load(); }
+  bool ready() const { return state() == EngineState::Ready; }
+  // Waits until Ready (ok) or Failed (the load error). timeout < 0: forever.
+  Status wait_ready(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+  std::string load_error() const;
+  float load_progress() const { return progress_.load(); }  // 0..1 while loading
+
+  const ModelInfo& info() const;                   // Ready only
+  const tokenizer::Tokenizer& tokenizer() const;   // Ready only; thread-safe const methods
+  const EngineOptions& options() const { return opt_; }
+
+  // Queues a request. Bad requests (empty prompt, prompt that does not fit a slot, token ids outside
+  // the vocabulary) still return a handle whose only event is a final Error naming the problem.
+  RequestHandle submit(Request req);
+
+  Metrics metrics() const;
+  std::vector<SlotInfo> slots() const;
+
+  struct Impl;
+
+ private:
+  Engine();
+  void thread_main(std::string path);
+  void start_thread(std::string path);
+  Status init_serving(std::unique_ptr<Runner> runner);
+
+  EngineOptions opt_;
+  std::atomic<EngineState> state_{EngineState::Loading};
+  std::atomic<float> progress_{0};
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<tokenizer::Tokenizer> tok_;
+  ModelInfo info_;
+  std::string load_error_;  // guarded by Impl::pub_mu
+  std::unique_ptr<Impl> impl_;
+  std::thread thread_;
+};
+
+}  // namespace kiln::engine

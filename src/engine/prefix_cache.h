@@ -1,0 +1,102 @@
+// engine/prefix_cache.h — prefix cache across requests and slots: a radix tree over token blocks
+//   (B tokens each) whose nodes hold the KV rows of their block (opaque bytes from the Runner) and,
+//   for hybrid models, the recurrent state at chosen block ends; plus "tails": a partial block
+//   (< B tokens) hanging off a node with its KV rows and the recurrent state at its end (the end of
+//   a prompt or of a generated answer, which is rarely block-aligned). RAM-bounded, LRU eviction.
+// Owns: copies of KV rows and recurrent states (host RAM), the LRU clock and byte accounting.
+// Must not: know about models, requests or slots; it stores and returns plain bytes/floats.
+// Threading: engine thread only. A Match points into the cache and is valid until the next
+//   insert()/clear().
+//
+// Payload layout (decided by the Runner, opaque here): the KV payload of n consecutive positions is
+// Runner::kv_bytes(n) bytes; positions are rows. The recurrent payload is rec_floats floats.
+//
+// Matching rule: the reusable length is the largest L <= max_len such that
+//   attention-only: the first L tokens are covered by matched blocks / a tail's common prefix;
+//   hybrid (recurrent): a recurrent state exists at exactly position L (a node or a whole tail).
+// NOTE(engine): the root (L = 0) is always a valid match: a zero state needs no snapshot.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace kiln::engine {
+
+struct PrefixCacheOptions {
+  int32_t block = 32;          // tokens per block
+  int64_t ram_bytes = -1;      // < 0: unlimited, 0: disabled
+  bool recurrent = false;      // hybrid model: a match needs a recurrent state at its end
+  size_t kv_bytes_per_pos = 0; // KV payload bytes of one position (0: no attention layers)
+  size_t rec_floats = 0;       // recurrent payload floats (0 when !recurrent)
+};
+
+struct PrefixCacheStats {
+  int64_t n_nodes = 0;      // full blocks held
+  int64_t n_tails = 0;      // partial-block entries held
+  int64_t n_states = 0;     // recurrent states held (nodes + tails)
+  int64_t bytes = 0;        // bytes accounted (payloads + bookkeeping)
+  int64_t evictions = 0;    // entries evicted so far
+};
+
+class PrefixCache {
+ public:
+  explicit PrefixCache(const PrefixCacheOptions& opt);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  const PrefixCacheOptions& options() const { return opt_; }
+  bool enabled() const { return opt_.ram_bytes != 0; }
+
+  // KV rows of positions [pos0, pos0 + rows) as stored (rows of one block or one tail).
+  struct Piece {
+    int64_t pos0 = 0;
+    int64_t rows = 0;
+    const uint8_t* kv = nullptr;  // kv_bytes(rows) bytes, nullptr when there are no attention layers
+  };
+  struct Match {
+    int64_t n_tokens = 0;             // reusable prefix length
+    std::vector<Piece> pieces;        // covering [0, n_tokens) in order (the last may extend past it)
+    const float* rec = nullptr;       // recurrent state at n_tokens (hybrid; nullptr at 0)
+  };
+  // Longest reusable prefix of `tokens`, at most max_len. Marks what it returns as recently used.
+  Match match(std::span<const int32_t> tokens, int64_t max_len);
+
+  // Reads KV rows [pos0, pos0 + n) of the sequence into out (kv_bytes(n) bytes).
+  using KvReader = std::function<void(int64_t pos0, int64_t n, uint8_t* out)>;
+  // Records the sequence `tokens` (its KV available through read_kv): every full block not yet held;
+  // if rec != nullptr, the recurrent state at tokens.size() (on the node when block-aligned, else as a
+  // tail); if with_tail and the length is not block-aligned, the partial block's KV as a tail.
+  // Then evicts least-recently-used entries until the byte bound holds.
+  void insert(std::span<const int32_t> tokens, const KvReader& read_kv, const float* rec, bool with_tail);
+
+  void clear();
+  PrefixCacheStats stats() const;  // walks the tree: O(entries)
+  uint64_t version() const { return version_; }  // changes on every insert/eviction/clear
+  size_t kv_bytes(int64_t rows) const { return size_t(rows) * opt_.kv_bytes_per_pos; }
+
+  struct Node;
+  struct Tail;
+
+ private:
+  void touch(Node* n);
+  void evict_to_bound();
+  void remove_node(Node* n);
+  void prune_dead(Node* n);  // hybrid: drop leaves whose KV no snapshot needs
+  int64_t node_bytes(const Node& n) const;
+  int64_t tail_bytes(const Tail& t) const;
+
+  PrefixCacheOptions opt_;
+  std::unique_ptr<Node> root_;
+  std::vector<Node*> nodes_;  // every node except the root (for eviction scans)
+  uint64_t clock_ = 0;
+  int64_t bytes_ = 0;
+  int64_t evictions_ = 0;
+  uint64_t version_ = 0;
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,93 @@
+// engine/runner.h — what the engine needs from a model: decode a Batch into per-slot memory, read
+//   logits, and move KV rows / recurrent state of a slot in and out (for the prefix cache).
+//   ModelRunner implements it over model::Model + Context + Memory; tests implement fakes.
+// Owns (ModelRunner): the Context (scratch, thread pool) and the Memory (n_parallel slots).
+// Must not: schedule, sample or know about requests.
+// Threading: used by the engine thread only.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/result.h"
+#include "model/context.h"
+#include "model/memory.h"
+#include "model/model.h"
+
+namespace kiln::engine {
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual int64_t n_vocab() const = 0;
+  virtual int64_t n_ctx() const = 0;     // positions per slot
+  virtual int n_slots() const = 0;
+  virtual int64_t n_batch() const = 0;   // most tokens one decode() takes
+  virtual bool has_recurrent() const = 0;
+
+  // Runs one batch (model::Batch rules: runs of one sequence per slot, continuing seq_pos).
+  virtual Status decode(const model::Batch& b) = 0;
+  virtual const float* logits(int64_t i) const = 0;  // output row i of the last decode
+
+  virtual int64_t seq_pos(int slot) const = 0;
+  virtual void seq_clear(int slot) = 0;
+  // Attention-only: drop positions >= n (n <= seq_pos).
+  virtual Status seq_keep(int slot, int64_t n) = 0;
+  virtual void set_seq_pos(int slot, int64_t n) = 0;
+
+  // KV payload of n positions: kv_bytes_per_pos() * n bytes, layout private to the runner
+  // (for ModelRunner: per attention layer, K rows then V rows). 0 when there are no attention layers.
+  virtual size_t kv_bytes_per_pos() const = 0;
+  virtual void read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const = 0;
+  // Writes rows [r0, r1) of a payload of `rows` positions that starts at position pos0.
+  virtual void write_kv(int slot, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1) = 0;
+  // Recurrent state of a slot (all recurrent layers): rec_floats() floats; 0 without recurrent layers.
+  virtual size_t rec_floats() const = 0;
+  virtual void read_rec(int slot, float* out) const = 0;
+  virtual void write_rec(int slot, const float* in) = 0;
+};
+
+struct ModelRunnerOptions {
+  int64_t n_ctx_slot = 4096;
+  int n_slots = 1;
+  int64_t n_batch = 512;
+  int n_threads = 0;
+  model::GgmlType type_k = model::GgmlType::F16;
+  model::GgmlType type_v = model::GgmlType::F16;
+};
+
+class ModelRunner final : public Runner {
+ public:
+  // The model must outlive the runner. Errors (cache types, sizes) name the option.
+  static Result<std::unique_ptr<ModelRunner>> create(const model::Model& m, const ModelRunnerOptions& opt);
+
+  int64_t n_vocab() const override { return model_->config().n_vocab; }
+  int64_t n_ctx() const override { return mem_->n_ctx(); }
+  int n_slots() const override { return mem_->n_seq(); }
+  int64_t n_batch() const override { return ctx_->n_batch(); }
+  bool has_recurrent() const override { return mem_->has_recurrent(); }
+  Status decode(const model::Batch& b) override { return ctx_->decode(b, *mem_); }
+  const float* logits(int64_t i) const override { return ctx_->logits(i); }
+  int64_t seq_pos(int slot) const override { return mem_->seq_pos(slot); }
+  void seq_clear(int slot) override { mem_->seq_clear(slot); }
+  Status seq_keep(int slot, int64_t n) override { return mem_->seq_keep(slot, n); }
+  void set_seq_pos(int slot, int64_t n) override { mem_->set_seq_pos(slot, n); }
+  size_t kv_bytes_per_pos() const override;
+  void read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const override;
+  void write_kv(int slot, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1) override;
+  size_t rec_floats() const override { return rec_floats_per_layer_ * rec_layers_.size(); }
+  void read_rec(int slot, float* out) const override;
+  void write_rec(int slot, const float* in) override;
+
+  size_t memory_bytes() const { return mem_->total_bytes(); }
+
+ private:
+  ModelRunner() = default;
+  const model::Model* model_ = nullptr;
+  std::unique_ptr<model::Context> ctx_;
+  std::unique_ptr<model::Memory> mem_;
+  std::vector<int64_t> attn_layers_, rec_layers_;  // trunk layer indices
+  size_t rec_floats_per_layer_ = 0;                // conv state + SSM state
+};
+
+}  // namespace kiln::engine
