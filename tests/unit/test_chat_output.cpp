@@ -350,3 +350,52 @@ TEST(ChatOutput, Llama3JsonToolCalls) {
   check("Hello {\"name\": \"search\"}", cfg, {"Hello {\"name\": \"search\"}", "", {}});
   check("<|python_tag|>brave_search.call(query=\"x\")", cfg, {"<|python_tag|>brave_search.call(query=\"x\")", "", {}});
 }
+
+TEST(ChatOutput, RandomFragmentsChunkInvariance) {
+  // Random texts built from marker fragments, partial markers, whitespace and prose: whatever the
+  // configuration, streaming in random chunks must equal the whole parse.
+  const std::vector<std::string> frags = {
+      "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=search>", "</function>",
+      "<parameter=query>", "</parameter>", "{\"name\": \"search\", \"arguments\": {\"query\": \"q\"}}",
+      "search<arg_key>query</arg_key><arg_value>v</arg_value>", "[TOOL_CALLS]", "search[ARGS]{\"query\":1}",
+      "<|python_tag|>", "<", "</", "<tool", "</thi", "[TOOL", "\n", "\n\n", " ", "  ", "hello", "wörld", "{", "}", "x"};
+  std::vector<ParserConfig> cfgs;
+  for (auto fmt : {ReasoningFormat::None, ReasoningFormat::Auto}) {
+    for (bool opened : {false, true}) {
+      for (auto tf : {ToolCallFormat::None, ToolCallFormat::HermesJson, ToolCallFormat::MistralToolCalls,
+                      ToolCallFormat::Llama3Json}) {
+        ParserConfig c;
+        c.reasoning_format = fmt;
+        c.starts_in_reasoning = opened;
+        if (tf != ToolCallFormat::None) c = with_tools(c);
+        c.tool_format = tf == ToolCallFormat::None ? ToolCallFormat::HermesJson : tf;
+        cfgs.push_back(c);
+      }
+    }
+  }
+  ParserConfig legacy = with_tools(thinking(false));
+  legacy.reasoning_format = ReasoningFormat::DeepseekLegacy;
+  legacy.reasoning_in_content = true;
+  cfgs.push_back(legacy);
+
+  std::mt19937 rng(42);
+  for (int n = 0; n < 400; ++n) {
+    std::string text;
+    int len = 1 + rng() % 12;
+    for (int i = 0; i < len; ++i) text += frags[rng() % frags.size()];
+    const ParserConfig& cfg = cfgs[n % cfgs.size()];
+    ParsedMessage whole = parse_output(text, counter_ids(cfg));
+    for (int round = 0; round < 4; ++round) {
+      std::vector<size_t> cuts;
+      size_t pos = 0;
+      for (;;) {
+        pos += 1 + rng() % (round == 0 ? 1 : 6);
+        if (pos >= text.size()) break;
+        cuts.push_back(pos);
+      }
+      expect_same(stream(text, cfg, cuts), whole, "config " + std::to_string(n % cfgs.size()) + ": " + text);
+    }
+    // Nothing is lost: with reasoning_format none and no tool parsing, content is the raw text.
+    if (cfg.reasoning_format == ReasoningFormat::None && !cfg.parse_tool_calls) EXPECT_EQ(whole.content, text);
+  }
+}
