@@ -130,12 +130,19 @@ struct Regex {
   ~Regex() { if (code) pcre2_code_free(code); }
 };
 
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 }  // namespace
 
 // =============================================================================================
+using WordCache = std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>>;
+
 struct Tokenizer::Impl {
   Vocab v;
-  std::unordered_map<std::string, TokenId> text_to_id;
+  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> text_to_id;
   std::vector<std::string> pieces;  // detokenized bytes per token (special = true)
   std::vector<TokenId> eog;
   std::unordered_set<TokenId> eog_set;
@@ -162,7 +169,7 @@ struct Tokenizer::Impl {
   }
   TokenType type(TokenId id) const { return v.types.empty() ? TokenType::Normal : v.types[size_t(id)]; }
   TokenId lookup(std::string_view s) const {
-    auto it = text_to_id.find(std::string(s));
+    auto it = text_to_id.find(s);
     return it == text_to_id.end() ? kNoToken : it->second;
   }
 
@@ -170,7 +177,7 @@ struct Tokenizer::Impl {
   void partition(std::string_view text, bool parse_special,
                  std::vector<std::pair<TokenId, std::string_view>>& out) const;
   void encode_bpe(std::string_view text, std::vector<TokenId>& out,
-                  std::unordered_map<std::string, std::vector<TokenId>>& cache) const;
+                  WordCache& cache) const;
   void bpe_word(std::string_view word, std::vector<TokenId>& out) const;
   void encode_spm(std::string_view text, std::vector<TokenId>& out) const;
   std::string make_piece(TokenId id) const;
@@ -572,7 +579,7 @@ void Tokenizer::Impl::bpe_word(std::string_view word, std::vector<TokenId>& out)
 }
 
 void Tokenizer::Impl::encode_bpe(std::string_view raw, std::vector<TokenId>& out,
-                                 std::unordered_map<std::string, std::vector<TokenId>>& cache) const {
+                                 WordCache& cache) const {
   std::string text = utf8_sanitize(raw);
   // sequential regex splitting: each regex splits every current segment into matches and gaps
   std::vector<std::pair<size_t, size_t>> segs{{0, text.size()}}, next;
@@ -605,7 +612,7 @@ void Tokenizer::Impl::encode_bpe(std::string_view raw, std::vector<TokenId>& out
   for (auto [s0, len] : segs) {
     std::string_view word(text.data() + s0, len);
     if (len <= 64) {
-      auto it = cache.find(std::string(word));
+      auto it = cache.find(word);
       if (it != cache.end()) {
         out.insert(out.end(), it->second.begin(), it->second.end());
         continue;
@@ -703,7 +710,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, const EncodeOption
   std::vector<std::pair<TokenId, std::string_view>> frags;
   m.partition(text, opt.parse_special, frags);
   if (m.v.kind == ModelKind::Bpe) {
-    std::unordered_map<std::string, std::vector<TokenId>> cache;
+    WordCache cache;
     for (auto& [id, s] : frags) {
       if (id != kNoToken) out.push_back(id);
       else m.encode_bpe(s, out, cache);
