@@ -34,9 +34,9 @@ void BM_AttentionDecode(benchmark::State& state) {
   std::vector<float> out(q.size());
   const int32_t p[1] = {int32_t(n_kv - 1)};
   KvView kv{t, kc.data(), rs * Hkv, rs, n_kv}, vv{t, vc.data(), rs * Hkv, rs, n_kv};
-  for (auto _ : state)
-    attention(crows3(q.data(), D, Hq), p, kv, vv, AttnParams{D, Hq, Hkv, 0.0625f}, rows3(out.data(), D, Hq),
-              ThreadPool::global());
+  const AttnParams ap{D, Hq, Hkv, 0.0625f};
+  std::vector<uint8_t> ws(attention_workspace(ap, ThreadPool::global().size()));
+  for (auto _ : state) attention(crows3(q.data(), D, Hq), p, kv, vv, ap, rows3(out.data(), D, Hq), ws.data(), ThreadPool::global());
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(2 * kc.size()));
   state.SetLabel(std::string(gguf::type_name(t)) + " isa=" + std::string(isa_name(current_isa())));
 }

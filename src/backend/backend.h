@@ -86,6 +86,7 @@ class Stream {
   // ---- workspaces (rule 4) ----
   virtual size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m) const = 0;
   virtual size_t gated_delta_workspace(int64_t S, int chunk) const = 0;
+  virtual size_t attention_workspace(const AttnParams& p) const = 0;
   virtual void reserve_workspace(size_t bytes) = 0;
   virtual int workspace_grows() const = 0;  // reallocations after the first reserve
 

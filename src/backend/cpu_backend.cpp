@@ -83,6 +83,7 @@ class CpuStream final : public Stream {
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m) const override {
     return K::matmul_workspace(wt, k, m, pool_.size());
   }
+  size_t attention_workspace(const AttnParams& p) const override { return K::attention_workspace(p, pool_.size()); }
   size_t gated_delta_workspace(int64_t S, int chunk) const override {
     return K::gated_delta_chunked_workspace(S, chunk, pool_.size());
   }
@@ -186,7 +187,8 @@ class CpuStream final : public Stream {
                "attention: shapes do not match params");
     const K::KvView kv{k.type, k.host(), k.nb[2], k.nb[1], k.ne[2]};
     const K::KvView vv{v.type, v.host(), v.nb[2], v.nb[1], v.ne[2]};
-    K::attention(rows_of(q, "attention q"), pos.host_as<const int32_t>(), kv, vv, p, rows_of(out, "attention out"), pool_);
+    K::attention(rows_of(q, "attention q"), pos.host_as<const int32_t>(), kv, vv, p, rows_of(out, "attention out"),
+                 ensure(attention_workspace(p)), pool_);
   }
   void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) override {
     check_f32(x, "conv1d x");

@@ -155,8 +155,16 @@ void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, boo
 // Q4_0) at dst + pos[t]*pos_stride + h*head_stride bytes.
 void kv_store(GgmlType type, CRows x, const int32_t* pos, void* dst, size_t pos_stride, size_t head_stride);
 
-void attention(CRows q, const int32_t* pos, const KvView& k, const KvView& v, const AttnParams& p, Rows out,
+// When there are fewer (token, kv-head) work items than threads (decode), the key range is split
+// across threads (flash-decoding) and the partial softmax states are merged; ws holds them.
+size_t attention_workspace(const AttnParams& p, int n_threads);
+void attention(CRows q, const int32_t* pos, const KvView& k, const KvView& v, const AttnParams& p, Rows out, void* ws,
                ThreadPool& pool);
+// Without a workspace: no key splitting (parallel over tokens x kv-heads only).
+inline void attention(CRows q, const int32_t* pos, const KvView& k, const KvView& v, const AttnParams& p, Rows out,
+                      ThreadPool& pool) {
+  attention(q, pos, k, v, p, out, nullptr, pool);
+}
 
 // Causal depthwise conv + SiLU over C channels and n_t tokens: x column t at x + t*x_stride,
 // y column t at y + t*y_stride (y may alias x); w: [d_conv, C] (row c = taps, oldest first);

@@ -203,6 +203,8 @@ TEST(Ops, AttentionEveryCacheTypeEveryIsa) {
       {128, 4, 4, 70, {0}},           // first token: attends to itself only
       {64, 8, 2, 100, prefill},       // many tokens
       {32, 24, 2, 200, {199, 150}},   // group of 12 > the 8-head tile
+      {64, 2, 1, 1000, {999}},        // one work item: keys split across threads (flash-decoding)
+      {64, 2, 1, 300, {130}},         // split with a final partial tile, keys past pos unused
   };
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
     for (const auto& c : cases) {
@@ -211,11 +213,13 @@ TEST(Ops, AttentionEveryCacheTypeEveryIsa) {
       const auto q = randv(size_t(c.D * c.Hq * T), 41, -2, 2);
       AttnParams p{c.D, c.Hq, c.Hkv, 1.f / std::sqrt(float(c.D))};
       std::vector<float> want(q.size()), got(q.size());
+      std::vector<uint8_t> ws(attention_workspace(p, pool.size()));
       ref::attention(crows3(q.data(), c.D, c.Hq, T), c.pos.data(), cache.kv, cache.vv, p, rows3(want.data(), c.D, c.Hq, T));
       for (CpuIsa isa : isas()) {
         ASSERT_TRUE(set_isa(isa));
         std::fill(got.begin(), got.end(), 0.f);
-        attention(crows3(q.data(), c.D, c.Hq, T), c.pos.data(), cache.kv, cache.vv, p, rows3(got.data(), c.D, c.Hq, T), pool);
+        attention(crows3(q.data(), c.D, c.Hq, T), c.pos.data(), cache.kv, cache.vv, p, rows3(got.data(), c.D, c.Hq, T),
+                  ws.data(), pool);
         EXPECT_LE(nmse(got, want), kTol) << gguf::type_name(t) << " D " << c.D << " T " << T << " " << isa_name(isa);
       }
     }
@@ -228,7 +232,8 @@ TEST(Ops, AttentionFirstTokenReturnsItsValue) {
   const auto q = randv(64 * 2, 6);
   const int32_t pos[1] = {0};
   std::vector<float> out(128);
-  attention(crows3(q.data(), 64, 2), pos, c.kv, c.vv, AttnParams{64, 2, 1, 0.125f}, rows3(out.data(), 64, 2), pool);
+  attention(crows3(q.data(), 64, 2), pos, c.kv, c.vv, AttnParams{64, 2, 1, 0.125f}, rows3(out.data(), 64, 2), nullptr,
+            pool);
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < 64; ++i) EXPECT_FLOAT_EQ(out[size_t(h * 64 + i)], reinterpret_cast<const float*>(c.v.data())[i]);
 }

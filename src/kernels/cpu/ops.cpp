@@ -230,7 +230,61 @@ void kv_store(GgmlType type, CRows x, const int32_t* pos, void* dst, size_t pos_
   ref::kv_store(type, x, pos, dst, pos_stride, head_stride);
 }
 
-void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv_v, const AttnParams& p, Rows out,
+namespace {
+constexpr int kAttnG = 8;     // query heads processed together (share each K/V row conversion)
+constexpr int kAttnBk = 64;   // keys per tile of the online softmax
+constexpr int kMaxSplitsPerThread = 4;
+
+// Online-softmax state of up to kAttnG heads over a key range.
+struct AttnState {
+  float m[kAttnG], l[kAttnG];
+  alignas(64) float acc[kAttnG][512];
+};
+
+// Attends heads h0..h0+ng-1 (kv-head hk) of token t over keys [j_begin, j_end) into st.
+void attend_range(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
+                  const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq, int64_t D, float scale,
+                  AttnState& st) {
+  alignas(64) float kr[512], vr[512];
+  float sc[kAttnG][kAttnBk];
+  for (int g = 0; g < ng; ++g) {
+    st.m[g] = -INFINITY;
+    st.l[g] = 0;
+    std::fill(st.acc[g], st.acc[g] + D, 0.f);
+  }
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kAttnBk) {
+    const int nb = int(std::min<int64_t>(kAttnBk, j_end - j0));
+    for (int jj = 0; jj < nb; ++jj) {
+      kdeq(static_cast<const char*>(kv_k.data) + size_t(j0 + jj) * kv_k.pos_stride + size_t(hk) * kv_k.head_stride, kr, D);
+      for (int g = 0; g < ng; ++g) sc[g][jj] = T.dot_f32(q.row(h0 + g, t), kr, D) * scale;
+    }
+    for (int g = 0; g < ng; ++g) {
+      float tm = st.m[g];
+      for (int jj = 0; jj < nb; ++jj) tm = std::max(tm, sc[g][jj]);
+      const float corr = std::exp(st.m[g] - tm);  // 0 on the first tile (m = -inf)
+      if (corr != 1.f) {
+        T.scale(st.acc[g], corr, D);
+        st.l[g] *= corr;
+      }
+      st.m[g] = tm;
+      for (int jj = 0; jj < nb; ++jj) {
+        sc[g][jj] = std::exp(sc[g][jj] - tm);
+        st.l[g] += sc[g][jj];
+      }
+    }
+    for (int jj = 0; jj < nb; ++jj) {
+      vdeq(static_cast<const char*>(kv_v.data) + size_t(j0 + jj) * kv_v.pos_stride + size_t(hk) * kv_v.head_stride, vr, D);
+      for (int g = 0; g < ng; ++g) T.axpy(sc[g][jj], vr, st.acc[g], D);
+    }
+  }
+}
+}  // namespace
+
+size_t attention_workspace(const AttnParams& p, int n_threads) {
+  return size_t(kMaxSplitsPerThread) * size_t(std::max(1, n_threads)) * align64(sizeof(AttnState));
+}
+
+void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv_v, const AttnParams& p, Rows out, void* ws,
                ThreadPool& pool) {
   const int64_t D = p.head_dim;
   KILN_CHECK(D > 0 && D <= 512 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "attention: head_dim {} heads {}/{}",
@@ -239,61 +293,82 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
   const Table& T = cpu::table();
   const cpu::ToF32Fn kdeq = T.to_f32[cpu::type_index(kv_k.type)], vdeq = T.to_f32[cpu::type_index(kv_v.type)];
   KILN_CHECK(kdeq && vdeq, "attention: unsupported cache types");
-  for (int64_t t = 0; t < q.n2; ++t)
+  int64_t max_n = 0;
+  for (int64_t t = 0; t < q.n2; ++t) {
     KILN_CHECK(pos[t] >= 0 && pos[t] < kv_k.n_kv && pos[t] < kv_v.n_kv, "attention: pos {} outside cache of {}", pos[t],
                kv_k.n_kv);
-  constexpr int kG = 8;    // query heads processed together (share each K/V row conversion)
-  constexpr int kBk = 64;  // keys per tile of the online softmax
-  const int64_t n_gchunks = (group + kG - 1) / kG;
+    max_n = std::max<int64_t>(max_n, int64_t(pos[t]) + 1);
+  }
+  const int64_t n_gchunks = (group + kAttnG - 1) / kAttnG;
   const int64_t n_items = q.n2 * p.n_head_kv * n_gchunks;
-  pool.parallel_for(n_items, [&](int64_t i0, int64_t i1, int) {
-    alignas(64) float kr[512], vr[512];
-    alignas(64) float acc[kG][512];
-    float sc[kG][kBk], mx[kG], l[kG];
-    for (int64_t it = i0; it < i1; ++it) {
-      const int64_t gc = it % n_gchunks, hk = (it / n_gchunks) % p.n_head_kv, t = it / (n_gchunks * p.n_head_kv);
-      const int64_t h0 = hk * group + gc * kG;
-      const int ng = int(std::min<int64_t>(kG, hk * group + group - h0));
-      const int64_t n = int64_t(pos[t]) + 1;
-      for (int g = 0; g < ng; ++g) {
-        mx[g] = -INFINITY;
-        l[g] = 0;
-        std::fill(acc[g], acc[g] + D, 0.f);
-      }
-      for (int64_t j0 = 0; j0 < n; j0 += kBk) {
-        const int nb = int(std::min<int64_t>(kBk, n - j0));
-        for (int jj = 0; jj < nb; ++jj) {
-          const int64_t j = j0 + jj;
-          kdeq(static_cast<const char*>(kv_k.data) + size_t(j) * kv_k.pos_stride + size_t(hk) * kv_k.head_stride, kr, D);
-          for (int g = 0; g < ng; ++g) sc[g][jj] = T.dot_f32(q.row(h0 + g, t), kr, D) * p.scale;
-        }
+  auto item_geom = [&](int64_t it, int64_t& t, int64_t& hk, int64_t& h0, int& ng) {
+    const int64_t gc = it % n_gchunks;
+    hk = (it / n_gchunks) % p.n_head_kv;
+    t = it / (n_gchunks * p.n_head_kv);
+    h0 = hk * group + gc * kAttnG;
+    ng = int(std::min<int64_t>(kAttnG, hk * group + group - h0));
+  };
+  // Split the keys when the items alone cannot keep the threads busy (decode).
+  int64_t n_split = 1;
+  if (ws && n_items < pool.size() && max_n >= 2 * kAttnBk) {
+    n_split = std::min<int64_t>((2 * pool.size() + n_items - 1) / n_items, (max_n + kAttnBk - 1) / kAttnBk);
+    n_split = std::min<int64_t>(n_split, kMaxSplitsPerThread * pool.size() / n_items);
+    n_split = std::max<int64_t>(n_split, 1);
+  }
+  if (n_split == 1) {
+    pool.parallel_for(n_items, [&](int64_t i0, int64_t i1, int) {
+      AttnState st;
+      for (int64_t it = i0; it < i1; ++it) {
+        int64_t t, hk, h0;
+        int ng;
+        item_geom(it, t, hk, h0, ng);
+        attend_range(T, q, t, h0, ng, hk, 0, int64_t(pos[t]) + 1, kv_k, kv_v, kdeq, vdeq, D, p.scale, st);
         for (int g = 0; g < ng; ++g) {
-          float tm = mx[g];
-          for (int jj = 0; jj < nb; ++jj) tm = std::max(tm, sc[g][jj]);
-          const float corr = std::exp(mx[g] - tm);  // 0 on the first tile (mx = -inf)
-          if (corr != 1.f) {
-            T.scale(acc[g], corr, D);
-            l[g] *= corr;
-          }
-          mx[g] = tm;
-          for (int jj = 0; jj < nb; ++jj) {
-            sc[g][jj] = std::exp(sc[g][jj] - tm);
-            l[g] += sc[g][jj];
-          }
-        }
-        for (int jj = 0; jj < nb; ++jj) {
-          const int64_t j = j0 + jj;
-          vdeq(static_cast<const char*>(kv_v.data) + size_t(j) * kv_v.pos_stride + size_t(hk) * kv_v.head_stride, vr, D);
-          for (int g = 0; g < ng; ++g) T.axpy(sc[g][jj], vr, acc[g], D);
+          float* o = out.row(h0 + g, t);
+          const float inv = 1.0f / st.l[g];
+          for (int64_t i = 0; i < D; ++i) o[i] = st.acc[g][i] * inv;
         }
       }
-      for (int g = 0; g < ng; ++g) {
-        float* o = out.row(h0 + g, t);
-        const float inv = 1.0f / l[g];
-        for (int64_t i = 0; i < D; ++i) o[i] = acc[g][i] * inv;
-      }
+    });
+    return;
+  }
+  auto* parts = static_cast<uint8_t*>(ws);
+  const size_t part_bytes = align64(sizeof(AttnState));
+  pool.parallel_for(n_items * n_split, [&](int64_t u0, int64_t u1, int) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t it = u / n_split, sp = u % n_split;
+      int64_t t, hk, h0;
+      int ng;
+      item_geom(it, t, hk, h0, ng);
+      const int64_t n = int64_t(pos[t]) + 1;
+      const int64_t per = ((n + n_split - 1) / n_split + kAttnBk - 1) / kAttnBk * kAttnBk;
+      const int64_t jb = std::min(n, sp * per), je = std::min(n, jb + per);
+      auto* st = reinterpret_cast<AttnState*>(parts + size_t(u) * part_bytes);
+      attend_range(T, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, *st);
     }
   });
+  // Merge the partial states: M = max m_s, L = sum l_s e^{m_s - M}, acc = sum acc_s e^{m_s - M}.
+  for (int64_t it = 0; it < n_items; ++it) {
+    int64_t t, hk, h0;
+    int ng;
+    item_geom(it, t, hk, h0, ng);
+    for (int g = 0; g < ng; ++g) {
+      float M = -INFINITY;
+      for (int64_t sp = 0; sp < n_split; ++sp)
+        M = std::max(M, reinterpret_cast<const AttnState*>(parts + size_t(it * n_split + sp) * part_bytes)->m[g]);
+      float* o = out.row(h0 + g, t);
+      std::fill(o, o + D, 0.f);
+      float L = 0;
+      for (int64_t sp = 0; sp < n_split; ++sp) {
+        const auto* st = reinterpret_cast<const AttnState*>(parts + size_t(it * n_split + sp) * part_bytes);
+        if (st->l[g] == 0) continue;  // empty key range
+        const float f = std::exp(st->m[g] - M);
+        L += st->l[g] * f;
+        T.axpy(f, st->acc[g], o, D);
+      }
+      T.scale(o, 1.0f / L, D);
+    }
+  }
 }
 
 void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state, float* y, int64_t y_stride,
