@@ -316,7 +316,9 @@ class Parser {
         int64_t ne = 0;
         KILN_TRY(read(&ne, tdesc));
         if (ne < 1) return err("{}: {}: dimension {} is {}, expected >= 1", name(), tdesc, d, ne);
-        if (!checked_mul<uint64_t>(n_el, static_cast<uint64_t>(ne), &n_el) || n_el > lim_.max_tensor_elements)
+        // n_elements() is int64_t: INT64_MAX bounds the count whatever the configured limit.
+        if (!checked_mul<uint64_t>(n_el, static_cast<uint64_t>(ne), &n_el) || n_el > lim_.max_tensor_elements ||
+            n_el > static_cast<uint64_t>(INT64_MAX))
           return err("{}: {}: element count overflows or exceeds the limit {} (dimension {} is {})", name(), tdesc,
                      lim_.max_tensor_elements, d, ne);
         t.ne[d] = ne;

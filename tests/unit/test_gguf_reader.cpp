@@ -378,13 +378,18 @@ TEST(GgufReaderCve, TensorElementCountOverflow) {
 }
 
 TEST(GgufReaderCve, TensorByteSizeOverflow) {
-  // With the element limit lifted, 2^63 F64 elements are representable but 2^66 bytes are not.
+  // With the element limit lifted, 2^62 F64 elements are representable but 2^65 bytes are not.
   Limits lim;
   lim.max_tensor_elements = UINT64_MAX;
   Builder b;
-  b.header(1, 0).tensor("big", {int64_t(1) << 32, int64_t(1) << 31}, GgmlType::F64, 0);
+  b.header(1, 0).tensor("big", {int64_t(1) << 31, int64_t(1) << 31}, GgmlType::F64, 0);
   b.pad_to(32).zeros(64);
   expect_error(b, {"tensor 'big'", "byte size overflows"}, lim);
+  // 2^64 elements never fit TensorInfo::n_elements() (int64), whatever the limit
+  Builder c;
+  c.header(1, 0).tensor("huge", {int64_t(1) << 32, int64_t(1) << 32}, GgmlType::I8, 0);
+  c.pad_to(32).zeros(64);
+  expect_error(c, {"tensor 'huge'", "element count"}, lim);
 }
 
 TEST(GgufReaderCve, TensorElementLimit) {
