@@ -334,3 +334,32 @@ TEST(TokenizerMalformed, OutOfRangeSpecialIdsAreDropped) {
   EXPECT_EQ(t->token_to_piece(-3), "");
   EXPECT_EQ(t->token_to_piece(1 << 20), "");
 }
+
+TEST(StreamDecoder, ByteLevelVocabMatchesDecode) {
+  std::string path = vocab_dir() + "/ggml-vocab-qwen35.gguf";
+  if (!std::ifstream(path)) GTEST_SKIP() << "shared vocab data missing: " << path;
+  auto t = load(path);
+  ASSERT_TRUE(t);
+  // rare CJK characters and emoji are split over several byte-level tokens
+  std::string text = "龘靐齉 𠀀𪚥 🦙🧑‍🚀 naïve café <|im_start|>user\n中文\n\n  end";
+  auto ids = t->encode(text);
+  StreamDecoder sd(*t, /*special=*/true);
+  std::string all;
+  size_t held = 0;
+  for (TokenId id : ids) {
+    std::string c = sd.push(id);
+    EXPECT_EQ(utf8_sanitize(c), c);
+    if (c.empty()) ++held;
+    all += c;
+  }
+  all += sd.flush();
+  EXPECT_EQ(all, text);
+  EXPECT_EQ(t->decode(ids), text);
+  EXPECT_GT(held, 0u);  // some characters really were split across tokens
+  // without special rendering the control token disappears
+  StreamDecoder plain(*t);
+  std::string p;
+  for (TokenId id : ids) p += plain.push(id);
+  p += plain.flush();
+  EXPECT_EQ(p.find("<|im_start|>"), std::string::npos);
+}
