@@ -50,6 +50,8 @@ class [[nodiscard]] RequestResult {
   const RequestError& error() const { KILN_CHECK(!ok(), "RequestResult::error() on success"); return std::get<1>(v_); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
+  T& operator*() { return value(); }
+  const T& operator*() const { return value(); }
 
  private:
   std::variant<T, RequestError> v_;
