@@ -221,13 +221,13 @@ def qwen35_assets():
     return ranks, QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
 
 
-def build_qwen35_gguf(shared_data) -> pathlib.Path:
-    """A vocab-only GGUF for the 248k Qwen3.5 vocabulary, built from the tiktoken ranks."""
-    import gguf
-
-    out = CACHE / "qwen35-248k-vocab.gguf"
-    if out.exists():
-        return out
+def qwen35_vocab():
+    """(tokens, types, merges) of the 248k Qwen3.5 vocabulary in GGUF form, derived from the
+    tiktoken ranks and cached as JSON."""
+    cached = CACHE / "qwen35-248k-vocab.json"
+    if cached.exists():
+        d = json.loads(cached.read_text(encoding="utf-8"))
+        return d["tokens"], d["types"], d["merges"]
     ranks, _, specials = qwen35_assets()
     b2u = _bytes_to_unicode()
     by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
@@ -241,7 +241,7 @@ def build_qwen35_gguf(shared_data) -> pathlib.Path:
         local = [(ranks[tok[:i]], ranks[tok[i:]], tok[:i], tok[i:]) for i in range(1, len(tok))
                  if tok[:i] in ranks and tok[i:] in ranks]
         local.sort()
-        merges += [(rank, a, b) for _, _, a, b in local]
+        merges += [(a, b) for _, _, a, b in local]
     enc = lambda bs: "".join(b2u[x] for x in bs)  # noqa: E731
     tokens = [enc(t) for t, _ in by_rank]
     types = [1] * len(tokens)
@@ -249,6 +249,22 @@ def build_qwen35_gguf(shared_data) -> pathlib.Path:
         assert i == len(tokens)
         tokens.append(s)
         types.append(3)
+    merges = [f"{enc(a)} {enc(b)}" for a, b in merges]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"tokens": tokens, "types": types, "merges": merges}), encoding="utf-8")
+    tmp.rename(cached)
+    return tokens, types, merges
+
+
+def build_qwen35_gguf(shared_data) -> pathlib.Path:
+    """A vocab-only GGUF for the 248k Qwen3.5 vocabulary, built from the tiktoken ranks."""
+    import gguf
+
+    out = CACHE / "qwen35-248k-vocab.gguf"
+    if out.exists():
+        return out
+    tokens, types, merges = qwen35_vocab()
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     w = gguf.GGUFWriter(str(tmp), "qwen2")
@@ -265,7 +281,7 @@ def build_qwen35_gguf(shared_data) -> pathlib.Path:
     w.add_tokenizer_pre("qwen35")
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges([f"{enc(a)} {enc(b)}" for _, a, b in merges])
+    w.add_token_merges(merges)
     eos = tokens.index("<|im_end|>")
     w.add_eos_token_id(eos)
     w.add_bos_token_id(tokens.index("<|endoftext|>"))
@@ -306,3 +322,24 @@ def test_detokenize_round_trip(kiln_bin, shared_data, work_dir):
     r = subprocess.run([str(kiln_bin), "tokenize", "-m", str(path), "--detok", "--json", "-p", " ".join(map(str, ids))],
                        capture_output=True, text=True, check=True)
     assert json.loads(r.stdout)["text"] == text
+
+
+def test_qwen35_248k_vs_hf_tokenizers(kiln_bin, shared_data, corpus, work_dir):
+    """HF tokenizers' BPE + Qwen3.5's Split regex + ByteLevel (no NFC, like llama.cpp)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    _, pat, _ = qwen35_assets()
+    path = build_qwen35_gguf(shared_data)
+    tokens, types, merges = qwen35_vocab()
+    merges = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    ours = kiln_encode(kiln_bin, path, corpus, work_dir)
+    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in corpus]
+    compare("qwen3.5-248k vs HF tokenizers", corpus, ours, theirs)
