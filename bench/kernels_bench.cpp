@@ -40,8 +40,8 @@ __attribute__((target("avx2"))) float read_sum(const float* p, size_t n) {
 }
 
 void BM_MemRead(benchmark::State& state) {
-  const int threads = int(state.range(0));
-  ThreadPool pool(threads);
+  ThreadPool pool(int(state.range(0)));  // 0: every core (or KILN_THREADS)
+  const int threads = pool.size();
   const size_t n = kReadBytes / 4;
   auto* buf = static_cast<float*>(alloc64(kReadBytes));
   pool.parallel_for(int64_t(n), [&](int64_t b, int64_t e, int) {
@@ -54,6 +54,7 @@ void BM_MemRead(benchmark::State& state) {
     benchmark::DoNotOptimize(part.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kReadBytes));
+  state.SetLabel("threads=" + std::to_string(threads));
   std::free(buf);
 }
 
@@ -118,7 +119,7 @@ void BM_Matmul512(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_MemRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_MemRead)->Arg(1)->Arg(2)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Matvec)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {4096, 12288}})
     ->UseRealTime()
