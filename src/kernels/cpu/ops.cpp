@@ -28,6 +28,10 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
 void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   KILN_CHECK(matmul_supported(a.wt), "matmul: unsupported weight type {}", gguf::type_name(a.wt));
   KILN_CHECK(a.m == 1 || (a.x_stride >= a.k && a.y_stride >= a.n), "matmul: bad strides");
+  KILN_CHECK(a.k % int64_t(gguf::type_info(a.wt).block_size) == 0, "matmul: k {} is not whole {} blocks", a.k,
+             gguf::type_name(a.wt));
+  KILN_CHECK(a.w_stride >= gguf::type_info(a.wt).type_size * size_t(a.k / gguf::type_info(a.wt).block_size),
+             "matmul: weight row stride {} shorter than a row", a.w_stride);
   const Table& T = cpu::table();
   const int wi = cpu::type_index(a.wt);
   const auto* w = static_cast<const char*>(a.w);
