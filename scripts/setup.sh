@@ -13,6 +13,8 @@ DEB_PKGS=(
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
   clang libclang-rt-14-dev python3-venv
   r-cran-janeaustenr fortunes-zh  # tokenizer oracle corpus: English prose (via Rscript), Chinese text
+  libjs-markdown-it libjs-highlight.js libjs-katex  # web UI libraries, embedded at build time (webui/)
+  chromium  # headless browser for the web UI tests (tests/py/test_webui.py)
 )
 
 missing=()
