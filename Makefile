@@ -1,7 +1,7 @@
 # kiln — the two commands: `make serve` and `make test`. Everything else is a helper.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-.PHONY: setup build test test-cpp test-py serve fuzz bench clean
+.PHONY: setup build test test-cpp test-py serve fuzz bench bench-compare clean
 
 setup:
 	@scripts/setup.sh
@@ -26,6 +26,10 @@ fuzz: setup
 
 bench: build
 	@scripts/bench.sh $(BUILD)
+
+# kiln vs llama.cpp on the same GGUF files (bench/compare.sh; docs/bench.md)
+bench-compare: build
+	@BUILD=$(BUILD) bench/compare.sh
 
 clean:
 	rm -rf $(BUILD) build-fuzz

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Summarises a bench/compare.sh results directory into the markdown rows of bench/RESULTS.md.
+
+    bench/compare_report.py RESULTS_DIR
+
+RESULTS_DIR holds <engine>-<file stem>-<round>.jsonl files (one JSON object per test, the
+`kiln bench -o jsonl` / bench/llamacpp_bench.py format), load.txt (load average per run) and
+optionally membw.json (Google Benchmark BM_MemRead output). For every file and test it reports
+the median over rounds of each engine's mean t/s, the spread (min-max of the round means), the
+kiln/llama.cpp ratio of the medians and, for tg, the fraction of the measured read bandwidth
+that kiln's weight streaming reaches (decode_weight_read_bytes x t/s / bandwidth).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+import re
+import statistics
+import sys
+
+
+def main() -> int:
+    d = pathlib.Path(sys.argv[1])
+    runs = collections.defaultdict(list)  # (stem, test, engine) -> [avg_ts per round]
+    extra = {}  # (stem, test) -> kiln row (bytes etc.)
+    for p in sorted(d.glob("*.jsonl")):
+        m = re.match(r"(kiln|llamacpp)-(.+)-(\d+)\.jsonl$", p.name)
+        if not m:
+            continue
+        eng, stem = m.group(1), m.group(2)
+        for line in p.read_text().splitlines():
+            if not line.strip().startswith("{"):
+                continue
+            r = json.loads(line)
+            runs[(stem, r["test"], eng)].append(r["avg_ts"])
+            if eng == "kiln":
+                extra[(stem, r["test"])] = r
+    bw = None
+    mb = d / "membw.json"
+    if mb.exists():
+        j = json.loads(mb.read_text())
+        rates = [b["bytes_per_second"] for b in j.get("benchmarks", []) if "bytes_per_second" in b]
+        if rates:
+            bw = max(rates)
+    print("| file | test | kiln t/s (median, range) | llama.cpp t/s (median, range) | kiln/llama.cpp | kiln weight GB/s | % of mem BW |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    keys = sorted({(s, t) for (s, t, _) in runs}, key=lambda k: (k[0], not k[1].startswith("pp"), k[1]))
+    for stem, test in keys:
+        k = runs.get((stem, test, "kiln"), [])
+        l = runs.get((stem, test, "llamacpp"), [])
+        km = statistics.median(k) if k else None
+        lm = statistics.median(l) if l else None
+        fmt = lambda xs, med: f"{med:.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "n/a"  # noqa: E731
+        ratio = f"{km / lm:.2f}" if km and lm else "n/a"
+        gbps = pct = ""
+        e = extra.get((stem, test))
+        if e and test.startswith("tg") and km:
+            g = e["decode_weight_read_bytes"] * km / 1e9
+            gbps = f"{g:.2f}"
+            if bw:
+                pct = f"{100.0 * g * 1e9 / bw:.0f}%"
+        print(f"| {stem} | {test} | {fmt(k, km)} | {fmt(l, lm)} | {ratio} | {gbps} | {pct} |")
+    if bw:
+        print(f"\nmeasured read bandwidth (kernels_bench BM_MemRead, best): {bw / 1e9:.2f} GB/s")
+    lt = d / "load.txt"
+    if lt.exists():
+        loads = [float(x.split()[1]) for x in lt.read_text().splitlines() if len(x.split()) > 1]
+        if loads:
+            print(f"load average (1 min) at the runs: min {min(loads):.2f}, max {max(loads):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
