@@ -1,0 +1,245 @@
+// Internal consistency of the forward passes and sequence memory, on tiny generated models of every
+// architecture (F32 weights, F32 and Q8_0 KV):
+//  - chunked prefill (one batch, chunks of 7) = token-by-token decode;
+//  - chunked gated-delta prefill = recurrent form (qwen35*);
+//  - snapshot -> other tokens -> restore -> continue = uninterrupted run;
+//  - seq_copy then continue = the source continued;
+//  - two sequences in one batch (a prefill chunk and a decode token at different positions) = each alone;
+//  - batch validation errors (position gaps, wrong start, unknown token).
+// The oracle is the model itself run the simple way (one token at a time, one sequence).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "model/context.h"
+#include "model/gen/gen.h"
+#include "model/memory.h"
+#include "model/model.h"
+
+namespace kiln::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string model_path(const std::string& arch) {
+  const fs::path dir = fs::temp_directory_path() / "kiln_test_model_memory";
+  fs::create_directories(dir);
+  const fs::path p = dir / (arch + "-f32.gguf");
+  if (!fs::exists(p)) {
+    gen::GenOptions o;
+    o.spec = gen::find_preset("tiny-" + arch)->spec;
+    o.type = gguf::GgmlType::F32;
+    o.seed = 7;
+    o.n_threads = 2;
+    const fs::path tmp = p.string() + ".tmp" + std::to_string(::getpid());
+    auto st = gen::generate(o, tmp.string());
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    fs::rename(tmp, p);
+  }
+  return p.string();
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng() % uint32_t(vocab));
+  return t;
+}
+
+using Logits = std::vector<std::vector<float>>;
+
+// Runs toks on sequence seq from the memory's current position, in batches of `chunk`; returns all logits.
+Logits run(Context& cx, Memory& mem, int seq, const std::vector<int32_t>& toks, int64_t chunk) {
+  Logits out;
+  const int64_t V = cx.model().config().n_vocab;
+  for (size_t i = 0; i < toks.size(); i += size_t(chunk)) {
+    Batch b;
+    const size_t n = std::min(toks.size() - i, size_t(chunk));
+    b.add_run(std::span(toks.data() + i, n), int32_t(mem.seq_pos(seq)), seq, true);
+    auto st = cx.decode(b, mem);
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    if (!st.ok()) return out;
+    for (int64_t r = 0; r < cx.n_outputs(); ++r) out.emplace_back(cx.logits(r), cx.logits(r) + V);
+  }
+  return out;
+}
+
+float max_diff(const Logits& a, const Logits& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j) m = std::max(m, std::fabs(a[i][j] - b[i][j]));
+  return m;
+}
+
+struct Fixture {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Context> cx;
+  explicit Fixture(const std::string& arch, int delta_chunk_min = 0) {
+    auto m = load_model(model_path(arch));
+    KILN_CHECK(m.ok(), "{}", m.ok() ? "" : m.error().message);
+    model = std::move(*m);
+    ContextOptions co;
+    co.n_batch = 64;
+    co.n_threads = 2;
+    co.delta_chunk_min = delta_chunk_min;
+    cx = std::make_unique<Context>(*model, co);
+  }
+  std::unique_ptr<Memory> memory(int n_seq, GgmlType kv = GgmlType::F32) {
+    MemoryOptions mo;
+    mo.n_ctx = 128;
+    mo.n_seq = n_seq;
+    mo.type_k = mo.type_v = kv;
+    auto m = Memory::create(model->config(), mo);
+    KILN_CHECK(m.ok(), "memory");
+    return std::move(*m);
+  }
+};
+
+class ModelMemory : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelMemory, ChunkedPrefillEqualsTokenByToken) {
+  Fixture f(GetParam());
+  const auto toks = random_tokens(40, f.model->config().n_vocab, 1);
+  for (GgmlType kv : {GgmlType::F32, GgmlType::Q8_0}) {
+    auto m1 = f.memory(1, kv), m2 = f.memory(1, kv);
+    const Logits one = run(*f.cx, *m1, 0, toks, 1);
+    const Logits chunked = run(*f.cx, *m2, 0, toks, 7);
+    ASSERT_EQ(one.size(), toks.size());
+    EXPECT_LT(max_diff(one, chunked), 2e-4) << gguf::type_name(kv);
+    EXPECT_EQ(m2->seq_pos(0), 40);
+  }
+}
+
+TEST_P(ModelMemory, ChunkedDeltaRuleEqualsRecurrent) {
+  if (!arch_is_hybrid(Fixture(GetParam()).model->config().arch)) GTEST_SKIP() << "no delta-net layers";
+  Fixture rec(GetParam(), 0), chk(GetParam(), 8);
+  const auto toks = random_tokens(50, rec.model->config().n_vocab, 2);
+  auto m1 = rec.memory(1), m2 = chk.memory(1);
+  const Logits a = run(*rec.cx, *m1, 0, toks, 25);
+  const Logits b = run(*chk.cx, *m2, 0, toks, 25);
+  EXPECT_LT(max_diff(a, b), 2e-3);
+}
+
+TEST_P(ModelMemory, SnapshotRestoreContinueEqualsUninterrupted) {
+  Fixture f(GetParam());
+  const int64_t V = f.model->config().n_vocab;
+  const auto prefix = random_tokens(20, V, 3), cont = random_tokens(12, V, 4), detour = random_tokens(9, V, 5);
+  auto ref_mem = f.memory(1);
+  run(*f.cx, *ref_mem, 0, prefix, 8);
+  const Logits ref = run(*f.cx, *ref_mem, 0, cont, 5);
+
+  auto mem = f.memory(2);
+  run(*f.cx, *mem, 0, prefix, 8);
+  const Snapshot snap = mem->snapshot(0);
+  EXPECT_EQ(snap.n_pos, 20);
+  run(*f.cx, *mem, 0, detour, 4);  // move on with other tokens
+  EXPECT_EQ(mem->seq_pos(0), 29);
+  ASSERT_TRUE(mem->restore(0, snap).ok());
+  EXPECT_EQ(mem->seq_pos(0), 20);
+  EXPECT_EQ(max_diff(run(*f.cx, *mem, 0, cont, 5), ref), 0.f);
+  // The same snapshot restored into another slot continues identically too.
+  ASSERT_TRUE(mem->restore(1, snap).ok());
+  EXPECT_EQ(max_diff(run(*f.cx, *mem, 1, cont, 3), ref), 0.f) ;
+}
+
+TEST_P(ModelMemory, SeqCopyContinuesLikeSource) {
+  Fixture f(GetParam());
+  const int64_t V = f.model->config().n_vocab;
+  const auto prefix = random_tokens(17, V, 6), cont = random_tokens(6, V, 7);
+  auto mem = f.memory(3);
+  run(*f.cx, *mem, 1, prefix, 16);
+  mem->seq_copy(1, 2);
+  EXPECT_EQ(mem->seq_pos(2), 17);
+  const Logits a = run(*f.cx, *mem, 1, cont, 1);
+  const Logits b = run(*f.cx, *mem, 2, cont, 1);
+  EXPECT_EQ(max_diff(a, b), 0.f);
+}
+
+TEST_P(ModelMemory, TwoSequencesBatchedEqualEachAlone) {
+  Fixture f(GetParam());
+  const int64_t V = f.model->config().n_vocab;
+  const auto a_pre = random_tokens(15, V, 8), a_more = random_tokens(9, V, 9);
+  const auto b_pre = random_tokens(4, V, 10), b_next = random_tokens(1, V, 11);
+  // Alone.
+  auto ma = f.memory(1), mb = f.memory(1);
+  run(*f.cx, *ma, 0, a_pre, 64);
+  const Logits a_ref = run(*f.cx, *ma, 0, a_more, 64);
+  run(*f.cx, *mb, 0, b_pre, 64);
+  const Logits b_ref = run(*f.cx, *mb, 0, b_next, 64);
+  // Together: seq 1 decodes one token at position 4 while seq 0 prefills 9 tokens at 15..23.
+  auto m = f.memory(2);
+  run(*f.cx, *m, 0, a_pre, 64);
+  run(*f.cx, *m, 1, b_pre, 64);
+  Batch b;
+  b.add_run(b_next, 4, 1, true);
+  b.add_run(a_more, 15, 0, true);
+  ASSERT_TRUE(f.cx->decode(b, *m).ok());
+  ASSERT_EQ(f.cx->n_outputs(), 10);
+  Logits got_b{{f.cx->logits(0), f.cx->logits(0) + V}}, got_a;
+  for (int i = 1; i < 10; ++i) got_a.emplace_back(f.cx->logits(i), f.cx->logits(i) + V);
+  EXPECT_LT(max_diff(got_a, a_ref), 2e-4);
+  EXPECT_LT(max_diff(got_b, b_ref), 2e-4);
+  EXPECT_EQ(m->seq_pos(0), 24);
+  EXPECT_EQ(m->seq_pos(1), 5);
+}
+
+TEST_P(ModelMemory, BatchValidation) {
+  Fixture f(GetParam());
+  auto m = f.memory(2);
+  Batch b;
+  b.add(1, 0, 0, true);
+  b.add(2, 2, 0, true);  // gap
+  EXPECT_FALSE(f.cx->decode(b, *m).ok());
+  b.clear();
+  b.add(1, 3, 0, true);  // does not start at seq_pos 0
+  EXPECT_FALSE(f.cx->decode(b, *m).ok());
+  b.clear();
+  b.add(int32_t(f.model->config().n_vocab), 0, 0, true);  // token out of range
+  EXPECT_FALSE(f.cx->decode(b, *m).ok());
+  b.clear();
+  b.add(1, 0, 5, true);  // no such sequence
+  EXPECT_FALSE(f.cx->decode(b, *m).ok());
+  EXPECT_EQ(m->seq_pos(0), 0);
+  b.clear();
+  b.add(1, 0, 0, false);
+  EXPECT_TRUE(f.cx->decode(b, *m).ok());
+  EXPECT_EQ(f.cx->n_outputs(), 0);
+  // Recurrent state cannot be rolled back; attention-only memory can.
+  b.clear();
+  b.add(2, 1, 0, true);
+  ASSERT_TRUE(f.cx->decode(b, *m).ok());
+  EXPECT_EQ(m->seq_keep(0, 1).ok(), !m->has_recurrent());
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelMemory, ::testing::Values("llama", "qwen3", "qwen35", "qwen35moe"));
+
+TEST(ModelLoad, HybridAllocatesKvOnlyForAttentionLayers) {
+  auto m = load_model(model_path("qwen35"));
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.n_layer, 4);
+  EXPECT_EQ(c.n_attn_layers(), 1);  // full_attention_interval 4: layer 3 only
+  EXPECT_FALSE(c.is_recurrent(3));
+  EXPECT_TRUE(c.is_recurrent(0));
+  MemoryOptions mo;
+  mo.n_ctx = 100;
+  mo.type_k = mo.type_v = GgmlType::F16;
+  auto mem = Memory::create(c, mo);
+  ASSERT_TRUE(mem.ok());
+  const size_t kv = size_t(100) * 2 * size_t(c.n_head_kv * c.head_dim) * 2;  // K+V, F16, one layer
+  const size_t rec = size_t(3) * size_t((c.ssm_d_conv - 1) * c.ssm_conv_dim() +
+                                        c.ssm_d_state * c.ssm_d_state * c.ssm_dt_rank) * 4;
+  EXPECT_EQ((*mem)->total_bytes(), kv + rec);
+}
+
+TEST(ModelLoad, ErrorsNameFileAndTensor) {
+  auto m = load_model("/nonexistent/model.gguf");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("/nonexistent/model.gguf"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln::model
