@@ -97,7 +97,7 @@ void ThreadPool::run_ranges(int64_t n, int64_t grain, Thunk thunk, void* ctx) {
   pending_.store(n_threads_ - 1, std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
-  t_in_worker = true;  // nested calls from fn run inline
+  t_in_worker = true;  // nested calls from fn run inline (the caller is not a worker otherwise)
   do_range(0);
   t_in_worker = false;
   int p;

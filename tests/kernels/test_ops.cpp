@@ -99,19 +99,36 @@ TEST(Ops, SoftmaxAndElementwise) {
   }
   using Un = void (*)(const float*, float*, int64_t);
   using Bin = void (*)(const float*, const float*, float*, int64_t);
-  const std::pair<Un, Un> un[] = {{silu, ref::silu}, {sigmoid, ref::sigmoid}, {softplus, ref::softplus}};
-  for (auto [f, r] : un) {
-    std::vector<float> a(x.size()), b(x.size());
-    f(x.data(), a.data(), int64_t(x.size()));
-    r(x.data(), b.data(), int64_t(x.size()));
-    EXPECT_LE(nmse(a, b), kTol);
+  // Inputs include the ends of the float exp range and beyond (the SIMD exp clamps there).
+  std::vector<float> xs = x, ys = y2;
+  for (float v : {0.f, -0.f, 1e-8f, -1e-8f, 20.f, -20.f, 87.f, -87.f, 88.7f, -88.7f, 89.f, -89.f, 100.f, -100.f, 1e4f, -1e4f}) {
+    xs.push_back(v);
+    ys.push_back(-v * 0.5f);
   }
-  const std::pair<Bin, Bin> bin[] = {{swiglu, ref::swiglu}, {sigmoid_mul, ref::sigmoid_mul}, {add, ref::add}, {mul, ref::mul}};
-  for (auto [f, r] : bin) {
-    std::vector<float> a = x, b(x.size());
-    f(a.data(), y2.data(), a.data(), int64_t(x.size()));  // in place
-    r(x.data(), y2.data(), b.data(), int64_t(x.size()));
-    EXPECT_LE(nmse(a, b), kTol);
+  const int64_t nn = int64_t(xs.size());
+  // Elementwise bound: relative 2e-6 (the SIMD exp is accurate to ~1e-7) or absolute 1e-30.
+  auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!(std::fabs(got[i] - want[i]) <= 2e-6f * std::fabs(want[i]) + 1e-30f)) return ::testing::AssertionFailure() << "i " << i << " got " << got[i] << " want " << want[i];
+    return ::testing::AssertionSuccess();
+  };
+  IsaGuard guard;
+  for (CpuIsa isa : isas()) {
+    ASSERT_TRUE(set_isa(isa));
+    const std::pair<Un, Un> un[] = {{silu, ref::silu}, {sigmoid, ref::sigmoid}, {softplus, ref::softplus}};
+    for (auto [f, r] : un) {
+      std::vector<float> a(xs.size()), b(xs.size());
+      f(xs.data(), a.data(), nn);
+      r(xs.data(), b.data(), nn);
+      EXPECT_TRUE(close(a, b)) << isa_name(isa);
+    }
+    const std::pair<Bin, Bin> bin[] = {{swiglu, ref::swiglu}, {sigmoid_mul, ref::sigmoid_mul}, {add, ref::add}, {mul, ref::mul}};
+    for (auto [f, r] : bin) {
+      std::vector<float> a = xs, b(xs.size());
+      f(a.data(), ys.data(), a.data(), nn);  // in place
+      r(xs.data(), ys.data(), b.data(), nn);
+      EXPECT_TRUE(close(a, b)) << isa_name(isa);
+    }
   }
   std::vector<float> a(x.size()), b(x.size());
   scale(x.data(), -1.5f, a.data(), int64_t(x.size()));

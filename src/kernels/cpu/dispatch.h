@@ -36,6 +36,8 @@ using ToF32Fn = void (*)(const void* src, float* dst, int64_t n);
 using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
 using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);  // y += a * x
 using ScaleFn = void (*)(float* y, float a, int64_t n);                  // y *= a
+using UnaryFn = void (*)(const float* x, float* y, int64_t n);
+using BinaryFn = void (*)(const float* a, const float* b, float* y, int64_t n);
 
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
@@ -46,6 +48,8 @@ struct Table {
   DotF32Fn dot_f32 = nullptr;
   AxpyFn axpy = nullptr;
   ScaleFn scale = nullptr;
+  UnaryFn silu = nullptr, sigmoid = nullptr;
+  BinaryFn swiglu = nullptr, sigmoid_mul = nullptr;  // silu(a) * b, a * sigmoid(b)
 };
 
 const Table& table();             // the current table

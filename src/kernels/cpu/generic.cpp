@@ -58,6 +58,19 @@ float dot_row_bf16(const void* w, const float* x, int64_t k) {
   return s;
 }
 
+void silu_generic(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
+}
+void sigmoid_generic(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+void swiglu_generic(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+}
+void sigmoid_mul_generic(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] / (1.0f + std::exp(-b[i]));
+}
+
 void quantize_act_generic(const float* x, int64_t k, void* act) {
   auto* qs = static_cast<int8_t*>(act);
   auto* d = reinterpret_cast<float*>(qs + k);
@@ -86,6 +99,10 @@ void fill_generic(Table& t) {
   t.dot_f32 = dot_f32_generic;
   t.axpy = axpy_generic;
   t.scale = scale_generic;
+  t.silu = silu_generic;
+  t.sigmoid = sigmoid_generic;
+  t.swiglu = swiglu_generic;
+  t.sigmoid_mul = sigmoid_mul_generic;
   t.dot_row[type_index(GgmlType::F32)] = dot_row_f32;
   t.dot_row[type_index(GgmlType::F16)] = dot_row_f16;
   t.dot_row[type_index(GgmlType::BF16)] = dot_row_bf16;

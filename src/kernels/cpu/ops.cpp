@@ -187,14 +187,10 @@ void softmax(Rows x, float scale, ThreadPool& pool) {
   });
 }
 
-void silu(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i])); }
-void swiglu(const float* gate, const float* up, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-}
-void sigmoid_mul(const float* x, const float* g, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-g[i]));
-}
-void sigmoid(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i])); }
+void silu(const float* x, float* y, int64_t n) { cpu::table().silu(x, y, n); }
+void swiglu(const float* gate, const float* up, float* y, int64_t n) { cpu::table().swiglu(gate, up, y, n); }
+void sigmoid_mul(const float* x, const float* g, float* y, int64_t n) { cpu::table().sigmoid_mul(x, g, y, n); }
+void sigmoid(const float* x, float* y, int64_t n) { cpu::table().sigmoid(x, y, n); }
 void softplus(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 20.f ? x[i] : std::log1p(std::exp(x[i]));
 }
