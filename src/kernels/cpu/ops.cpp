@@ -376,6 +376,7 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
   KILN_CHECK(d_conv >= 1 && d_conv <= 8, "conv1d_silu: d_conv {} not in 1..8", d_conv);
   constexpr int kCB = 16;  // channels per inner block (one cache line of x per token)
   const int K = d_conv;
+  const Table& T = cpu::table();
   pool.parallel_for((C + kCB - 1) / kCB, [&](int64_t b0, int64_t b1, int) {
     float win[8][kCB], wt[8][kCB];
     for (int64_t b = b0; b < b1; ++b) {
@@ -392,9 +393,10 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
           win[K - 1][c] = xt[c];  // read before the (possibly aliased) write below
           float s = 0;
           for (int j = 0; j < K; ++j) s += wt[j][c] * win[j][c];
-          yt[c] = s / (1.0f + std::exp(-s));
+          yt[c] = s;
           for (int j = 0; j < K - 1; ++j) win[j][c] = win[j + 1][c];
         }
+        T.silu(yt, yt, nc);
       }
       for (int c = 0; c < nc; ++c)
         for (int j = 0; j < K - 1; ++j) state[(c0 + c) * (K - 1) + j] = win[j][c];
