@@ -129,6 +129,7 @@ struct Active {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> dec;
   std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
+  std::vector<int64_t> cuts;  // hybrid: prompt positions (ascending, > cache_n) to snapshot at
   bool finished = false;
   // per-step bookkeeping
   int64_t step_n = 0;
@@ -323,6 +324,16 @@ void Engine::Impl::prepare(Active& a, int s) {
   a.sampler = std::make_unique<Sampler>(a.req.sampling, runner->n_vocab());
   a.sampler->accept(std::span<const int32_t>(prompt));
   a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special);
+  if (recurrent && a.req.cache_prompt && cache->enabled()) {
+    for (int64_t p : a.req.snapshot_at)
+      if (p > reused && p < P) a.cuts.push_back(p);
+    if (eng.opt_.snapshot_before_control)
+      for (int64_t p = reused + 1; p < P; ++p)
+        if (tok->is_control(prompt[size_t(p)])) a.cuts.push_back(p);
+    for (int64_t p = (reused / snap_interval + 1) * snap_interval; p < P; p += snap_interval) a.cuts.push_back(p);
+    std::sort(a.cuts.begin(), a.cuts.end());
+    a.cuts.erase(std::unique(a.cuts.begin(), a.cuts.end()), a.cuts.end());
+  }
   KILN_LOG_DEBUG("slot {} | request {} | prompt {} tokens, reused {} (own {}, cache {})", s, a.ch->id, P, reused,
                  own, m.n_tokens);
 }
@@ -360,9 +371,9 @@ void Engine::Impl::step() {
     const auto& prompt = a->req.prompt;
     const int64_t P = int64_t(prompt.size());
     int64_t n = std::min(P - a->n_past, budget);
-    if (recurrent && a->req.cache_prompt && cache->enabled()) {
-      const int64_t next_snap = (a->n_past / snap_interval + 1) * snap_interval;
-      if (next_snap < P) n = std::min(n, next_snap - a->n_past);
+    {
+      auto it = std::upper_bound(a->cuts.begin(), a->cuts.end(), a->n_past);
+      if (it != a->cuts.end()) n = std::min(n, *it - a->n_past);
     }
     const bool last = a->n_past + n == P;
     batch.add_run(std::span<const int32_t>(prompt).subspan(size_t(a->n_past), size_t(n)), int32_t(a->n_past),
@@ -421,8 +432,8 @@ void Engine::Impl::step() {
       process_token(a, a.sampler->sample(lg), lg);
     } else if (!recurrent) {
       cache_insert(a, false);  // full blocks so far (concurrent requests can share them)
-    } else if (a.n_past % snap_interval == 0) {
-      cache_insert(a, false);  // hybrid: a snapshot point inside a long prompt
+    } else if (std::binary_search(a.cuts.begin(), a.cuts.end(), a.n_past)) {
+      cache_insert(a, false);  // hybrid: a snapshot point inside the prompt
     }
   }
   std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
@@ -531,6 +542,7 @@ void Engine::Impl::finish(Active& a, FinishReason r, Event ev, const std::string
     KILN_LOG_INFO("slot {} | request {} |       total time = {:.2f} ms / {} tokens, finish: {}", a.slot, a.ch->id,
                   tm.prompt_ms + tm.predicted_ms, tm.prompt_n + tm.predicted_n, finish_reason_name(r));
   }
+  publish();  // the slot is free (and counted so) before the consumer sees the final event
   a.ch->push(std::move(ev));
 }
 

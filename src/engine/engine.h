@@ -63,6 +63,10 @@ struct EngineOptions {
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
   // a multiple of cache_block); the ends of prompts and of generated turns are always snapshotted.
   int64_t cache_snapshot_interval = 512;
+  // Hybrid models: also snapshot at every prompt position holding a control token (the state just
+  // before "<|im_start|>", "<|im_end|>", ...): chat turn boundaries, where prompts of different
+  // requests and turns diverge (e.g. a shared system prompt followed by different user messages).
+  bool snapshot_before_control = true;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -79,6 +83,10 @@ struct Request {
                                    // -1: the logprob only (OpenAI logprobs=true, top_logprobs=0)
   bool render_special = false;     // detokenize control tokens as text (llama.cpp "special")
   bool cache_prompt = true;        // use / fill the prefix cache
+  // Hybrid models: prompt positions where a recurrent-state snapshot should be kept (e.g. the end of
+  // the system message, known to the server from the chat template), in addition to the engine's own
+  // points (see EngineOptions::snapshot_before_control). Ignored for attention-only models.
+  std::vector<int64_t> snapshot_at;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };

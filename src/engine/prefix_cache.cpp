@@ -88,11 +88,38 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
     }
   };
 
+  // Attention-only: the child sharing the longest beginning with the rest of the prompt gives that
+  // many more rows (a KV row depends only on the tokens before it).
+  auto consider_children = [&](Node* n) {
+    if (opt_.recurrent) return;
+    const int64_t pos = n->end, rest = std::min<int64_t>(B, int64_t(tokens.size()) - pos);
+    for (auto& [key, child] : n->children) {
+      const int32_t* ct = child->tokens();
+      int64_t c = 0;
+      while (c < rest && ct[c] == tokens[size_t(pos + c)]) ++c;
+      const int64_t cand = std::min(pos + c, max_len);
+      if (cand > best_len) {
+        best_len = cand;
+        best_node = child.get();
+        best_tail = nullptr;
+      }
+    }
+  };
+
   Node* n = root_.get();
   consider_tails(n);
-  for (int64_t pos = 0; pos + B <= int64_t(tokens.size()); pos += B) {
+  for (;;) {
+    const int64_t pos = n->end;
+    if (!opt_.recurrent && pos >= max_len) break;
+    if (pos + B > int64_t(tokens.size())) {
+      consider_children(n);
+      break;
+    }
     auto it = n->children.find(block_key(tokens.subspan(size_t(pos), size_t(B))));
-    if (it == n->children.end()) break;
+    if (it == n->children.end()) {
+      consider_children(n);
+      break;
+    }
     n = it->second.get();
     if (!opt_.recurrent) {
       const int64_t cand = std::min(n->end, max_len);
@@ -107,7 +134,6 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
       best_tail = nullptr;
     }
     consider_tails(n);
-    if (n->end >= max_len && !opt_.recurrent) break;
   }
   if (best_len == 0) return best;
 

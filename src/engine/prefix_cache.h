@@ -12,7 +12,8 @@
 // Runner::kv_bytes(n) bytes; positions are rows. The recurrent payload is rec_floats floats.
 //
 // Matching rule: the reusable length is the largest L <= max_len such that
-//   attention-only: the first L tokens are covered by matched blocks / a tail's common prefix;
+//   attention-only: the first L tokens are covered by matched blocks, then the common beginning of
+//     a child block or of a tail (partial rows are fine: a KV row depends only on earlier tokens);
 //   hybrid (recurrent): a recurrent state exists at exactly position L (a node or a whole tail).
 // NOTE(engine): the root (L = 0) is always a valid match: a zero state needs no snapshot.
 #pragma once

@@ -1,0 +1,243 @@
+// PrefixCache tests (no model): payloads are made-up bytes that encode (token, position), so the
+// test can check that what a match returns is exactly the rows / states that were inserted.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "engine/prefix_cache.h"
+
+using namespace kiln::engine;
+
+namespace {
+
+constexpr size_t kRow = 8;  // payload bytes per position: token, position
+
+// The "slot memory" of a sequence: row p = {tokens[p], p}.
+PrefixCache::KvReader reader(const std::vector<int32_t>& toks) {
+  return [&toks](int64_t p0, int64_t n, uint8_t* out) {
+    for (int64_t p = p0; p < p0 + n; ++p) {
+      const int32_t t = toks[size_t(p)], pp = int32_t(p);
+      std::memcpy(out + size_t(p - p0) * kRow, &t, 4);
+      std::memcpy(out + size_t(p - p0) * kRow + 4, &pp, 4);
+    }
+  };
+}
+
+// Checks that the pieces reproduce rows [0, m.n_tokens) of `toks`.
+void expect_rows(const PrefixCache::Match& m, const std::vector<int32_t>& toks) {
+  int64_t covered = 0;
+  for (const auto& pc : m.pieces) {
+    ASSERT_EQ(pc.pos0, covered);
+    for (int64_t r = 0; r < pc.rows && pc.pos0 + r < m.n_tokens; ++r) {
+      int32_t t, p;
+      std::memcpy(&t, pc.kv + size_t(r) * kRow, 4);
+      std::memcpy(&p, pc.kv + size_t(r) * kRow + 4, 4);
+      EXPECT_EQ(p, pc.pos0 + r);
+      EXPECT_EQ(t, toks[size_t(pc.pos0 + r)]) << "row " << pc.pos0 + r;
+    }
+    covered = pc.pos0 + pc.rows;
+  }
+  EXPECT_GE(covered, m.n_tokens);
+}
+
+std::vector<int32_t> seq(int n, int32_t start) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = start + i;
+  return v;
+}
+
+std::vector<float> state_of(const std::vector<int32_t>& toks) {  // a "recurrent state": f(prefix)
+  float h = 0;
+  for (int32_t t : toks) h = std::fmod(h * 31.f + float(t), 65521.f);
+  return {h, float(toks.size())};
+}
+
+PrefixCacheOptions attn_opts(int block = 4, int64_t ram = -1) {
+  PrefixCacheOptions o;
+  o.block = block;
+  o.ram_bytes = ram;
+  o.kv_bytes_per_pos = kRow;
+  return o;
+}
+
+PrefixCacheOptions hybrid_opts(int block = 4, int64_t ram = -1) {
+  PrefixCacheOptions o = attn_opts(block, ram);
+  o.recurrent = true;
+  o.rec_floats = 2;
+  return o;
+}
+
+}  // namespace
+
+TEST(EnginePrefixCache, AttentionReusesBlocksAndPartialRows) {
+  PrefixCache c(attn_opts());
+  auto a = seq(10, 100);  // blocks [0,4) [4,8), tail [8,10)
+  c.insert(a, reader(a), nullptr, true);
+  EXPECT_EQ(c.stats().n_nodes, 2);
+  EXPECT_EQ(c.stats().n_tails, 1);
+  // Same prompt: everything but the last token.
+  auto m = c.match(a, int64_t(a.size()) - 1);
+  EXPECT_EQ(m.n_tokens, 9);
+  expect_rows(m, a);
+  // Diverging inside the second block: partial rows of the child.
+  auto b = a;
+  b[6] = 999;
+  m = c.match(b, int64_t(b.size()) - 1);
+  EXPECT_EQ(m.n_tokens, 6);
+  expect_rows(m, b);
+  // Diverging at the very first token: nothing.
+  auto d = a;
+  d[0] = 5;
+  EXPECT_EQ(c.match(d, 9).n_tokens, 0);
+  // Longer prompt extending the sequence: the whole inserted sequence.
+  auto e = a;
+  for (int i = 0; i < 7; ++i) e.push_back(7 + i);
+  m = c.match(e, int64_t(e.size()) - 1);
+  EXPECT_EQ(m.n_tokens, 10);
+  expect_rows(m, e);
+}
+
+TEST(EnginePrefixCache, HybridNeedsAStateAtTheMatchEnd) {
+  PrefixCache c(hybrid_opts());
+  auto a = seq(10, 100);
+  // Blocks only (no state): nothing reusable for a hybrid model.
+  c.insert(std::span<const int32_t>(a).first(8), reader(a), nullptr, false);
+  EXPECT_EQ(c.match(a, 9).n_tokens, 0);
+  // A state at 8 (block-aligned: on the node).
+  auto s8 = state_of(std::vector<int32_t>(a.begin(), a.begin() + 8));
+  c.insert(std::span<const int32_t>(a).first(8), reader(a), s8.data(), false);
+  auto m = c.match(a, 9);
+  ASSERT_EQ(m.n_tokens, 8);
+  ASSERT_NE(m.rec, nullptr);
+  EXPECT_EQ(std::vector<float>(m.rec, m.rec + 2), s8);
+  expect_rows(m, a);
+  // A state at the end (10, a tail) — only usable when max_len allows it.
+  auto s10 = state_of(a);
+  c.insert(a, reader(a), s10.data(), false);
+  EXPECT_EQ(c.match(a, 9).n_tokens, 8);
+  auto e = a;
+  e.push_back(1);
+  e.push_back(2);
+  m = c.match(e, 11);
+  ASSERT_EQ(m.n_tokens, 10);
+  EXPECT_EQ(std::vector<float>(m.rec, m.rec + 2), s10);
+  expect_rows(m, e);
+  // Diverging inside the tail: back to the node's state at 8 (no partial states).
+  auto f = a;
+  f[9] = 77;
+  f.push_back(3);
+  m = c.match(f, 10);
+  EXPECT_EQ(m.n_tokens, 8);
+  EXPECT_EQ(std::vector<float>(m.rec, m.rec + 2), s8);
+  EXPECT_EQ(c.stats().n_states, 2);
+}
+
+TEST(EnginePrefixCache, SharedPrefixStoredOnce) {
+  PrefixCache c(attn_opts(4));
+  auto sys = seq(16, 500);
+  for (int u = 0; u < 5; ++u) {
+    auto p = sys;
+    for (int i = 0; i < 8; ++i) p.push_back(u * 10 + i);
+    c.insert(p, reader(p), nullptr, false);
+  }
+  // 4 shared blocks + 2 private blocks for each of 5 users.
+  EXPECT_EQ(c.stats().n_nodes, 4 + 5 * 2);
+  auto q = sys;
+  q.push_back(9999);
+  q.push_back(9998);
+  auto m = c.match(q, int64_t(q.size()) - 1);
+  EXPECT_EQ(m.n_tokens, 16);
+  expect_rows(m, q);
+}
+
+TEST(EnginePrefixCache, LruEvictionKeepsTheBoundAndRecentEntries) {
+  // Each block costs 4*8 payload + 16 key + overhead; allow roughly 6 blocks.
+  PrefixCache probe(attn_opts(4));
+  auto one = seq(4, 0);
+  probe.insert(one, reader(one), nullptr, false);
+  const int64_t per_block = probe.stats().bytes;
+  PrefixCache c(attn_opts(4, per_block * 6));
+  std::vector<std::vector<int32_t>> seqs;
+  for (int i = 0; i < 6; ++i) seqs.push_back(seq(8, 1000 * (i + 1)));  // 2 blocks each
+  for (auto& s : seqs) {
+    c.insert(s, reader(s), nullptr, false);
+    EXPECT_LE(c.stats().bytes, per_block * 6);
+  }
+  EXPECT_GT(c.stats().evictions, 0);
+  // The most recent three sequences are intact, the oldest are gone.
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(c.match(seqs[size_t(i)], 8).n_tokens, 8) << i;
+  EXPECT_EQ(c.match(seqs[0], 8).n_tokens, 0);
+  // Touching an old entry protects it: use seqs[3], insert another, seqs[4] goes first.
+  (void)c.match(seqs[3], 8);
+  auto extra = seq(8, 90000);
+  c.insert(extra, reader(extra), nullptr, false);
+  EXPECT_EQ(c.match(seqs[3], 8).n_tokens, 8);
+  EXPECT_LT(c.match(seqs[4], 8).n_tokens, 8);
+}
+
+TEST(EnginePrefixCache, HybridEvictionDropsStatelessBranches) {
+  PrefixCache probe(hybrid_opts(4));
+  auto one = seq(4, 0);
+  auto s1 = state_of(one);
+  probe.insert(one, reader(one), s1.data(), false);
+  const int64_t unit = probe.stats().bytes;
+  PrefixCache c(hybrid_opts(4, unit * 5));
+  // Sequence of 12 tokens with a state only at its end; then a second, unrelated one evicts it.
+  auto a = seq(12, 10);
+  auto sa = state_of(a);
+  c.insert(a, reader(a), sa.data(), false);
+  EXPECT_EQ(c.stats().n_nodes, 3);
+  auto b = seq(12, 5000);
+  auto sb = state_of(b);
+  c.insert(b, reader(b), sb.data(), false);
+  EXPECT_LE(c.stats().bytes, unit * 5);
+  // a's last block (holding its only state) went first; its now stateless ancestors went with it
+  // instead of occupying the budget.
+  auto m = c.match(a, 12);
+  EXPECT_EQ(m.n_tokens, 0);
+  auto mb = c.match(b, 12);
+  EXPECT_EQ(mb.n_tokens, 12);
+  EXPECT_EQ(std::vector<float>(mb.rec, mb.rec + 2), sb);
+  EXPECT_EQ(c.stats().n_nodes, 3);
+}
+
+TEST(EnginePrefixCache, DisabledCacheMatchesNothing) {
+  PrefixCache c(attn_opts(4, 0));
+  auto a = seq(12, 1);
+  c.insert(a, reader(a), nullptr, true);
+  EXPECT_EQ(c.match(a, 11).n_tokens, 0);
+  EXPECT_EQ(c.stats().bytes, 0);
+}
+
+// Random sequences sharing random prefixes: every match must be a true common prefix with some
+// inserted sequence and reproduce its rows; attention-only matches are the longest such prefix.
+TEST(EnginePrefixCache, RandomisedAgainstBruteForce) {
+  std::mt19937 g(9);
+  for (int block : {1, 3, 8}) {
+    PrefixCache c(attn_opts(block));
+    std::vector<std::vector<int32_t>> inserted;
+    for (int it = 0; it < 60; ++it) {
+      std::vector<int32_t> s;
+      if (!inserted.empty() && g() % 3) {
+        const auto& base = inserted[g() % inserted.size()];
+        s.assign(base.begin(), base.begin() + std::ptrdiff_t(g() % (base.size() + 1)));
+      }
+      const int extra = 1 + int(g() % 20);
+      for (int i = 0; i < extra; ++i) s.push_back(int32_t(g() % 4));
+      // query first
+      const int64_t max_len = int64_t(s.size()) - 1;
+      auto m = c.match(s, max_len);
+      int64_t oracle = 0;
+      for (const auto& b : inserted) {
+        int64_t k = 0;
+        while (k < int64_t(b.size()) && k < int64_t(s.size()) && b[size_t(k)] == s[size_t(k)]) ++k;
+        oracle = std::max(oracle, std::min(k, max_len));
+      }
+      EXPECT_EQ(m.n_tokens, oracle) << "block " << block << " iteration " << it;
+      expect_rows(m, s);
+      c.insert(s, reader(s), nullptr, true);
+      inserted.push_back(s);
+    }
+  }
+}
