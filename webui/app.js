@@ -9,7 +9,7 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const KEYS = { convs: 'kiln.conversations', current: 'kiln.current', settings: 'kiln.settings' };
-  const DEFAULTS = { apiKey: '', system: '', temperature: '', top_p: '', max_tokens: '', thinking: true };
+  const DEFAULTS = { apiKey: '', system: '', temperature: '', top_p: '', max_tokens: '', thinking: true, extra: '' };
 
   // ---------------------------------------------------------------------------------------------
   // State
@@ -242,7 +242,21 @@
     if (num(settings.temperature) != null) body.temperature = num(settings.temperature);
     if (num(settings.top_p) != null) body.top_p = num(settings.top_p);
     if (num(settings.max_tokens) != null && num(settings.max_tokens) > 0) body.max_tokens = Math.floor(num(settings.max_tokens));
+    const extra = parseExtra(settings.extra);
+    if (extra.ok) Object.assign(body, extra.value);
     return body;
+  }
+
+  // The "extra request fields" setting: '' or a JSON object.
+  function parseExtra(text) {
+    if (!text || !text.trim()) return { ok: true, value: {} };
+    try {
+      const v = JSON.parse(text);
+      if (v && typeof v === 'object' && !Array.isArray(v)) return { ok: true, value: v };
+      return { ok: false, error: 'must be a JSON object, like {"top_k": 20}' };
+    } catch (e) {
+      return { ok: false, error: e.message };
+    }
   }
 
   async function generate(conv) {
@@ -630,12 +644,20 @@
     $('s-top-p').value = settings.top_p;
     $('s-max-tokens').value = settings.max_tokens;
     $('s-thinking').checked = !!settings.thinking;
+    $('s-extra').value = settings.extra || '';
     const d = $('settings');
     if (!d.open) d.showModal();
     (note ? $('s-api-key') : $('s-system')).focus();
   }
 
   function saveSettingsFromForm() {
+    const extra = parseExtra($('s-extra').value);
+    if (!extra.ok) {
+      $('settings-note').hidden = false;
+      $('settings-note').textContent = 'Extra request fields: ' + extra.error;
+      $('s-extra').focus();
+      return;
+    }
     const hadKey = settings.apiKey;
     settings = {
       apiKey: $('s-api-key').value.trim(),
@@ -644,6 +666,7 @@
       top_p: $('s-top-p').value,
       max_tokens: $('s-max-tokens').value,
       thinking: $('s-thinking').checked,
+      extra: $('s-extra').value.trim(),
     };
     saveSettings();
     $('settings').close();

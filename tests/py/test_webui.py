@@ -1,0 +1,430 @@
+"""Web UI browser tests: headless Debian chromium (/usr/bin/chromium) driven by Playwright against
+a real `kiln serve` on a generated tiny-qwen35 model (random weights; its chat template has Qwen's
+thinking block, so replies stream into the "thinking" section unless thinking is switched off).
+
+Oracles: the server's own answers read independently here (GET /props, GET /slots, the raw SSE
+body of each chat request parsed in Python) and the browser's DOM. Screenshots go to
+build/test-artifacts/ (webui.png, webui-phone.png).
+"""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+ALIAS = "tiny-webui"
+N_CTX = 8192
+# ignore_eos keeps the random model talking (EOG is 1 of 1024 tokens); seed makes it repeatable.
+EXTRA = '{"ignore_eos": true, "seed": 7}'
+
+
+# -------------------------------------------------------------------------------------------------
+# Server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url, key=None, timeout=10):
+    """(status, content-type, body bytes) of a GET."""
+    req = urllib.request.Request(url)
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+class Server:
+    def __init__(self, kiln_bin, model, log_path, extra_args=()):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log = open(log_path, "wb")
+        args = [str(kiln_bin), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                "-c", str(N_CTX), "--alias", ALIAS, *extra_args]
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"kiln serve exited with {self.proc.returncode}; see {log_path}")
+            try:
+                if http(self.url + "health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                self.stop()
+                pytest.fail(f"kiln serve did not become healthy in 60 s; see {log_path}")
+            time.sleep(0.1)
+
+    def json(self, path, key=None):
+        status, _, body = http(self.url + path, key)
+        assert status == 200, (path, status, body[:300])
+        return json.loads(body)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def model(kiln_bin, work_dir):
+    path = work_dir / "tiny-qwen35.gguf"
+    r = subprocess.run([str(kiln_bin), "gguf", "gen", "--preset", "tiny-qwen35", "-o", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(kiln_bin, model, work_dir):
+    s = Server(kiln_bin, model, work_dir / "serve.log")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def artifacts(build_dir) -> pathlib.Path:
+    d = build_dir / "test-artifacts"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# -------------------------------------------------------------------------------------------------
+# Browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: scripts/setup.sh installs the Debian package chromium")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class PageWatch:
+    """Every request the page makes and every script error it raises."""
+
+    def __init__(self, page):
+        self.requests, self.errors = [], []
+        page.on("request", lambda r: self.requests.append(r.url))
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+
+def new_page(browser, **ctx_args):
+    ctx = browser.new_context(**ctx_args)
+    page = ctx.new_page()
+    page.set_default_timeout(20000)
+    return ctx, page, PageWatch(page)
+
+
+def sse_result(body: str):
+    """Content, reasoning and final timings of a streamed chat completion (parsed here, not by the UI)."""
+    content, reasoning, timings, finish = "", "", None, None
+    for block in body.split("\n\n"):
+        data = "\n".join(l[5:].lstrip(" ") for l in block.split("\n") if l.startswith("data:"))
+        if not data or data == "[DONE]":
+            continue
+        ev = json.loads(data)
+        assert "error" not in ev, ev
+        for ch in ev.get("choices", []):
+            d = ch.get("delta") or {}
+            content += d.get("content") or ""
+            reasoning += d.get("reasoning_content") or ""
+            finish = ch.get("finish_reason") or finish
+        if ev.get("timings"):
+            timings = ev["timings"]
+    return content, reasoning, timings, finish
+
+
+def set_settings(page, *, max_tokens=None, thinking=None, extra=None, key=None):
+    page.click("#open-settings")
+    expect(page.locator("#settings")).to_be_visible()
+    if max_tokens is not None:
+        page.fill("#s-max-tokens", str(max_tokens))
+    if thinking is not None:
+        page.locator("#s-thinking").set_checked(thinking)
+    if extra is not None:
+        page.fill("#s-extra", extra)
+    if key is not None:
+        page.fill("#s-api-key", key)
+    page.click("#s-save")
+    expect(page.locator("#settings")).to_be_hidden()
+
+
+def last_assistant(page):
+    return page.locator(".msg.assistant").last
+
+
+def wait_idle(page):
+    expect(page.locator("#send")).to_be_visible()
+    expect(page.locator("#stop")).to_be_hidden()
+
+
+def send_and_capture(page, action):
+    """Runs `action` (which starts a chat request) and returns the parsed SSE body the server sent."""
+    with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions"), timeout=60000) as ri:
+        action()
+    resp = ri.value
+    assert resp.status == 200, resp.text()[:300]
+    body = resp.text()  # waits for the end of the stream
+    wait_idle(page)
+    return sse_result(body)
+
+
+# -------------------------------------------------------------------------------------------------
+# Tests
+
+
+def test_page_is_embedded_and_public(kiln_bin, model, work_dir):
+    """GET / serves the embedded page without a key even when the API needs one; the API does not."""
+    s = Server(kiln_bin, model, work_dir / "serve-key-static.log", ["--api-key", "sekrit"])
+    try:
+        status, ctype, body = http(s.url)
+        assert status == 200 and ctype.startswith("text/html"), (status, ctype, body[:200])
+        page = body.decode("utf-8")
+        assert "<title>kiln</title>" in page
+        # The Debian libraries were inlined at build time (scripts/setup.sh installs them).
+        assert "markdown-it" in page and "hljs" in page and "katex" in page
+        assert http(s.url + "index.html")[0] == 200
+        assert http(s.url + "props")[0] == 401
+        assert http(s.url + "props", key="sekrit")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_markdown_is_rendered_and_sanitized(browser, server):
+    ctx, page, watch = new_page(browser)
+    try:
+        page.goto(server.url)
+        assert page.evaluate("window.kiln.libraries") == {"markdown": True, "highlight": True, "math": True}
+        hostile = ("# Title\n\n<img src=x onerror=\"window.pwned=1\"> <script>window.pwned=2</script> **bold**\n\n"
+                   "[click](javascript:window.pwned=3) ![pic](http://example.invalid/x.png) [ok](https://example.org)\n\n"
+                   "```python\ndef f(x):\n    return x\n```\n\n"
+                   "Math $x^2$ and $$\\frac{a}{b}$$ and \\(y\\); prices $5 and $6 stay text.\n\n"
+                   "<iframe src=\"https://example.org\"></iframe>")
+        info = page.evaluate(
+            """(md) => {
+                 const div = document.createElement('div');
+                 div.innerHTML = window.kiln.renderMarkdown(md);
+                 document.body.append(div);
+                 const onAttrs = Array.from(div.querySelectorAll('*')).flatMap(
+                     (e) => Array.from(e.attributes).map((a) => a.name)).filter((n) => n.startsWith('on'));
+                 const r = {
+                   img: div.querySelectorAll('img').length, script: div.querySelectorAll('script').length,
+                   iframe: div.querySelectorAll('iframe').length, onAttrs: onAttrs,
+                   jsLinks: Array.from(div.querySelectorAll('a')).filter((a) => /^javascript:/i.test(a.getAttribute('href') || '')).length,
+                   links: Array.from(div.querySelectorAll('a')).map((a) => [a.getAttribute('href'), a.getAttribute('rel')]),
+                   h1: div.querySelector('h1') && div.querySelector('h1').textContent,
+                   strong: div.querySelector('strong') && div.querySelector('strong').textContent,
+                   keywords: Array.from(div.querySelectorAll('pre.code code .hljs-keyword')).map((e) => e.textContent),
+                   codeLang: div.querySelector('pre.code .code-head span').textContent,
+                   math: div.querySelectorAll('math').length, msup: div.querySelectorAll('math msup').length,
+                   mfrac: div.querySelectorAll('math[display=block] mfrac').length,
+                   text: div.textContent, pwned: window.pwned || 0,
+                 };
+                 div.remove();
+                 return r;
+               }""", hostile)
+        assert info["img"] == 0 and info["script"] == 0 and info["iframe"] == 0, info
+        assert info["onAttrs"] == [] and info["jsLinks"] == 0 and info["pwned"] == 0, info
+        assert "<img src=x" in info["text"] and "<script>" in info["text"]  # shown as text
+        assert info["links"] == [["http://example.invalid/x.png", "noopener noreferrer"],
+                                 ["https://example.org", "noopener noreferrer"]], info["links"]
+        assert info["h1"] == "Title" and info["strong"] == "bold"
+        assert info["codeLang"] == "python" and info["keywords"] == ["def", "return"], info
+        assert info["math"] == 3 and info["msup"] == 1 and info["mfrac"] == 1, info
+        assert "$5 and $6 stay text" in info["text"]
+        assert watch.errors == []
+    finally:
+        ctx.close()
+
+
+def test_chat_stream_thinking_stop_edit_reload(browser, server, artifacts):
+    props = server.json("props")
+    ctx, page, watch = new_page(browser, viewport={"width": 1180, "height": 820})
+    try:
+        page.goto(server.url)
+        # Header: alias and context size from /props; no image button without vision.
+        expect(page.locator("#model-name")).to_have_text(props["model_alias"])
+        assert props["model_alias"] == ALIAS
+        n_ctx = props.get("n_ctx_slot") or props["default_generation_settings"]["n_ctx"]
+        expect(page.locator("#model-ctx")).to_have_text(f"ctx {n_ctx:,}")
+        assert props["modalities"]["vision"] is False
+        expect(page.locator("#attach")).to_be_hidden()
+
+        # 1) Thinking on, a long reply: text streams into the thinking section; Stop cancels it.
+        set_settings(page, max_tokens=N_CTX - 200, thinking=True, extra=EXTRA)
+        page.click("#input")
+        page.keyboard.type("Tell me")
+        page.keyboard.press("Shift+Enter")  # newline, not send
+        page.keyboard.type("a story")
+        expect(page.locator(".msg")).to_have_count(0)
+        page.keyboard.press("Enter")
+        expect(page.locator(".msg.user .bubble")).to_have_text("Tell me\na story")
+        expect(page.locator("#stop")).to_be_visible()
+        body = page.locator(".msg.assistant.streaming details.thinking .thinking-body")
+        page.wait_for_function("() => { const e = document.querySelector('.msg.assistant.streaming .thinking-body');"
+                               " return e && e.textContent.length > 0; }")
+        n1 = len(body.text_content())
+        # More text arrives while the reply is still streaming: it is shown as it comes.
+        page.wait_for_function("(n) => { const e = document.querySelector('.msg.assistant.streaming .thinking-body');"
+                               " return e && e.textContent.length > n; }", arg=n1)
+        expect(page.locator("details.thinking summary")).to_have_text("Thinking\u2026")
+        page.click("#stop")
+        wait_idle(page)
+        expect(last_assistant(page).locator(".status")).to_have_text("stopped")
+        stopped = last_assistant(page).locator(".thinking-body").text_content()
+        assert len(stopped) > n1
+        # The server cancelled the request (the fetch abort closed the connection).
+        deadline = time.time() + 10
+        while any(s["is_processing"] for s in server.json("slots")):
+            assert time.time() < deadline, "the server is still generating after Stop"
+            time.sleep(0.1)
+        page.wait_for_timeout(300)
+        assert last_assistant(page).locator(".thinking-body").text_content() == stopped
+        # Finished: the thinking section is folded away, separate from the (empty) answer.
+        think = last_assistant(page).locator("details.thinking")
+        assert think.evaluate("d => d.open") is False
+        expect(think.locator("summary")).to_have_text(f"Thinking ({len(stopped):,} characters)")
+        assert last_assistant(page).locator(".content").text_content() == ""
+
+        # 2) Thinking off, a short reply: the answer is the streamed content, with timings.
+        set_settings(page, max_tokens=24, thinking=False)
+        page.fill("#input", "Second question")
+        content, reasoning, t, finish = send_and_capture(page, lambda: page.keyboard.press("Enter"))
+        assert reasoning == "" and content and t is not None and finish == "length"
+        a = last_assistant(page)
+        expect(a.locator("details.thinking")).to_have_count(0)
+        rendered = page.evaluate("(c) => window.kiln.renderMarkdown(c)", content)
+        assert a.locator(".content").inner_html() == rendered
+        expect(a.locator(".timings")).to_contain_text(f"prompt {t['prompt_n']} tok")
+        expect(a.locator(".timings")).to_contain_text(f"gen {t['predicted_n']} tok")
+        assert t["predicted_n"] == 24
+        expect(a.locator(".status")).to_have_text("cut at max tokens")
+
+        # 3) Regenerate: the same prompt again, so the prefix cache answers most of it.
+        content2, _, t2, _ = send_and_capture(page, lambda: a.locator("button.regenerate").click())
+        assert t2["cache_n"] > 0, t2
+        expect(page.locator(".msg")).to_have_count(4)
+        expect(last_assistant(page).locator(".timings")).to_contain_text(f"cache hit {t2['cache_n']} tok")
+        assert last_assistant(page).locator(".content").inner_html() == page.evaluate(
+            "(c) => window.kiln.renderMarkdown(c)", content2)
+
+        # 4) Edit the last user message: the turn is replaced and answered again.
+        page.locator(".msg.user").last.locator("button.edit").click()
+        page.fill(".edit-box textarea", "Edited question")
+        content3, _, _, _ = send_and_capture(page, lambda: page.click(".edit-box .save-edit"))
+        expect(page.locator(".msg")).to_have_count(4)
+        expect(page.locator(".msg.user .bubble").last).to_have_text("Edited question")
+        assert last_assistant(page).locator(".content").inner_html() == page.evaluate(
+            "(c) => window.kiln.renderMarkdown(c)", content3)
+        page.screenshot(path=str(artifacts / "webui.png"))
+
+        # 5) Reload: the conversation is kept in localStorage and shown again.
+        page.reload()
+        expect(page.locator("#model-name")).to_have_text(ALIAS)
+        titles = page.locator("#conv-list .conv-title")
+        expect(titles).to_have_count(1)
+        expect(titles.first).to_have_text("Tell me a story")
+        page.click("#new-chat")
+        expect(page.locator(".msg")).to_have_count(0)
+        expect(page.locator("#empty")).to_be_visible()
+        titles.first.click()
+        expect(page.locator(".msg")).to_have_count(4)
+        expect(page.locator(".msg.user .bubble").first).to_have_text("Tell me\na story")
+        expect(page.locator(".msg.assistant .status").first).to_have_text("stopped")
+        expect(page.locator(".msg.assistant").first.locator(".thinking-body")).to_have_text(stopped)
+
+        # 6) Rename (kept across a reload) and delete.
+        page.once("dialog", lambda d: d.accept("Renamed chat"))
+        page.locator("#conv-list li.active button.rename").click()
+        expect(titles.first).to_have_text("Renamed chat")
+        page.reload()
+        expect(page.locator("#conv-list .conv-title")).to_have_text(["Renamed chat"])
+        page.once("dialog", lambda d: d.accept())
+        page.locator("#conv-list li.active button.delete").click()
+        expect(page.locator("#conv-list li")).to_have_count(0)
+        expect(page.locator(".msg")).to_have_count(0)
+        assert page.evaluate("JSON.parse(localStorage.getItem('kiln.conversations'))") == []
+
+        # Everything came from the server: no request left it (nothing fetched at run time).
+        outside = [u for u in watch.requests if not (u.startswith(server.url) or u.startswith("data:"))]
+        assert outside == []
+        assert watch.errors == []
+    finally:
+        ctx.close()
+
+
+def test_api_key_prompt(browser, kiln_bin, model, work_dir):
+    s = Server(kiln_bin, model, work_dir / "serve-key.log", ["--api-key", "sekrit"])
+    ctx, page, watch = new_page(browser)
+    try:
+        page.goto(s.url)
+        # /props answers 401: the settings dialog asks for the key.
+        expect(page.locator("#settings")).to_be_visible()
+        expect(page.locator("#settings-note")).to_contain_text("API key")
+        expect(page.locator("#model-name")).to_have_text("API key needed")
+        page.fill("#s-api-key", "wrong")
+        page.click("#s-save")
+        expect(page.locator("#settings")).to_be_visible()  # asked again
+        page.fill("#s-api-key", "sekrit")
+        page.fill("#s-max-tokens", "4")
+        page.click("#s-save")
+        expect(page.locator("#settings")).to_be_hidden()
+        expect(page.locator("#model-name")).to_have_text(ALIAS)
+        page.fill("#input", "hello")
+        content, reasoning, t, _ = send_and_capture(page, lambda: page.click("#send"))
+        assert t["predicted_n"] <= 4
+        assert not last_assistant(page).locator(".status").text_content().startswith("error")
+        assert "sekrit" in page.evaluate("localStorage.getItem('kiln.settings')")
+        assert watch.errors == []
+    finally:
+        ctx.close()
+        s.stop()
+
+
+def test_phone_layout(browser, server, artifacts):
+    ctx, page, watch = new_page(browser, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
+                                device_scale_factor=2)
+    try:
+        page.goto(server.url)
+        expect(page.locator("#model-name")).to_have_text(ALIAS)
+        side = page.locator("#sidebar")
+        # The conversation list is off-screen until the menu button opens it.
+        assert side.bounding_box()["x"] + side.bounding_box()["width"] <= 0
+        expect(page.locator("#open-side")).to_be_visible()
+        page.click("#open-side")
+        page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().x >= 0")
+        page.screenshot(path=str(artifacts / "webui-phone-menu.png"))
+        page.mouse.click(380, 400)  # the backdrop
+        page.wait_for_function("() => document.getElementById('sidebar').getBoundingClientRect().right <= 0")
+        # Nothing wider than the screen; the composer fits.
+        assert page.evaluate("document.scrollingElement.scrollWidth") <= 390
+        for sel in ("#input", "#send"):
+            box = page.locator(sel).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 390, (sel, box)
+        page.screenshot(path=str(artifacts / "webui-phone.png"))
+        assert watch.errors == []
+    finally:
+        ctx.close()
