@@ -9,6 +9,8 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const KEYS = { convs: 'kiln.conversations', current: 'kiln.current', settings: 'kiln.settings' };
+  const ICON_TRASH = '<svg width="14" height="14" viewBox="0 0 16 16" fill="none" stroke="currentColor" stroke-width="1.5" ' +
+    'aria-hidden="true"><path d="M2.5 4h11M6 4V2.5h4V4M4 4l.7 9.5h6.6L12 4M6.5 6.5v5M9.5 6.5v5"/></svg>';
   const DEFAULTS = { apiKey: '', system: '', temperature: '', top_p: '', max_tokens: '', thinking: true, extra: '' };
 
   // ---------------------------------------------------------------------------------------------
@@ -347,7 +349,7 @@
       del.className = 'link delete';
       del.title = 'Delete';
       del.setAttribute('aria-label', 'Delete');
-      del.textContent = '\u{1F5D1}';
+      del.innerHTML = ICON_TRASH;
       del.addEventListener('click', () => deleteConv(c.id));
       actions.append(ren, del);
       li.append(title, actions);
@@ -479,7 +481,9 @@
         meta.append(actionButton('copy', 'copy', () => copyText(msg.content)));
         if (last && !busy) meta.append(actionButton('regenerate', 'regenerate', () => regenerate(conv)));
       }
+      el.append(meta);
       fillAssistant(el, msg);
+      return el;
     }
     el.append(meta);
     return el;
