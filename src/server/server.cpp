@@ -175,15 +175,11 @@ struct Server::Impl {
   };
 
   void log_timings(const Gen& g, const engine::Timings& t, const char* finish) {
-    const double pms = t.prompt_ms, ems = t.predicted_ms;
-    KILN_LOG_INFO("task {} | {} | prompt {} tokens ({} cached), generated {} tokens, finish: {}", g.task,
-                  g.chat ? "chat" : "completion", g.prompt.size(), t.cache_n, t.predicted_n, finish);
-    KILN_LOG_INFO("prompt eval time = {:10.2f} ms / {:5} tokens ({:8.2f} ms per token, {:8.2f} tokens per second)", pms,
-                  t.prompt_n, t.prompt_n ? pms / double(t.prompt_n) : 0.0, pms > 0 ? 1e3 * double(t.prompt_n) / pms : 0.0);
-    KILN_LOG_INFO("       eval time = {:10.2f} ms / {:5} tokens ({:8.2f} ms per token, {:8.2f} tokens per second)", ems,
-                  t.predicted_n, t.predicted_n ? ems / double(t.predicted_n) : 0.0,
-                  ems > 0 ? 1e3 * double(t.predicted_n) / ems : 0.0);
-    KILN_LOG_INFO("      total time = {:10.2f} ms / {:5} tokens", pms + ems, t.prompt_n + t.predicted_n);
+    // The engine logs llama-server's "prompt eval time / eval time / total time" lines for every
+    // request; this adds which endpoint and task it was, and the wall time seen by the HTTP thread.
+    KILN_LOG_INFO("task {} | {} | prompt {} tokens ({} cached, {} processed), generated {} tokens, finish: {}, {:.2f} ms",
+                  g.task, g.chat ? "chat" : "completion", g.prompt.size(), t.cache_n, t.prompt_n, t.predicted_n, finish,
+                  std::chrono::duration<double, std::milli>(Clock::now() - g.t0).count());
   }
 
   static const char* finish_name(engine::FinishReason r) {

