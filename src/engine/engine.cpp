@@ -327,9 +327,20 @@ void Engine::Impl::prepare(Active& a, int s) {
   if (recurrent && a.req.cache_prompt && cache->enabled()) {
     for (int64_t p : a.req.snapshot_at)
       if (p > reused && p < P) a.cuts.push_back(p);
-    if (eng.opt_.snapshot_before_control)
-      for (int64_t p = reused + 1; p < P; ++p)
-        if (tok->is_control(prompt[size_t(p)])) a.cuts.push_back(p);
+    if (eng.opt_.snapshot_before_control) {
+      // Turn starts: later occurrences of the prompt's first control token ("<|im_start|>",
+      // "<|start_header_id|>"). Keep the first two (end of the system message, of the first user
+      // message) and the last two (before the last user message and the assistant header).
+      std::vector<int64_t> starts;
+      int32_t marker = -1;
+      for (int64_t p = 0; p < P; ++p) {
+        const int32_t t = prompt[size_t(p)];
+        if (marker < 0 && tok->is_control(t)) marker = t;
+        else if (t == marker) starts.push_back(p);
+      }
+      for (size_t i = 0; i < starts.size(); ++i)
+        if ((i < 2 || i + 2 >= starts.size()) && starts[i] > reused) a.cuts.push_back(starts[i]);
+    }
     for (int64_t p = (reused / snap_interval + 1) * snap_interval; p < P; p += snap_interval) a.cuts.push_back(p);
     std::sort(a.cuts.begin(), a.cuts.end());
     a.cuts.erase(std::unique(a.cuts.begin(), a.cuts.end()), a.cuts.end());

@@ -63,9 +63,10 @@ struct EngineOptions {
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
   // a multiple of cache_block); the ends of prompts and of generated turns are always snapshotted.
   int64_t cache_snapshot_interval = 512;
-  // Hybrid models: also snapshot at every prompt position holding a control token (the state just
-  // before "<|im_start|>", "<|im_end|>", ...): chat turn boundaries, where prompts of different
-  // requests and turns diverge (e.g. a shared system prompt followed by different user messages).
+  // Hybrid models: also snapshot just before chat turn starts (later occurrences of the prompt's first
+  // control token, e.g. "<|im_start|>"): the first two and the last two of them. Prompts of different
+  // requests diverge there (a shared system prompt followed by different user messages; an edited
+  // last message). Each snapshot costs one recurrent state (Runner::rec_floats() floats).
   bool snapshot_before_control = true;
 };
 
