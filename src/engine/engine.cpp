@@ -840,9 +840,14 @@ RequestHandle Engine::submit(Request req) {
 }
 
 Metrics Engine::metrics() const {
-  std::lock_guard<std::mutex> lk(impl_->pub_mu);
-  Metrics m = impl_->metrics;
-  // Requests still in the inbox count as queued.
+  Metrics m;
+  {
+    std::lock_guard<std::mutex> lk(impl_->pub_mu);
+    m = impl_->metrics;
+  }
+  // Requests still in the inbox (not yet seen by the engine thread) count as queued.
+  std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+  m.queue_length += int(impl_->inbox->pending.size());
   return m;
 }
 

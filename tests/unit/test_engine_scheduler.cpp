@@ -435,5 +435,31 @@ TEST_P(EngineFake, BadRequestsGetAnErrorEvent) {
   EXPECT_EQ(int64_t(o4.tokens.size()), 512 - 500 + 1);
 }
 
+// The server tokenizes and detokenizes on HTTP threads while the engine runs.
+TEST(EngineFakeThreads, TokenizerIsUsableFromManyThreadsDuringGeneration) {
+  auto s = make(false, 2, 64, -1, 1);
+  std::mt19937 g(12);
+  auto h = s.eng->submit(greedy(random_tokens(g, 10), 200));
+  const auto& tok = s.eng->tokenizer();
+  std::vector<std::string> texts;
+  for (int i = 0; i < 16; ++i)
+    texts.push_back("The potter " + std::to_string(i * 7919) + " shapes <|im_start|>the bowl, and the kiln is hot!");
+  std::vector<std::vector<int32_t>> want;
+  for (auto& t : texts) want.push_back(tok.encode(t));
+  std::atomic<int> bad{0};
+  std::vector<std::thread> th;
+  for (int k = 0; k < 4; ++k)
+    th.emplace_back([&] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (size_t i = 0; i < texts.size(); ++i) {
+          auto ids = tok.encode(texts[i]);
+          if (ids != want[i] || tok.decode(ids) != tok.decode(want[i])) ++bad;
+        }
+    });
+  for (auto& t : th) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(collect(h).finish, FinishReason::Length);
+}
+
 INSTANTIATE_TEST_SUITE_P(AttentionAndRecurrent, EngineFake, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "recurrent" : "attention"; });
