@@ -435,6 +435,49 @@ TEST_P(EngineFake, BadRequestsGetAnErrorEvent) {
   EXPECT_EQ(int64_t(o4.tokens.size()), 512 - 500 + 1);
 }
 
+// Random traffic: prompts sharing random prefixes (conversations, shared system prompts), submitted
+// in waves onto 3 slots with a prefix cache far smaller than the traffic (constant eviction), some
+// requests cancelled mid-way. Every completed output must equal its cold run.
+TEST_P(EngineFake, RandomTrafficUnderEvictionMatchesCold) {
+  const bool rec = GetParam();
+  std::mt19937 g(13);
+  auto tok = make_test_tokenizer();
+  const int32_t im_start = tok->find("<|im_start|>");
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 18; ++i) {
+    std::vector<int32_t> p;
+    if (!prompts.empty() && g() % 4 != 0) {
+      const auto& base = prompts[g() % prompts.size()];
+      p.assign(base.begin(), base.begin() + std::ptrdiff_t(g() % base.size()));
+    }
+    const int extra = 1 + int(g() % 40);
+    for (int k = 0; k < extra; ++k) p.push_back(g() % 8 == 0 ? im_start : 300 + int32_t(g() % 600));
+    if (p.size() > 300) p.resize(300);
+    prompts.push_back(p);
+  }
+  auto cold = cold_outputs(rec, prompts, 6);
+  const int64_t ram = 6000;  // a few blocks and states at most
+  auto s = make(rec, 3, 32, ram);
+  for (size_t w = 0; w < prompts.size(); w += 6) {
+    std::vector<RequestHandle> hs;
+    std::vector<size_t> idx;
+    for (size_t i = w; i < std::min(prompts.size(), w + 6); ++i) {
+      hs.push_back(s.eng->submit(greedy(prompts[i], 6)));
+      idx.push_back(i);
+    }
+    if (w == 6) hs[1].cancel();
+    for (size_t j = 0; j < hs.size(); ++j) {
+      auto o = collect(hs[j]);
+      if (o.finish == FinishReason::Cancelled) continue;
+      EXPECT_EQ(o.tokens, cold[idx[j]]) << "prompt " << idx[j] << " (cache_n " << o.t.cache_n << ")";
+    }
+    EXPECT_LE(s.eng->metrics().cache_bytes, uint64_t(ram));
+  }
+  auto m = s.eng->metrics();
+  EXPECT_GT(m.cache_evictions, 0u);
+  EXPECT_GT(m.cache_requests_hit, 0u);
+}
+
 // The server tokenizes and detokenizes on HTTP threads while the engine runs.
 TEST(EngineFakeThreads, TokenizerIsUsableFromManyThreadsDuringGeneration) {
   auto s = make(false, 2, 64, -1, 1);
