@@ -68,6 +68,10 @@ struct EngineOptions {
   // requests diverge there (a shared system prompt followed by different user messages; an edited
   // last message). Each snapshot costs one recurrent state (Runner::rec_floats() floats).
   bool snapshot_before_control = true;
+  // Hybrid prefill: runs of at least this many tokens use the chunked gated-delta form
+  // (model::ContextOptions::delta_chunk_min; 0 = never). Faster prefill, but results then depend
+  // slightly on how prompts are split into chunks (the prefix cache changes the split).
+  int delta_chunk_min = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

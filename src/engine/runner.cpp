@@ -21,11 +21,17 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   model::ContextOptions co;
   co.n_batch = opt.n_batch;
   co.n_threads = opt.n_threads;
+  co.delta_chunk_min = opt.delta_chunk_min;
   r->ctx_ = std::make_unique<model::Context>(m, co);
   for (int64_t il = 0; il < c.n_layer; ++il) (c.is_recurrent(il) ? r->rec_layers_ : r->attn_layers_).push_back(il);
   // Same sizes as model::Memory: conv state [d_conv-1, conv_dim] + SSM state [S, S, Hv].
   r->rec_floats_per_layer_ = size_t(std::max<int64_t>(0, c.ssm_d_conv - 1) * c.ssm_conv_dim() +
                                     c.ssm_d_state * c.ssm_d_state * c.ssm_dt_rank);
+  // The payload sizes above must describe Memory's layout exactly (it owns the real one).
+  KILN_CHECK(r->kv_bytes_per_pos() * size_t(opt.n_ctx_slot) * size_t(opt.n_slots) +
+                     r->rec_floats() * sizeof(float) * size_t(opt.n_slots) ==
+                 r->mem_->total_bytes(),
+             "ModelRunner: KV/recurrent payload sizes disagree with model::Memory");
   return r;
 }
 

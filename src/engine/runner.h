@@ -54,6 +54,7 @@ struct ModelRunnerOptions {
   int n_threads = 0;
   model::GgmlType type_k = model::GgmlType::F16;
   model::GgmlType type_v = model::GgmlType::F16;
+  int delta_chunk_min = 0;  // model::ContextOptions::delta_chunk_min
 };
 
 class ModelRunner final : public Runner {
