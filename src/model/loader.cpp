@@ -92,11 +92,15 @@ class Binder {
 }  // namespace
 
 Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
   gguf::OpenOptions oo;
   oo.load_mode = opt.load_mode;
   auto f = gguf::File::open(path, oo);
   KILN_TRY(f);
-  return load_model(std::move(*f), opt);
+  auto m = load_model(std::move(*f), opt);
+  KILN_TRY(m);
+  (*m)->info_.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return m;
 }
 
 Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, const LoadOptions& opt) {
