@@ -214,6 +214,19 @@ TEST_P(EngineModel, SeedDeterminism) {
   EXPECT_NE(a, c);
 }
 
+TEST(EngineLoad, MissingFileFailsWithItsName) {
+  EngineOptions eo;
+  auto e = Engine::load_async("/nonexistent/dir/model.gguf", eo);
+  Status st = e->wait_ready(std::chrono::milliseconds(30000));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("/nonexistent/dir/model.gguf"), std::string::npos) << st.error().message;
+  EXPECT_EQ(e->state(), EngineState::Failed);
+  auto h = e->submit(greedy({1, 2, 3}, 4));
+  auto ev = h.next(std::chrono::milliseconds(1000));
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_EQ(ev->finish, FinishReason::Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, EngineModel, ::testing::Values("tiny-llama", "tiny-qwen35"),
                          [](const auto& info) {
                            std::string n = info.param;

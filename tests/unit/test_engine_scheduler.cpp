@@ -478,6 +478,33 @@ TEST_P(EngineFake, RandomTrafficUnderEvictionMatchesCold) {
   EXPECT_GT(m.cache_requests_hit, 0u);
 }
 
+// The server can ask for snapshots where it knows prompts will diverge (no control tokens here).
+TEST(EngineFakeRecurrent, SnapshotAtServerPositions) {
+  std::mt19937 g(14);
+  auto shared = random_tokens(g, 50);
+  auto mk = [&](int n) {
+    auto p = shared;
+    for (int32_t t : random_tokens(g, n)) p.push_back(t);
+    return p;
+  };
+  auto pa = mk(7), pb = mk(9), pc = mk(5);
+  auto s = make(true, 2, 64);
+  Request a = greedy(pa, 3);
+  a.snapshot_at = {50};
+  auto ha = s.eng->submit(a);
+  collect(ha);
+  auto hb = s.eng->submit(greedy(pb, 3));
+  auto ob = collect(hb);
+  EXPECT_EQ(ob.t.cache_n, 50);
+  EXPECT_EQ(ob.tokens, cold_outputs(true, {pb}, 3)[0]);
+  // Without a snapshot there, a recurrent model can only reuse block-interval states (64 > 50): none.
+  auto s2 = make(true, 2, 64);
+  auto ha2 = s2.eng->submit(greedy(pa, 3));
+  collect(ha2);
+  auto hc = s2.eng->submit(greedy(pc, 3));
+  EXPECT_EQ(collect(hc).t.cache_n, 0);
+}
+
 // The server tokenizes and detokenizes on HTTP threads while the engine runs.
 TEST(EngineFakeThreads, TokenizerIsUsableFromManyThreadsDuringGeneration) {
   auto s = make(false, 2, 64, -1, 1);
