@@ -1,6 +1,7 @@
 """Web UI browser tests: headless Debian chromium (/usr/bin/chromium) driven by Playwright against
 a real `kiln serve` on a generated tiny-qwen35 model (random weights; its chat template has Qwen's
-thinking block, so replies stream into the "thinking" section unless thinking is switched off).
+block; the server uses the real Qwen3.5 template from shared/data, whose generation prompt opens
+`<think>`, so replies stream into the "thinking" section unless thinking is switched off).
 
 Oracles: the server's own answers read independently here (GET /props, GET /slots, the raw SSE
 body of each chat request parsed in Python) and the browser's DOM. Screenshots go to
@@ -95,8 +96,13 @@ def model(kiln_bin, work_dir):
 
 
 @pytest.fixture(scope="module")
-def server(kiln_bin, model, work_dir):
-    s = Server(kiln_bin, model, work_dir / "serve.log")
+def template(shared_data):
+    return shared_data / "chat-templates" / "Qwen3.5-4B.jinja"
+
+
+@pytest.fixture(scope="module")
+def server(kiln_bin, model, template, work_dir):
+    s = Server(kiln_bin, model, work_dir / "serve.log", ["--chat-template-file", str(template)])
     yield s
     s.stop()
 
@@ -133,6 +139,7 @@ class PageWatch:
 
 def new_page(browser, **ctx_args):
     ctx = browser.new_context(**ctx_args)
+    ctx.add_init_script(TEE_FETCH)
     page = ctx.new_page()
     page.set_default_timeout(20000)
     return ctx, page, PageWatch(page)
@@ -181,15 +188,38 @@ def wait_idle(page):
     expect(page.locator("#stop")).to_be_hidden()
 
 
+# Keeps a byte-exact copy of every chat response the page reads (Response.clone()), so the test
+# parses what the server sent rather than what the UI made of it. (Playwright's Response.body()
+# goes through Chrome's text decoding, which guesses a charset for text/event-stream.)
+TEE_FETCH = """
+(() => {
+  const orig = window.fetch;
+  window.__kilnResponses = [];
+  window.fetch = async (...args) => {
+    const r = await orig(...args);
+    if (String(args[0]).includes('chat/completions')) {
+      const slot = { status: r.status, done: false, bytes: null, error: null };
+      window.__kilnResponses.push(slot);
+      r.clone().arrayBuffer().then(
+        (b) => { slot.bytes = Array.from(new Uint8Array(b)); slot.done = true; },
+        (e) => { slot.error = String(e); slot.done = true; });
+    }
+    return r;
+  };
+})();
+"""
+
+
 def send_and_capture(page, action):
     """Runs `action` (which starts a chat request) and returns the parsed SSE body the server sent."""
-    with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions"), timeout=60000) as ri:
-        action()
-    resp = ri.value
-    assert resp.status == 200, resp.text()[:300]
-    body = resp.text()  # waits for the end of the stream
+    n = page.evaluate("window.__kilnResponses.length")
+    action()
+    page.wait_for_function("(n) => window.__kilnResponses.length > n && window.__kilnResponses[n].done",
+                           arg=n, timeout=60000)
+    slot = page.evaluate("(n) => window.__kilnResponses[n]", n)
+    assert slot["status"] == 200 and slot["error"] is None, {k: slot[k] for k in ("status", "error")}
     wait_idle(page)
-    return sse_result(body)
+    return sse_result(bytes(slot["bytes"]).decode("utf-8"))
 
 
 # -------------------------------------------------------------------------------------------------
