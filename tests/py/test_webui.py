@@ -231,7 +231,7 @@ def test_page_is_embedded_and_public(kiln_bin, model, work_dir):
     s = Server(kiln_bin, model, work_dir / "serve-key-static.log", ["--api-key", "sekrit"])
     try:
         status, ctype, body = http(s.url)
-        assert status == 200 and ctype.startswith("text/html"), (status, ctype, body[:200])
+        assert status == 200 and ctype.lower().startswith("text/html"), (status, ctype, body[:200])
         page = body.decode("utf-8")
         assert "<title>kiln</title>" in page
         # The Debian libraries were inlined at build time (scripts/setup.sh installs them).
