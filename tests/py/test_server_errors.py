@@ -127,8 +127,8 @@ def test_auth(srv):
         assert requests.get(srv.url + path).status_code == 401, path
     assert requests.get(srv.url + "/v1/models", headers=AUTH).status_code == 200
     assert requests.get(srv.url + "/health").status_code == 200   # public
-    root = requests.get(srv.url + "/")                           # public, no fake UI
-    assert root.status_code == 404 and "docs/server.md" in root.text
+    root = requests.get(srv.url + "/")                           # public: the web UI (docs/webui.md)
+    assert root.status_code == 200 and "<title>kiln</title>" in root.text
     # metrics are off on this server
     assert requests.get(srv.url + "/metrics", headers=AUTH).status_code == 501
 
