@@ -75,6 +75,12 @@ class Server:
         assert status == 200, (path, status, body[:300])
         return json.loads(body)
 
+    def post(self, path, obj):
+        req = urllib.request.Request(self.url + path, data=json.dumps(obj).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -304,7 +310,13 @@ def test_chat_stream_thinking_stop_edit_reload(browser, server, artifacts):
         expect(page.locator("#attach")).to_be_hidden()
 
         # 1) Thinking on, a long reply: text streams into the thinking section; Stop cancels it.
-        set_settings(page, max_tokens=N_CTX - 200, thinking=True, extra=EXTRA)
+        # The random model must not close the block itself: ban the </think> token (id from the
+        # server's tokenizer) so the whole reply stays reasoning however late Stop lands.
+        think_end = server.post("tokenize", {"content": "</think>"})["tokens"]
+        assert len(think_end) == 1 and isinstance(think_end[0], int), think_end
+        extra = json.loads(EXTRA)
+        extra["logit_bias"] = {str(think_end[0]): -100}
+        set_settings(page, max_tokens=N_CTX - 200, thinking=True, extra=json.dumps(extra))
         page.click("#input")
         page.keyboard.type("Tell me")
         page.keyboard.press("Shift+Enter")  # newline, not send
