@@ -49,7 +49,7 @@ echo "commit $(git rev-parse --short HEAD)  cpu: $cpu  nproc: $(nproc)  threads:
 
 if [ -x "$B/bench/kernels_bench" ]; then
   echo "memory bandwidth (BM_MemRead/$T)"
-  "$B/bench/kernels_bench" --benchmark_filter="BM_MemRead/$T\$" --benchmark_repetitions=3 \
+  "$B/bench/kernels_bench" --benchmark_filter="BM_MemRead/$T/" --benchmark_repetitions=3 \
     --benchmark_format=json > "$OUT/membw.json" 2>/dev/null || rm -f "$OUT/membw.json"
 else
   echo "no $B/bench/kernels_bench: bandwidth fraction omitted (cmake --build $B --target kernels_bench)"

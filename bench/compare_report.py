@@ -5,7 +5,7 @@
 
 RESULTS_DIR holds <engine>-<file stem>-<round>.jsonl files (one JSON object per test, the
 `kiln bench -o jsonl` / bench/llamacpp_bench.py format), load.txt (load average per run) and
-optionally membw.json (Google Benchmark BM_MemRead output). For every file and test it reports
+optionally membw*.json (Google Benchmark BM_MemRead output). For every file and test it reports
 the median over rounds of each engine's mean t/s, the spread (min-max of the round means), the
 kiln/llama.cpp ratio of the medians and, for tg, the fraction of the measured read bandwidth
 that kiln's weight streaming reaches (decode_weight_read_bytes x t/s / bandwidth).
@@ -37,12 +37,15 @@ def main() -> int:
             if eng == "kiln":
                 extra[(stem, r["test"])] = r
     bw = None
-    mb = d / "membw.json"
-    if mb.exists():
-        j = json.loads(mb.read_text())
-        rates = [b["bytes_per_second"] for b in j.get("benchmarks", []) if "bytes_per_second" in b]
+    for mb in sorted(d.glob("membw*.json")):
+        try:
+            j = json.loads(mb.read_text())
+        except ValueError:
+            continue
+        rates = [b["bytes_per_second"] for b in j.get("benchmarks", [])
+                 if "bytes_per_second" in b and b.get("run_type", "iteration") == "iteration"]
         if rates:
-            bw = max(rates)
+            bw = max(rates + ([bw] if bw else []))
     print("| file | test | kiln t/s (median, range) | llama.cpp t/s (median, range) | kiln/llama.cpp | kiln weight GB/s | % of mem BW |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     keys = sorted({(s, t) for (s, t, _) in runs}, key=lambda k: (k[0], not k[1].startswith("pp"), k[1]))
