@@ -278,6 +278,32 @@ void attend_range(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_
     }
   }
 }
+
+// Keys are reduced in fixed chunks of kAttnChunk absolute positions ([0, 256), [256, 512), ...):
+// each chunk's online-softmax state starts fresh, and the chunk states of a query are folded in
+// chunk order by fold_state(). A query's result therefore depends only on its own position and the
+// cache, never on the other queries, the thread count or whether the chunks ran on one thread
+// (prefill) or were spread across threads (decode).
+constexpr int64_t kAttnChunk = 256;
+static_assert(kAttnChunk % kAttnBk == 0);
+
+// run = run (+) part for heads 0..ng-1 (run empty: a copy).
+void fold_state(const Table& T, AttnState& run, const AttnState& part, int ng, int64_t D, bool first) {
+  for (int g = 0; g < ng; ++g) {
+    if (first) {
+      run.m[g] = part.m[g];
+      run.l[g] = part.l[g];
+      std::copy(part.acc[g], part.acc[g] + D, run.acc[g]);
+      continue;
+    }
+    const float M = std::max(run.m[g], part.m[g]);
+    const float fr = std::exp(run.m[g] - M), fp = std::exp(part.m[g] - M);
+    T.scale(run.acc[g], fr, D);
+    T.axpy(fp, part.acc[g], run.acc[g], D);
+    run.l[g] = run.l[g] * fr + part.l[g] * fp;
+    run.m[g] = M;
+  }
+}
 }  // namespace
 
 size_t attention_workspace(const AttnParams& p, int n_threads) {
@@ -308,66 +334,75 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
     h0 = hk * group + gc * kAttnG;
     ng = int(std::min<int64_t>(kAttnG, hk * group + group - h0));
   };
-  // Split the keys when the items alone cannot keep the threads busy (decode).
-  int64_t n_split = 1;
-  if (ws && n_items < pool.size() && max_n >= 2 * kAttnBk) {
-    n_split = std::min<int64_t>((2 * pool.size() + n_items - 1) / n_items, (max_n + kAttnBk - 1) / kAttnBk);
-    n_split = std::min<int64_t>(n_split, kMaxSplitsPerThread * pool.size() / n_items);
-    n_split = std::max<int64_t>(n_split, 1);
-  }
-  if (n_split == 1) {
+  auto chunk_range = [&](int64_t n, int64_t c, int64_t& jb, int64_t& je) {
+    jb = c * kAttnChunk;
+    je = std::min(n, jb + kAttnChunk);
+  };
+  auto write_out = [&](const AttnState& st, int64_t t, int64_t h0, int ng) {
+    for (int g = 0; g < ng; ++g) {
+      float* o = out.row(h0 + g, t);
+      const float inv = 1.0f / st.l[g];
+      for (int64_t i = 0; i < D; ++i) o[i] = st.acc[g][i] * inv;
+    }
+  };
+  // Spread the chunks of an item across threads when the items alone cannot keep them busy
+  // (decode). The result is the same either way; this is only a scheduling choice.
+  const int64_t max_chunks = (max_n + kAttnChunk - 1) / kAttnChunk;
+  const int64_t n_slots = ws ? int64_t(kMaxSplitsPerThread) * pool.size() : 0;
+  const bool spread = ws && pool.size() > 1 && n_items < pool.size() && max_chunks >= 2 && n_slots >= 2 * n_items;
+  if (!spread) {
     pool.parallel_for(n_items, [&](int64_t i0, int64_t i1, int) {
-      AttnState st;
+      AttnState run, part;
       for (int64_t it = i0; it < i1; ++it) {
         int64_t t, hk, h0;
         int ng;
         item_geom(it, t, hk, h0, ng);
-        attend_range(T, q, t, h0, ng, hk, 0, int64_t(pos[t]) + 1, kv_k, kv_v, kdeq, vdeq, D, p.scale, st);
-        for (int g = 0; g < ng; ++g) {
-          float* o = out.row(h0 + g, t);
-          const float inv = 1.0f / st.l[g];
-          for (int64_t i = 0; i < D; ++i) o[i] = st.acc[g][i] * inv;
+        const int64_t n = int64_t(pos[t]) + 1;
+        for (int64_t c = 0; c * kAttnChunk < n; ++c) {
+          int64_t jb, je;
+          chunk_range(n, c, jb, je);
+          attend_range(T, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, c == 0 ? run : part);
+          if (c > 0) fold_state(T, run, part, ng, D, false);
         }
+        write_out(run, t, h0, ng);
       }
     });
     return;
   }
-  auto* parts = static_cast<uint8_t*>(ws);
-  const size_t part_bytes = align64(sizeof(AttnState));
-  pool.parallel_for(n_items * n_split, [&](int64_t u0, int64_t u1, int) {
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t it = u / n_split, sp = u % n_split;
+  // Workspace: one running state per item, then waves of W chunks per item computed in parallel
+  // and folded in chunk order.
+  auto* base = static_cast<uint8_t*>(ws);
+  const size_t sb = align64(sizeof(AttnState));
+  auto slot = [&](int64_t i) { return reinterpret_cast<AttnState*>(base + size_t(i) * sb); };
+  const int64_t W = (n_slots - n_items) / n_items;
+  for (int64_t c0 = 0; c0 < max_chunks; c0 += W) {
+    pool.parallel_for(n_items * W, [&](int64_t u0, int64_t u1, int) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t it = u / W, c = c0 + u % W;
+        int64_t t, hk, h0;
+        int ng;
+        item_geom(it, t, hk, h0, ng);
+        const int64_t n = int64_t(pos[t]) + 1;
+        if (c * kAttnChunk >= n) continue;
+        int64_t jb, je;
+        chunk_range(n, c, jb, je);
+        attend_range(T, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, *slot(n_items + u));
+      }
+    }, 1);
+    for (int64_t it = 0; it < n_items; ++it) {
       int64_t t, hk, h0;
       int ng;
       item_geom(it, t, hk, h0, ng);
       const int64_t n = int64_t(pos[t]) + 1;
-      const int64_t per = ((n + n_split - 1) / n_split + kAttnBk - 1) / kAttnBk * kAttnBk;
-      const int64_t jb = std::min(n, sp * per), je = std::min(n, jb + per);
-      auto* st = reinterpret_cast<AttnState*>(parts + size_t(u) * part_bytes);
-      attend_range(T, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, *st);
+      for (int64_t c = c0; c < c0 + W && c * kAttnChunk < n; ++c)
+        fold_state(T, *slot(it), *slot(n_items + it * W + (c - c0)), ng, D, c == 0);
     }
-  });
-  // Merge the partial states: M = max m_s, L = sum l_s e^{m_s - M}, acc = sum acc_s e^{m_s - M}.
+  }
   for (int64_t it = 0; it < n_items; ++it) {
     int64_t t, hk, h0;
     int ng;
     item_geom(it, t, hk, h0, ng);
-    for (int g = 0; g < ng; ++g) {
-      float M = -INFINITY;
-      for (int64_t sp = 0; sp < n_split; ++sp)
-        M = std::max(M, reinterpret_cast<const AttnState*>(parts + size_t(it * n_split + sp) * part_bytes)->m[g]);
-      float* o = out.row(h0 + g, t);
-      std::fill(o, o + D, 0.f);
-      float L = 0;
-      for (int64_t sp = 0; sp < n_split; ++sp) {
-        const auto* st = reinterpret_cast<const AttnState*>(parts + size_t(it * n_split + sp) * part_bytes);
-        if (st->l[g] == 0) continue;  // empty key range
-        const float f = std::exp(st->m[g] - M);
-        L += st->l[g] * f;
-        T.axpy(f, st->acc[g], o, D);
-      }
-      T.scale(o, 1.0f / L, D);
-    }
+    write_out(*slot(it), t, h0, ng);
   }
 }
 
