@@ -187,13 +187,48 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
     }
     if (opt.progress) opt.progress(size_t(il + 1), n_total);
   }
+  // MTP blocks: a gated-attention layer + FFN + nextn.* (bound and validated; not run by the trunk).
+  m->mtp.resize(size_t(c.n_nextn));
+  for (int64_t i = 0; i < c.n_nextn; ++i) {
+    LayerWeights& L = m->mtp[size_t(i)];
+    const std::string p = "blk." + std::to_string(c.n_layer + i) + ".";
+    KILN_TRY(b.bind(L.attn_norm, p + "attn_norm.weight", {E}, Kind::Vector));
+    KILN_TRY(b.bind(L.attn_q, p + "attn_q.weight", {E, 2 * D * Hq}, Kind::Matrix));
+    KILN_TRY(b.bind(L.attn_k, p + "attn_k.weight", {E, D * Hkv}, Kind::Matrix));
+    KILN_TRY(b.bind(L.attn_v, p + "attn_v.weight", {E, D * Hkv}, Kind::Matrix));
+    KILN_TRY(b.bind(L.attn_output, p + "attn_output.weight", {D * Hq, E}, Kind::Matrix));
+    KILN_TRY(b.bind(L.attn_q_norm, p + "attn_q_norm.weight", {D}, Kind::Vector));
+    KILN_TRY(b.bind(L.attn_k_norm, p + "attn_k_norm.weight", {D}, Kind::Vector));
+    KILN_TRY(b.bind(L.ffn_norm, p + "post_attention_norm.weight", {E}, Kind::Vector));
+    if (c.arch == Arch::Qwen35Moe) {
+      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
+      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
+      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
+    } else {
+      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
+    }
+    KILN_TRY(b.bind(L.nextn_eh_proj, p + "nextn.eh_proj.weight", {2 * E, E}, Kind::Matrix));
+    KILN_TRY(b.bind(L.nextn_enorm, p + "nextn.enorm.weight", {E}, Kind::Vector));
+    KILN_TRY(b.bind(L.nextn_hnorm, p + "nextn.hnorm.weight", {E}, Kind::Vector));
+    KILN_TRY(b.bind(L.nextn_shared_head_norm, p + "nextn.shared_head_norm.weight", {E}, Kind::Vector, false));
+    KILN_TRY(b.bind(L.nextn_embed_tokens, p + "nextn.embed_tokens.weight", {E, V}, Kind::Table, false));
+    KILN_TRY(b.bind(L.nextn_shared_head_head, p + "nextn.shared_head_head.weight", {E, V}, Kind::Matrix, false));
+  }
   for (const auto& t : f.tensors())
     if (!b.used().count(t.name)) m->info_.unused.push_back(t.name);
   if (!m->info_.unused.empty()) {
     std::string list;
     for (size_t i = 0; i < m->info_.unused.size() && i < 4; ++i) list += (i ? ", " : "") + m->info_.unused[i];
     if (m->info_.unused.size() > 4) list += ", ...";
-    KILN_LOG_INFO("{}: {} tensor(s) not used by the {} forward pass (e.g. MTP/nextn block): {}", f.path(),
+    KILN_LOG_WARN("{}: {} tensor(s) not used by kiln's {} model: {}", f.path(),
                   m->info_.unused.size(), c.arch_str, list);
   }
   m->info_.file_bytes = f.file_size();

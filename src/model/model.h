@@ -61,6 +61,12 @@ struct LayerWeights {
   Weight ffn_gate_inp_shexp;   // [E], F32
   Weight ffn_gate_shexp, ffn_up_shexp;  // [E, n_ff_shexp]
   Weight ffn_down_shexp;       // [n_ff_shexp, E]
+  // MTP / nextn block only (qwen35*; loaded for speculative decoding, not run by the trunk)
+  Weight nextn_eh_proj;        // [2E, E]
+  Weight nextn_enorm, nextn_hnorm;  // [E]
+  Weight nextn_shared_head_norm;    // [E] (optional: output_norm when absent)
+  Weight nextn_embed_tokens;        // [E, V] (optional: token_embd)
+  Weight nextn_shared_head_head;    // [E, V] (optional: output)
 };
 
 struct LoadOptions {
@@ -86,6 +92,7 @@ class Model {
   Weight output_norm;  // [E]
   Weight output;       // [E, V] (= token_embd when tied)
   std::vector<LayerWeights> layers;  // n_layer trunk layers
+  std::vector<LayerWeights> mtp;     // n_nextn MTP blocks (blk.<n_layer + i>), gated attention + FFN + nextn.*
 
  private:
   friend Result<std::unique_ptr<Model>> load_model(const std::string&, const LoadOptions&);

@@ -10,10 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
 #include "model/context.h"
+#include "gguf/writer.h"
 #include "model/gen/gen.h"
 #include "model/memory.h"
 #include "model/model.h"
@@ -235,10 +237,96 @@ TEST(ModelLoad, HybridAllocatesKvOnlyForAttentionLayers) {
   EXPECT_EQ((*mem)->total_bytes(), kv + rec);
 }
 
-TEST(ModelLoad, ErrorsNameFileAndTensor) {
+TEST(ModelLoad, MissingFileNamesThePath) {
   auto m = load_model("/nonexistent/model.gguf");
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.error().message.find("/nonexistent/model.gguf"), std::string::npos);
+}
+
+// A minimal llama file: 1 layer, E=32, 2 heads; `bad` names one tensor to write with a wrong shape,
+// `skip` one to leave out, `extra` adds an unused tensor.
+std::string write_llama(const std::string& name, const std::string& bad, const std::string& skip, bool extra) {
+  gguf::Writer w;
+  w.set_string("general.architecture", "llama");
+  w.set_u32("llama.embedding_length", 32);
+  w.set_u32("llama.block_count", 1);
+  w.set_u32("llama.feed_forward_length", 64);
+  w.set_u32("llama.attention.head_count", 2);
+  w.set_u32("llama.context_length", 128);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> t = {
+      {"token_embd.weight", {32, 50}}, {"output_norm.weight", {32}},      {"blk.0.attn_norm.weight", {32}},
+      {"blk.0.attn_q.weight", {32, 32}}, {"blk.0.attn_k.weight", {32, 32}}, {"blk.0.attn_v.weight", {32, 32}},
+      {"blk.0.attn_output.weight", {32, 32}}, {"blk.0.ffn_norm.weight", {32}}, {"blk.0.ffn_gate.weight", {32, 64}},
+      {"blk.0.ffn_up.weight", {32, 64}}, {"blk.0.ffn_down.weight", {64, 32}}};
+  if (extra) t.push_back({"blk.0.something_new.weight", {32}});
+  for (auto& [n, ne] : t) {
+    if (n == skip) continue;
+    if (n == bad) ne.back() += 1;
+    const size_t row_bytes = size_t(ne[0]) * 4;
+    auto st = w.add_tensor(n, GgmlType::F32, ne, [row_bytes](int64_t, int64_t rows, uint8_t* dst) {
+      std::memset(dst, 0, size_t(rows) * row_bytes);
+    });
+    EXPECT_TRUE(st.ok());
+  }
+  const std::string path = (fs::temp_directory_path() / ("kiln_loader_" + name + ".gguf")).string();
+  EXPECT_TRUE(w.write(path).ok());
+  return path;
+}
+
+TEST(ModelLoad, ErrorsNameFileAndTensor) {
+  {
+    auto m = load_model(write_llama("ok", "", "", true));
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_TRUE((*m)->config().tied_embeddings);
+    ASSERT_EQ((*m)->info().unused.size(), 1u);  // reported, not fatal
+    EXPECT_EQ((*m)->info().unused[0], "blk.0.something_new.weight");
+  }
+  {
+    const std::string p = write_llama("shape", "blk.0.attn_k.weight", "", false);
+    auto m = load_model(p);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.error().message.find("blk.0.attn_k.weight"), std::string::npos) << m.error().message;
+    EXPECT_NE(m.error().message.find(p), std::string::npos) << m.error().message;
+  }
+  {
+    auto m = load_model(write_llama("missing", "", "blk.0.ffn_up.weight", false));
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.error().message.find("blk.0.ffn_up.weight"), std::string::npos) << m.error().message;
+    EXPECT_NE(m.error().message.find("missing"), std::string::npos) << m.error().message;
+  }
+}
+
+TEST(ModelLoad, MtpBlockIsLoadedNotRun) {
+  const fs::path p = fs::temp_directory_path() / "kiln_test_model_memory" / "qwen35-mtp.gguf";
+  fs::create_directories(p.parent_path());
+  gen::GenOptions o;
+  o.spec = gen::find_preset("tiny-qwen35")->spec;
+  o.spec.n_mtp = 1;
+  o.type = GgmlType::F32;
+  o.seed = 7;  // same trunk weights as model_path("qwen35")
+  o.n_threads = 2;
+  ASSERT_TRUE(gen::generate(o, p.string()).ok());
+  auto m = load_model(p.string());
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ((*m)->config().n_layer, 4);
+  EXPECT_EQ((*m)->config().n_nextn, 1);
+  ASSERT_EQ((*m)->mtp.size(), 1u);
+  EXPECT_TRUE((*m)->mtp[0].nextn_eh_proj.present());
+  EXPECT_TRUE((*m)->info().unused.empty());
+  // The trunk computes the same logits as the file without the MTP block.
+  Fixture plain("qwen35");
+  ContextOptions co;
+  co.n_batch = 64;
+  co.n_threads = 2;
+  Context cx(**m, co);
+  MemoryOptions mo;
+  mo.n_ctx = 64;
+  mo.type_k = mo.type_v = GgmlType::F32;
+  auto mem = Memory::create((*m)->config(), mo);
+  ASSERT_TRUE(mem.ok());
+  const auto toks = random_tokens(16, (*m)->config().n_vocab, 12);
+  auto pm = plain.memory(1);
+  EXPECT_EQ(max_diff(run(cx, **mem, 0, toks, 16), run(*plain.cx, *pm, 0, toks, 16)), 0.f);
 }
 
 }  // namespace
