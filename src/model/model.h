@@ -4,8 +4,8 @@
 //   tensors (norms, biases, ssm_a, ...) and of ssm_conv1d when they are stored in another type.
 // Must not: hold per-sequence state (model/memory.h) or scratch (model/context.h); see requests.
 // Loading: every tensor the architecture needs is checked for name, type and shape; errors name
-//   the file and the tensor. Tensors the architecture does not use (e.g. an MTP block's nextn.*)
-//   are reported once in LoadInfo::unused and logged, never fatal.
+//   the file and the tensor. An MTP block (qwen35*) is bound into `mtp`, not run. Tensors the
+//   architecture does not know are reported once in LoadInfo::unused and logged, never fatal.
 // Threading: immutable after load_model(); read from any number of Contexts concurrently.
 #pragma once
 #include <array>
