@@ -173,6 +173,11 @@
         needKey();
         return;
       }
+      if (r.status === 503) {  // still loading the model
+        $('model-name').textContent = 'loading the model\u2026';
+        setTimeout(() => loadServerInfo().then(renderControls), 1000);
+        return;
+      }
       if (!r.ok) throw new Error('GET /props: ' + r.status + ' ' + (await errorText(r)));
       const p = await r.json();
       server.alias = p.model_alias || (p.model_path || '').split('/').pop() || 'model';
@@ -703,6 +708,9 @@
     }
   });
   $('input').addEventListener('input', autosize);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape' && busy && !$('settings').open) stop();
+  });
   $('stop').addEventListener('click', stop);
   $('new-chat').addEventListener('click', newChat);
   $('open-settings').addEventListener('click', () => openSettings());

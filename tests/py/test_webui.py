@@ -49,7 +49,7 @@ def http(url, key=None, timeout=10):
 
 
 class Server:
-    def __init__(self, kiln_bin, model, log_path, extra_args=()):
+    def __init__(self, kiln_bin, model, log_path, extra_args=(), ready_path="health"):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = open(log_path, "wb")
@@ -61,7 +61,7 @@ class Server:
             if self.proc.poll() is not None:
                 pytest.fail(f"kiln serve exited with {self.proc.returncode}; see {log_path}")
             try:
-                if http(self.url + "health", timeout=2)[0] == 200:
+                if http(self.url + ready_path, timeout=2)[0] == 200:
                     break
             except OSError:
                 pass
@@ -440,6 +440,22 @@ def test_api_key_prompt(browser, kiln_bin, model, work_dir):
         assert t["predicted_n"] <= 4
         assert not last_assistant(page).locator(".status").text_content().startswith("error")
         assert "sekrit" in page.evaluate("localStorage.getItem('kiln.settings')")
+        assert watch.errors == []
+    finally:
+        ctx.close()
+        s.stop()
+
+
+def test_waits_for_model_load(browser, kiln_bin, model, work_dir):
+    # Listening at once (the page is public), but /health and /props answer 503 for 4 s more.
+    s = Server(kiln_bin, model, work_dir / "serve-slow.log", ["--test-load-delay-ms", "4000"], ready_path="")
+    ctx, page, watch = new_page(browser)
+    try:
+        assert http(s.url + "props")[0] == 503
+        page.goto(s.url)
+        expect(page.locator("#model-name")).to_have_text("loading the model\u2026")
+        expect(page.locator("#model-name")).to_have_text(ALIAS, timeout=20000)
+        assert http(s.url + "props")[0] == 200
         assert watch.errors == []
     finally:
         ctx.close()
