@@ -168,14 +168,19 @@ def wait_ready(cl: Client, timeout: float) -> None:
     last = ""
     while time.time() < deadline:
         try:
-            c = cl.conn()
-            c.request("GET", cl.base + "/health")
-            r = c.getresponse()
-            r.read()
-            c.close()
-            if r.status == 200:
-                return
-            last = f"HTTP {r.status}"
+            # llama-server and kiln: /health (503 while loading); llama-cpp-python's server has
+            # no /health, so a 404 there falls back to /v1/models.
+            for path in ("/health", "/v1/models"):
+                c = cl.conn()
+                c.request("GET", cl.base + path)
+                r = c.getresponse()
+                r.read()
+                c.close()
+                if r.status == 200:
+                    return
+                last = f"GET {path}: HTTP {r.status}"
+                if r.status != 404:
+                    break
         except OSError as e:
             last = str(e)
         time.sleep(0.5)
@@ -192,7 +197,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", default="shared,unique", help="prompt kinds: shared, unique")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request socket timeout (s)")
-    ap.add_argument("--wait", type=float, default=120.0, help="wait this long for GET /health to be 200")
+    ap.add_argument("--wait", type=float, default=120.0, help="wait this long for GET /health (or /v1/models) to be 200")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--label", default="", help="engine name printed in the table")
     a = ap.parse_args(argv)
