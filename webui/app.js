@@ -382,19 +382,21 @@
         det = document.createElement('details');
         det.className = 'thinking';
         det.innerHTML = '<summary></summary><div class="thinking-body"></div>';
-        det.open = streaming && !msg.content;
-        det.addEventListener('toggle', () => { det.dataset.userToggled = '1'; });
+        // 'toggle' also fires (later) for changes made here: only a differing state is the user's.
+        det._auto = det.open = streaming && !msg.content;
+        det.addEventListener('toggle', () => { if (det.open !== det._auto) det.dataset.userToggled = '1'; });
         bubble.prepend(det);
       }
       if (!det.dataset.userToggled && streaming && msg.content && det.open) {
-        det.open = false;  // the answer started: fold the thinking away
-        delete det.dataset.userToggled;
+        det._auto = det.open = false;  // the answer started: fold the thinking away
       }
       det.querySelector('summary').textContent = streaming && !msg.content ? 'Thinking\u2026'
         : 'Thinking (' + msg.reasoning.length.toLocaleString('en-US') + ' characters)';
       const tb = det.querySelector('.thinking-body');
+      const follow = tb.scrollHeight - tb.scrollTop - tb.clientHeight < 40;
       tb.textContent = msg.reasoning;
       tb.classList.toggle('cursor', streaming && !msg.content);
+      if (streaming && follow) tb.scrollTop = tb.scrollHeight;
     } else if (det) {
       det.remove();
     }
