@@ -418,6 +418,30 @@ def test_chat_stream_thinking_stop_edit_reload(browser, server, artifacts):
         ctx.close()
 
 
+def test_thinking_then_answer(browser, server):
+    """A reply that thinks and then answers (the random model closes </think> itself with this seed):
+    the thinking section holds exactly the streamed reasoning_content, folded once the answer came;
+    the answer holds the content, rendered."""
+    ctx, page, watch = new_page(browser)
+    try:
+        page.goto(server.url)
+        expect(page.locator("#model-name")).to_have_text(ALIAS)
+        set_settings(page, max_tokens=900, thinking=True, extra=EXTRA)
+        page.fill("#input", "Tell me\na story")
+        content, reasoning, t, _ = send_and_capture(page, lambda: page.keyboard.press("Enter"))
+        assert reasoning and content, (len(reasoning), len(content))
+        a = last_assistant(page)
+        think = a.locator("details.thinking")
+        assert think.evaluate("d => d.open") is False
+        assert a.locator(".thinking-body").text_content() == reasoning
+        assert a.locator(".content").inner_html() == page.evaluate("(c) => window.kiln.renderMarkdown(c)", content)
+        think.locator("summary").click()
+        expect(a.locator(".thinking-body")).to_be_visible()
+        assert watch.errors == []
+    finally:
+        ctx.close()
+
+
 def test_api_key_prompt(browser, kiln_bin, model, work_dir):
     s = Server(kiln_bin, model, work_dir / "serve-key.log", ["--api-key", "sekrit"])
     ctx, page, watch = new_page(browser)
