@@ -6,8 +6,9 @@
 
 namespace kiln::model {
 
-Context::Impl::Impl(const Model& model, ThreadPool& p, int64_t n_batch)
+Context::Impl::Impl(const Model& model, ThreadPool& p, int64_t n_batch, int64_t n_outputs_max)
     : m(model), c(model.config()), pool(p), nb(n_batch) {
+  n_out_max = n_outputs_max > 0 ? std::min(n_outputs_max, n_batch) : n_batch;
   const int64_t E = c.n_embd, D = c.head_dim, B = nb;
   const bool hybrid = arch_is_hybrid(c.arch);
   tok.reserve(size_t(B));
@@ -42,7 +43,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& p, int64_t n_batch)
   }
   out_idx.reserve(size_t(B));
   hidden.resize(sz(E));
-  logits.resize(size_t(c.n_vocab) * size_t(B));
+  logits.resize(size_t(c.n_vocab) * size_t(n_out_max));
 
   // Matmul workspace: the largest any weight needs at m = n_batch.
   size_t w = 0;
@@ -88,7 +89,7 @@ void Context::Impl::add_bias(float* y, const Weight& b, int64_t n, int64_t mcols
 Context::Context(const Model& model, const ContextOptions& opt) : model_(model), opt_(opt) {
   KILN_CHECK(opt_.n_batch > 0, "n_batch must be positive");
   pool_ = std::make_unique<ThreadPool>(opt_.n_threads);
-  impl_ = std::make_unique<Impl>(model_, *pool_, opt_.n_batch);
+  impl_ = std::make_unique<Impl>(model_, *pool_, opt_.n_batch, opt_.n_outputs_max);
 }
 
 Context::~Context() = default;
@@ -135,6 +136,9 @@ Status Context::decode(const Batch& b, Memory& mem) {
     if (r.pos0 + r.n > mem.n_ctx())
       return err("sequence {}: positions up to {} exceed the context size {}", r.seq, r.pos0 + r.n - 1, mem.n_ctx());
   }
+  int64_t n_req = 0;
+  for (int64_t t = 0; t < T; ++t) n_req += b.output[size_t(t)] != 0;
+  if (n_req > s.n_out_max) return err("batch asks for {} output rows, the context holds {} (n_outputs_max)", n_req, s.n_out_max);
   s.T = T;
   const int64_t E = c.n_embd;
 

@@ -45,6 +45,9 @@ struct ContextOptions {
   int n_threads = 0;       // <= 0: all cores (or KILN_THREADS)
   // Gated-delta prefill: runs of at least this many tokens use the chunked form (0 = never).
   int delta_chunk_min = 0;
+  // Most tokens with output=1 per decode() (0 = n_batch). The logits buffer is n_vocab x this
+  // (a 248k vocabulary x 512 is 0.5 GB, so servers that need only last-token logits set it low).
+  int64_t n_outputs_max = 0;
 };
 
 class Context {

@@ -73,7 +73,9 @@ struct Context::Impl {
   AlignedBuffer dws;      // gated-delta chunked workspace
   int delta_chunk = 64;
 
-  Impl(const Model& model, ThreadPool& p, int64_t n_batch);
+  int64_t n_out_max = 0;  // rows of `logits`
+
+  Impl(const Model& model, ThreadPool& p, int64_t n_batch, int64_t n_outputs_max);
 
   // y[n, mcols] = W(slice e) x[k, mcols]; strides in floats (0 = dense).
   void matmul(const Weight& w, const float* xin, int64_t mcols, float* y, int64_t e = 0, int64_t x_stride = 0,

@@ -173,6 +173,7 @@ int cmd_run(int argc, char** argv) {
   co.n_batch = std::max<int64_t>(1, std::min(n_batch, ctx));
   co.n_threads = threads;
   co.delta_chunk_min = 64;
+  co.n_outputs_max = 1;  // only the last token's logits are sampled
   model::Context cx(**m, co);
   Sampler s;
   s.temp = temp;
