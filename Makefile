@@ -1,7 +1,7 @@
 # kiln — the two commands: `make serve` and `make test`. Everything else is a helper.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-.PHONY: setup build test test-cpp test-py serve fuzz bench bench-compare clean
+.PHONY: setup build test test-cpp test-py serve fuzz bench bench-compare test-compat clean
 
 setup:
 	@scripts/setup.sh
@@ -30,6 +30,10 @@ bench: build
 # kiln vs llama.cpp on the same GGUF files (bench/compare.sh; docs/bench.md)
 bench-compare: build
 	@BUILD=$(BUILD) bench/compare.sh
+
+# kiln's server API tests against llama.cpp's server (llama-cpp-python) on the same GGUF; docs/compat.md
+test-compat: setup
+	@scripts/compat.sh
 
 clean:
 	rm -rf $(BUILD) build-fuzz

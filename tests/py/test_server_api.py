@@ -18,10 +18,11 @@ from server_harness import AGAINST, KilnServer, chat, smollm2_path, sse_events
 
 
 @pytest.fixture(scope="module")
-def url(kiln_bin):
+def url(request):
     if AGAINST:
         yield AGAINST
         return
+    kiln_bin = request.getfixturevalue("kiln_bin")
     with KilnServer(kiln_bin, smollm2_path(), ["-np", "8", "-c", "8192", "--metrics", "-a", "smol,smollm2"]) as s:
         yield s.url
 
