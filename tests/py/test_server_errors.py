@@ -11,7 +11,8 @@ import requests
 
 from server_harness import AGAINST, KilnServer, smollm2_path
 
-pytestmark = pytest.mark.skipif(bool(AGAINST), reason="spawns kiln with its own flags")
+# KILN_TEST_AGAINST=URL: only test_malformed runs (against that server, without auth); the rest spawn
+# kiln with its own flags and skip themselves through the srv fixture.
 
 U = [{"role": "user", "content": "hi"}]
 
@@ -82,7 +83,10 @@ MALFORMED = [
 
 
 @pytest.fixture(scope="module")
-def srv(kiln_bin, work_dir):
+def srv(request, work_dir):
+    if AGAINST:
+        pytest.skip("spawns kiln with its own flags (KILN_TEST_AGAINST is set)")
+    kiln_bin = request.getfixturevalue("kiln_bin")
     keyfile = work_dir / "keys.txt"
     keyfile.write_text("file-key\n\n")
     with KilnServer(kiln_bin, smollm2_path(), ["-c", "512", "--api-key", "k1,k2", "--api-key-file", keyfile,
@@ -95,9 +99,10 @@ AUTH = {"Authorization": "Bearer k1"}
 
 @pytest.mark.parametrize("endpoint,body,status,needle", MALFORMED,
                          ids=[f"{i}-{e}" for i, (e, *_rest) in enumerate(MALFORMED)])
-def test_malformed(srv, endpoint, body, status, needle):
+def test_malformed(request, endpoint, body, status, needle):
+    base = AGAINST or request.getfixturevalue("srv").url
     data = body if isinstance(body, str) else json.dumps(body)
-    r = requests.post(srv.url + endpoint, data=data.encode(), headers={**AUTH, "Content-Type": "application/json"},
+    r = requests.post(base + endpoint, data=data.encode(), headers={**AUTH, "Content-Type": "application/json"},
                       timeout=60)
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -157,7 +162,12 @@ def test_prompt_longer_than_context(srv):
 
 
 def test_sse_keepalive_comments(srv):
-    r = requests.post(srv.url + "/v1/chat/completions", json={"messages": U, "max_tokens": 3, "stream": True},
+    # A fresh ~300-token prompt (no prefix reuse) keeps the stream idle for longer than the 1 ms
+    # keep-alive interval while it is prefilled, however fast the machine.
+    long = " ".join(f"item{i}" for i in range(100))
+    msgs = [{"role": "user", "content": long}]
+    r = requests.post(srv.url + "/v1/chat/completions",
+                      json={"messages": msgs, "max_tokens": 3, "stream": True, "cache_prompt": False},
                       headers=AUTH, stream=True)
     raw = r.content.decode()
     assert ": keep-alive" in raw and raw.rstrip().endswith("data: [DONE]")
@@ -209,3 +219,37 @@ def test_graceful_shutdown_during_stream(kiln_bin):
     t.join(timeout=20)
     assert rc == 0 and time.time() - t0 < 20 and not t.is_alive()
     assert got, "the stream produced nothing before shutdown"
+
+
+def test_non_stream_cancelled_on_disconnect(kiln_bin):
+    """A non-streamed request whose client closes the socket frees its slot (as llama-server does).
+    Oracle: /slots — the slot goes idle within 2 s of the close while its n_decoded is still far below
+    max_tokens (so it was cut, not finished)."""
+    import socket
+    max_tokens = 4000
+    with KilnServer(kiln_bin, smollm2_path(), ["-c", "4096"]) as s:
+        body = json.dumps({"messages": U, "max_tokens": max_tokens, "ignore_eos": True}).encode()
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        t0 = time.time()
+        while time.time() - t0 < 60:
+            slot = requests.get(s.url + "/slots").json()[0]
+            if slot["is_processing"] and slot["n_decoded"] >= 8:
+                break
+            time.sleep(0.05)
+        assert slot["is_processing"] and slot["n_decoded"] >= 8, slot
+        sock.close()
+        t1 = time.time()
+        last = slot
+        while time.time() - t1 < 2.0:
+            slot = requests.get(s.url + "/slots").json()[0]
+            if not slot["is_processing"]:
+                break
+            last = slot
+            time.sleep(0.05)
+        assert not slot["is_processing"], f"slot still busy 2 s after the client closed: {slot}"
+        assert last["n_decoded"] < max_tokens - 100, last
+        # The server still answers.
+        r = requests.post(s.url + "/v1/chat/completions", json={"messages": U, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200
