@@ -3,8 +3,14 @@
 
 #include <httplib.h>
 
+#include <dirent.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <mutex>
@@ -48,6 +54,46 @@ std::string file_stem(const std::string& path) {
   auto slash = path.find_last_of('/');
   std::string f = slash == std::string::npos ? path : path.substr(slash + 1);
   return f;
+}
+
+// The accepted socket of a request, found by its addresses: cpp-httplib 0.11 (Debian 12) hands
+// handlers neither the socket nor Request::is_connection_closed. Scans /proc/self/fd for the TCP
+// socket whose peer is req.remote_addr:remote_port and whose local port is req.local_port; the fd
+// stays ours until the handler returns. -1 when not found (then no disconnect detection).
+int find_client_socket(const httplib::Request& req) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+    sockaddr_storage peer{}, self{};
+    socklen_t pl = sizeof(peer), sl = sizeof(self);
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
+    char host[NI_MAXHOST], port[NI_MAXSERV], lport[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), pl, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) continue;
+    if (getnameinfo(reinterpret_cast<sockaddr*>(&self), sl, nullptr, 0, lport, sizeof(lport), NI_NUMERICSERV) != 0) continue;
+    if (req.remote_addr == host && req.remote_port == std::atoi(port) && req.local_port == std::atoi(lport)) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+// True once the peer has closed (orderly FIN or reset). Pending bytes (a pipelined request) or
+// nothing to read yet mean it is still there. A client that half-closes its sending side and
+// waits for the answer reads as gone (HTTP clients do not do that).
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  char c;
+  ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0) return false;
+  if (n == 0) return true;
+  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
@@ -172,6 +218,7 @@ struct Server::Impl {
     std::string echo_text;                     // completions with echo
     uint64_t task = 0;
     Clock::time_point t0;
+    int client_fd = -1;  // non-streamed requests: the socket polled for a disconnect (find_client_socket)
   };
 
   void log_timings(const Gen& g, const engine::Timings& t, const char* finish) {
@@ -218,11 +265,21 @@ struct Server::Impl {
     std::string text;
     std::vector<engine::TokenOut> toks;
     std::optional<engine::Event> fin;
+    auto next_poll = Clock::now();
     while (!fin) {
       if (stopping.load()) {
         h.cancel();
         send_error(res, error_of(503, "unavailable_error", "the server is shutting down"));
         return;
+      }
+      if (Clock::now() >= next_poll) {
+        next_poll = Clock::now() + std::chrono::milliseconds(100);
+        if (peer_closed(g.client_fd)) {
+          // Client gone (llama-server cancels too): free the slot now; the answer is never written.
+          KILN_LOG_INFO("task {}: client disconnected, cancelled", g.task);
+          h.cancel();
+          return;
+        }
       }
       auto ev = h.next(std::chrono::milliseconds(100));
       if (!ev) continue;
@@ -413,6 +470,7 @@ struct Server::Impl {
     g->parser = prompt->parser;
     g->prompt = tokenize_prompt(prompt->text);
     if (auto e = check_context(g->prompt.size())) return send_error(res, *e);
+    if (!g->gp.stream) g->client_fd = find_client_socket(req);
     start(g, res);
   }
 
@@ -434,6 +492,7 @@ struct Server::Impl {
       if (g->gp.echo) g->echo_text = text;
     }
     if (auto e = check_context(g->prompt.size())) return send_error(res, *e);
+    if (!g->gp.stream) g->client_fd = find_client_socket(req);
     start(g, res);
   }
 
