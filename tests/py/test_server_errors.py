@@ -96,6 +96,9 @@ def srv(request, work_dir):
 
 AUTH = {"Authorization": "Bearer k1"}
 
+# Tests that start their own kiln (own flags, /slots): under KILN_TEST_AGAINST they say so and skip.
+kiln_only = pytest.mark.skipif(bool(AGAINST), reason="starts kiln with its own flags (KILN_TEST_AGAINST is set)")
+
 
 @pytest.mark.parametrize("endpoint,body,status,needle", MALFORMED,
                          ids=[f"{i}-{e}" for i, (e, *_rest) in enumerate(MALFORMED)])
@@ -173,6 +176,7 @@ def test_sse_keepalive_comments(srv):
     assert ": keep-alive" in raw and raw.rstrip().endswith("data: [DONE]")
 
 
+@kiln_only
 def test_health_503_while_loading(kiln_bin):
     s = KilnServer(kiln_bin, smollm2_path(), ["--test-load-delay-ms", "2500"], wait=False)
     try:
@@ -198,6 +202,7 @@ def test_health_503_while_loading(kiln_bin):
         assert s.stop(signal.SIGINT) == 0
 
 
+@kiln_only
 def test_graceful_shutdown_during_stream(kiln_bin):
     s = KilnServer(kiln_bin, smollm2_path(), ["-c", "2048"])
     got = []
@@ -221,6 +226,7 @@ def test_graceful_shutdown_during_stream(kiln_bin):
     assert got, "the stream produced nothing before shutdown"
 
 
+@kiln_only
 def test_non_stream_cancelled_on_disconnect(kiln_bin):
     """A non-streamed request whose client closes the socket frees its slot (as llama-server does).
     Oracle: /slots — the slot goes idle within 2 s of the close while its n_decoded is still far below
