@@ -21,8 +21,8 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
   if (is_float_type(wt) && m == 1) return 0;
-  // Q8A activations for every column + kRowTile dequantized rows per thread (float path).
-  return align64(size_t(m) * cpu::act_bytes(k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
+  // Quantized activations for every column + kRowTile dequantized rows per thread (float path).
+  return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
 }
 
 void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
@@ -45,16 +45,18 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     return;
   }
   KILN_CHECK(ws != nullptr, "matmul: {} weights with m = {} need a workspace", gguf::type_name(a.wt), m);
-  const cpu::VecDotQ8Fn vd = is_float_type(a.wt) ? nullptr : T.vec_dot_q8[wi];
+  const GgmlType at = cpu::act_type(a.wt);
+  const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
+  const cpu::VecDotQ8Fn vd = is_float_type(a.wt) || !qa ? nullptr : T.vec_dot_q8[wi];
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
-    const size_t ab = cpu::act_bytes(k);
+    const size_t ab = cpu::act_bytes(at, k);
     if (m < 2 * pool.size()) {
-      for (int64_t t = 0; t < m; ++t) T.quantize_act(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+      for (int64_t t = 0; t < m; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
     } else {
       pool.parallel_for(m, [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) T.quantize_act(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+        for (int64_t t = t0; t < t1; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
       });
     }
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
@@ -74,7 +76,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     return;
   }
   // Float path: dequantize a tile of weight rows once, dot it with every column.
-  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(k));
+  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k));
   const cpu::ToF32Fn deq = T.to_f32[wi];
   KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
   pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
