@@ -1,5 +1,5 @@
 // Generic (portable C++) entries of the CPU kernel table. Quantized weights take the float path
-// (dequantize a row, then dot_f32); the integer Q8A dots live in the per-ISA files.
+// (dequantize a row, then dot_f32); the integer dots live in the per-ISA files.
 #include <cmath>
 #include <cstring>
 
