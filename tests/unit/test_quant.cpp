@@ -119,8 +119,8 @@ TEST(QuantTraits, VecDotTypes) {
     GgmlType want;
     switch (t.type) {
       case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: want = t.type; break;
-      case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
-      case GgmlType::IQ4_NL: want = GgmlType::Q8_0; break;
+      case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: want = GgmlType::Q8_0; break;
+      case GgmlType::Q4_1: case GgmlType::Q5_1: want = GgmlType::Q8_1; break;  // ggml: d and s = d*sum(q)
       default: want = GgmlType::Q8_K; break;
     }
     EXPECT_EQ(t.vec_dot_type, want) << t.name;
