@@ -136,6 +136,25 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
   const bool hybrid = arch_is_hybrid(c.arch);
   const size_t n_total = size_t(c.n_layer);
   m->layers.resize(size_t(c.n_layer));
+  // The FFN of a trunk or MTP layer: dense, or routed experts + shared expert (qwen35moe).
+  auto bind_ffn = [&](LayerWeights& L, const std::string& p) -> Status {
+    if (c.arch == Arch::Qwen35Moe) {
+      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
+      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
+      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
+    } else {
+      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
+    }
+    return {};
+  };
   for (int64_t il = 0; il < c.n_layer; ++il) {
     LayerWeights& L = m->layers[size_t(il)];
     const std::string p = "blk." + std::to_string(il) + ".";
@@ -170,21 +189,7 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
       KILN_TRY(b.bind(L.ssm_out, p + "ssm_out.weight", {vd, E}, Kind::Matrix));
     }
     KILN_TRY(b.bind(L.ffn_norm, p + (hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, Kind::Vector));
-    if (c.arch == Arch::Qwen35Moe) {
-      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
-      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
-      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
-    } else {
-      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
-    }
+    KILN_TRY(bind_ffn(L, p));
     if (opt.progress) opt.progress(size_t(il + 1), n_total);
   }
   // MTP blocks: a gated-attention layer + FFN + nextn.* (bound and validated; not run by the trunk).
@@ -200,21 +205,7 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
     KILN_TRY(b.bind(L.attn_q_norm, p + "attn_q_norm.weight", {D}, Kind::Vector));
     KILN_TRY(b.bind(L.attn_k_norm, p + "attn_k_norm.weight", {D}, Kind::Vector));
     KILN_TRY(b.bind(L.ffn_norm, p + "post_attention_norm.weight", {E}, Kind::Vector));
-    if (c.arch == Arch::Qwen35Moe) {
-      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
-      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
-      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
-    } else {
-      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
-    }
+    KILN_TRY(bind_ffn(L, p));
     KILN_TRY(b.bind(L.nextn_eh_proj, p + "nextn.eh_proj.weight", {2 * E, E}, Kind::Matrix));
     KILN_TRY(b.bind(L.nextn_enorm, p + "nextn.enorm.weight", {E}, Kind::Vector));
     KILN_TRY(b.bind(L.nextn_hnorm, p + "nextn.hnorm.weight", {E}, Kind::Vector));
