@@ -310,36 +310,27 @@ inline void pack_scales_q3k(const int* S, uint8_t* sc) {
 void dequant_f32(const void* src, float* y, int64_t n) { std::memcpy(y, src, size_t(n) * 4); }
 void quant_f32(const float* x, void* dst, int64_t n) { std::memcpy(dst, x, size_t(n) * 4); }
 
-void dequant_f16(const void* src, float* y, int64_t n) {
+template <float (*to_f32)(uint16_t)>
+void dequant_16(const void* src, float* y, int64_t n) {
   const auto* p = static_cast<const uint8_t*>(src);
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
-    y[i] = fp16_to_f32(h);
+    y[i] = to_f32(h);
   }
 }
-void quant_f16(const float* x, void* dst, int64_t n) {
+template <uint16_t (*from_f32)(float)>
+void quant_16(const float* x, void* dst, int64_t n) {
   auto* p = static_cast<uint8_t*>(dst);
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = f32_to_fp16(x[i]);
+    const uint16_t h = from_f32(x[i]);
     std::memcpy(p + 2 * i, &h, 2);
   }
 }
-void dequant_bf16(const void* src, float* y, int64_t n) {
-  const auto* p = static_cast<const uint8_t*>(src);
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, p + 2 * i, 2);
-    y[i] = bf16_to_f32(h);
-  }
-}
-void quant_bf16(const float* x, void* dst, int64_t n) {
-  auto* p = static_cast<uint8_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = f32_to_bf16(x[i]);
-    std::memcpy(p + 2 * i, &h, 2);
-  }
-}
+void dequant_f16(const void* src, float* y, int64_t n) { dequant_16<fp16_to_f32>(src, y, n); }
+void quant_f16(const float* x, void* dst, int64_t n) { quant_16<f32_to_fp16>(x, dst, n); }
+void dequant_bf16(const void* src, float* y, int64_t n) { dequant_16<bf16_to_f32>(src, y, n); }
+void quant_bf16(const float* x, void* dst, int64_t n) { quant_16<f32_to_bf16>(x, dst, n); }
 
 // ---------------------------------------------------------------------------------------------
 // Legacy 32-element types. The quantizers are ggml's reference algorithm (a format fact that

@@ -19,6 +19,7 @@
 #include "model/gen/gen.h"
 #include "model/memory.h"
 #include "model/model.h"
+#include "model_test_util.h"
 
 namespace kiln::model {
 namespace {
@@ -26,29 +27,9 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string model_path(const std::string& arch) {
-  const fs::path dir = fs::temp_directory_path() / "kiln_test_model_memory";
-  fs::create_directories(dir);
-  const fs::path p = dir / (arch + "-f32.gguf");
-  if (!fs::exists(p)) {
-    gen::GenOptions o;
-    o.spec = gen::find_preset("tiny-" + arch)->spec;
-    o.type = gguf::GgmlType::F32;
-    o.seed = 7;
-    o.n_threads = 2;
-    const fs::path tmp = p.string() + ".tmp" + std::to_string(::getpid());
-    auto st = gen::generate(o, tmp.string());
-    EXPECT_TRUE(st.ok()) << st.error().message;
-    fs::rename(tmp, p);
-  }
-  return p.string();
+  return test::generated_model("kiln_test_model_memory", "tiny-" + arch, gguf::GgmlType::F32, 7);
 }
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(rng() % uint32_t(vocab));
-  return t;
-}
+using test::random_tokens;
 
 using Logits = std::vector<std::vector<float>>;
 

@@ -3,45 +3,21 @@
 // alone on a fresh single-slot engine with the prefix cache off (cold).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <random>
 
 #include "engine/engine.h"
-#include "model/gen/gen.h"
+#include "../model/model_test_util.h"
 
 using namespace kiln;
 using namespace kiln::engine;
-namespace fs = std::filesystem;
 
 namespace {
 
-fs::path g_dir;
-
 std::string model_path(const std::string& preset) {
-  const fs::path p = g_dir / (preset + ".gguf");
-  if (!fs::exists(p)) {
-    model::gen::GenOptions go;
-    go.spec = model::gen::find_preset(preset)->spec;
-    go.type = gguf::GgmlType::Q8_0;
-    go.seed = 11;
-    go.n_threads = 2;
-    Status s = model::gen::generate(go, p.string());
-    KILN_CHECK(s.ok(), "generate {}: {}", preset, s.ok() ? "" : s.error().message);
-  }
-  return p.string();
+  return test::generated_model("kiln-engine-test", preset, gguf::GgmlType::Q8_0, 11);
 }
 
-class EngineModel : public ::testing::TestWithParam<std::string> {
- public:
-  static void SetUpTestSuite() {
-    g_dir = fs::temp_directory_path() / ("kiln-engine-test-" + std::to_string(::getpid()));
-    fs::create_directories(g_dir);
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(g_dir, ec);
-  }
-};
+class EngineModel : public ::testing::TestWithParam<std::string> {};
 
 std::unique_ptr<Engine> open(const std::string& preset, int np, int64_t cache_ram = -1) {
   EngineOptions eo;

@@ -29,34 +29,25 @@ void scale_generic(float* y, float a, int64_t n) {
 }
 
 float dot_row_f32(const void* w, const float* x, int64_t k) { return dot_f32_generic(static_cast<const float*>(w), x, k); }
-float dot_row_f16(const void* w, const float* x, int64_t k) {
+// F16 / BF16 weight rows: 8 lanes, then a fixed pairwise reduction (the SIMD paths sum the same way).
+template <float (*to_f32)(uint16_t)>
+float dot_row_16(const void* w, const float* x, int64_t k) {
   const auto* p = static_cast<const uint8_t*>(w);
+  auto at = [p](int64_t i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    return to_f32(h);
+  };
   float acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * (i + j), 2);
-      acc[j] += fp16_to_f32(h) * x[i + j];
-    }
+    for (int j = 0; j < 8; ++j) acc[j] += at(i + j) * x[i + j];
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) { uint16_t h; std::memcpy(&h, p + 2 * i, 2); s += fp16_to_f32(h) * x[i]; }
+  for (; i < k; ++i) s += at(i) * x[i];
   return s;
 }
-float dot_row_bf16(const void* w, const float* x, int64_t k) {
-  const auto* p = static_cast<const uint8_t*>(w);
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * (i + j), 2);
-      acc[j] += bf16_to_f32(h) * x[i + j];
-    }
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) { uint16_t h; std::memcpy(&h, p + 2 * i, 2); s += bf16_to_f32(h) * x[i]; }
-  return s;
-}
+float dot_row_f16(const void* w, const float* x, int64_t k) { return dot_row_16<fp16_to_f32>(w, x, k); }
+float dot_row_bf16(const void* w, const float* x, int64_t k) { return dot_row_16<bf16_to_f32>(w, x, k); }
 
 void silu_generic(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
