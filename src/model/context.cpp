@@ -90,6 +90,7 @@ Context::Context(const Model& model, const ContextOptions& opt) : model_(model),
   KILN_CHECK(opt_.n_batch > 0, "n_batch must be positive");
   pool_ = std::make_unique<ThreadPool>(opt_.n_threads);
   impl_ = std::make_unique<Impl>(model_, *pool_, opt_.n_batch, opt_.n_outputs_max);
+  impl_->flash_attn = opt_.flash_attn;
 }
 
 Context::~Context() = default;

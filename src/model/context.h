@@ -48,6 +48,12 @@ struct ContextOptions {
   // Most tokens with output=1 per decode() (0 = n_batch). The logits buffer is n_vocab x this
   // (a 248k vocabulary x 512 is 0.5 GB, so servers that need only last-token logits set it low).
   int64_t n_outputs_max = 0;
+  // false: attention as llama.cpp computes it without flash attention (`-fa off`): ggml's
+  // mul_mat / soft_max graph operation for operation, bit-identical to llama.cpp's CPU backend on
+  // AVX-512 hosts with an F16 cache; its sums depend on how many tokens a sequence brings to a
+  // batch (ggml's own rule), so results are not batch-invariant. true (default): kiln's streaming
+  // softmax, batch- and chunk-invariant.
+  bool flash_attn = true;
 };
 
 class Context {

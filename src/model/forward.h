@@ -72,6 +72,7 @@ struct Context::Impl {
   AlignedBuffer ws;       // matmul workspace
   AlignedBuffer dws;      // gated-delta chunked workspace
   int delta_chunk = 64;
+  bool flash_attn = true;  // ContextOptions::flash_attn
 
   int64_t n_out_max = 0;  // rows of `logits`
 

@@ -98,9 +98,9 @@ def llm_f32(f32_path):
                            verbose=False, seed=0)
 
 
-def kiln_greedy(kiln_bin, path, prompt, ids_file):
+def kiln_greedy(kiln_bin, path, prompt, ids_file, *extra):
     r = subprocess.run([str(kiln_bin), "run", "-m", str(path), "-p", prompt, "-n", str(N_GEN), "--temp", "0",
-                        "-t", "2", "-c", "512", "--ids-out", str(ids_file)], capture_output=True, text=True,
+                        "-t", "2", "-c", "512", "--ids-out", str(ids_file), *extra], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     assert "eval time" in r.stderr and "prompt eval time" in r.stderr

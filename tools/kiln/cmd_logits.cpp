@@ -77,6 +77,8 @@ int cmd_logits(int argc, char** argv) {
   app.add_option("--cache-type-v", ctv, "V cache type");
   app.add_option("--chunk", chunk, "tokens per sequence per batch");
   app.add_option("--delta-chunk", delta_chunk, "runs of >= N tokens use the chunked gated delta rule (0: never)");
+  std::string flash_attn = "auto";
+  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -113,6 +115,9 @@ int cmd_logits(int argc, char** argv) {
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
   model::ContextOptions co;
+  auto fa = tools::parse_flash_attn(flash_attn);
+  if (!fa) return fail(fa.error());
+  co.flash_attn = *fa;
   co.n_batch = chunk * int64_t(seqs.size());
   co.n_threads = threads;
   co.delta_chunk_min = delta_chunk;

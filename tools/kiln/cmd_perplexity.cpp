@@ -33,6 +33,8 @@ int cmd_perplexity(int argc, char** argv) {
   app.add_option("--cache-type-k", ctk, "K cache type (-ctk)");
   app.add_option("--cache-type-v", ctv, "V cache type (-ctv)");
   app.add_option("--load-mode", load_mode, "mmap, mlock or none");
+  std::string flash_attn = "auto";
+  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
   auto fail = [](const Error& e) {
@@ -67,6 +69,9 @@ int cmd_perplexity(int argc, char** argv) {
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
   model::ContextOptions co;
+  auto fa = tools::parse_flash_attn(flash_attn);
+  if (!fa) return fail(fa.error());
+  co.flash_attn = *fa;
   co.n_batch = std::min(n_batch, ctx);
   co.n_threads = threads;
   co.delta_chunk_min = 64;

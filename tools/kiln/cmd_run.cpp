@@ -145,6 +145,8 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--load-mode", load_mode, "mmap, mlock or none (read into memory)");
   app.add_flag("--chat", chat, "interactive chat on stdin using the model's chat template");
   app.add_option("--ids-out", ids_out, "write the generated token ids (one per line) to this file");
+  std::string flash_attn = "auto";
+  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -170,6 +172,9 @@ int cmd_run(int argc, char** argv) {
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
   model::ContextOptions co;
+  auto fa = tools::parse_flash_attn(flash_attn);
+  if (!fa) return fail(fa.error());
+  co.flash_attn = *fa;
   co.n_batch = std::max<int64_t>(1, std::min(n_batch, ctx));
   co.n_threads = threads;
   co.delta_chunk_min = 64;

@@ -36,6 +36,17 @@ inline Result<gguf::GgmlType> parse_cache_type(const std::string& s, const char*
   return *t;
 }
 
+// --flash-attn on|off|auto (llama.cpp's values). off selects llama.cpp's non-flash attention
+// arithmetic (model::ContextOptions::flash_attn); on and auto kiln's streaming attention.
+inline Result<bool> parse_flash_attn(const std::string& s) {
+  if (s == "on" || s == "auto" || s == "1" || s == "true") return true;
+  if (s == "off" || s == "0" || s == "false") return false;
+  return err("--flash-attn {}: expected on, off or auto", s);
+}
+inline constexpr const char* kFlashAttnHelp =
+    "on|off|auto (-fa): off computes attention as llama.cpp does without flash attention, bit for bit "
+    "on AVX-512 hosts with an f16 cache";
+
 inline Result<LoadMode> parse_load_mode(const std::string& s) {
   if (s == "mmap") return LoadMode::Mmap;
   if (s == "mlock") return LoadMode::Mlock;

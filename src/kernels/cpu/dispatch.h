@@ -1,15 +1,20 @@
 // kernels/cpu/dispatch.h — the CPU kernel table: one set of function pointers per ISA level
 //   (generic -> AVX2 -> AVX-512), filled once; the ops in kernels/cpu/ops.cpp call through it.
-// Owns: the activation format of the integer mat-vec paths ("Q8A") and the table layout.
+// Owns: the activation formats of the integer mat-vec paths (ggml's Q8_0/Q8_1/Q8_K) and the table layout.
 // Must not: be included outside src/kernels (it is an implementation detail of ops.h).
 // Threading: tables are immutable after construction; set_isa() swaps a pointer (tests only).
 //
-// Q8A activations, one column of k elements (k % 32 == 0), act_bytes(k) bytes, 64-aligned:
-//   int8  qs[k]           x[i] ~= d[i/32] * qs[i], qs in -127..127
-//   float d[k/32]         per-32 scale (amax / 127)
-//   float s[k/32]         d * sum(qs of the block)  (for the offset/min terms)
-// One format serves every quantized weight type: 32-element legacy blocks, and the 16/32-element
-// sub-blocks of the K-quants / IQ4_XS (a per-32 activation scale is finer than ggml's Q8_K).
+// Activations of the integer mat-vec paths: one column of k elements is quantized exactly as
+// ggml's x86 CPU backend quantizes it for the weight type's vec_dot_type, into ggml's own block
+// layout (act_bytes(at, k) bytes per column, 64-aligned):
+//   Q8_0 (Q4_0 Q5_0 Q8_0 IQ4_NL weights): per 32, {fp16 d, int8 qs[32]}, d = fp16(amax/127),
+//        qs = round-half-even(x * (127/amax))            (quantize_row_q8_0, AVX2 path)
+//   Q8_1 (Q4_1 Q5_1 weights): per 32, {fp16 d, fp16 s, int8 qs[32]}, as Q8_0 and
+//        s = fp16(float(amax/127) * sum(qs))              (quantize_row_q8_1, AVX2 path)
+//   Q8_K (K-quants, IQ4_XS): per 256, tensor/blocks.h BlockQ8_K (quantize_row_q8_K_ref, which
+//        ggml's x86 backend uses too).
+// Each weight block then contributes ggml's per-block formula (d_w*d_x*isum, + m_w*s_x for Q8_1;
+// super-block d*sumi + dmin*sum(mins*bsums) for Q8_K), accumulated in float.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -20,14 +25,29 @@
 namespace kiln::kernels::cpu {
 
 inline constexpr int kNumTypes = 40;  // > largest GgmlType id we handle
-inline size_t act_bytes(int64_t k) { return (size_t(k) + size_t(k / 32) * 8 + 63) & ~size_t(63); }
-inline const int8_t* act_qs(const void* a) { return static_cast<const int8_t*>(a); }
-inline const float* act_d(const void* a, int64_t k) { return reinterpret_cast<const float*>(static_cast<const int8_t*>(a) + k); }
-inline const float* act_s(const void* a, int64_t k) { return act_d(a, k) + k / 32; }
+// The activation type ggml's CPU backend uses for weights of type w (its vec_dot_type); F32 for
+// the float types and anything without an integer dot here.
+inline gguf::GgmlType act_type(gguf::GgmlType w) {
+  using T = gguf::GgmlType;
+  switch (w) {
+    case T::Q4_0: case T::Q5_0: case T::Q8_0: case T::IQ4_NL: return T::Q8_0;
+    case T::Q4_1: case T::Q5_1: return T::Q8_1;
+    case T::Q2_K: case T::Q3_K: case T::Q4_K: case T::Q5_K: case T::Q6_K: case T::IQ4_XS: return T::Q8_K;
+    default: return T::F32;
+  }
+}
+// Bytes of one quantized activation column (0 for F32: the float paths need none).
+inline size_t act_bytes(gguf::GgmlType at, int64_t k) {
+  using T = gguf::GgmlType;
+  const size_t b = at == T::Q8_0 ? size_t(k / 32) * 34 : at == T::Q8_1 ? size_t(k / 32) * 36
+                   : at == T::Q8_K ? size_t(k / 256) * 292 : 0;
+  return (b + 63) & ~size_t(63);
+}
 
+// x: k floats -> one activation column of the table slot's type (Q8_0 / Q8_1 / Q8_K).
 using QuantizeActFn = void (*)(const float* x, int64_t k, void* act);
-// Dots of one weight row (k elements of the table's type) with nc (1..kMaxCols) Q8A columns at
-// act + c*act_stride: out[c] = row . column c.
+// Dots of one weight row (k elements of the table's type) with nc (1..kMaxCols) activation
+// columns (of act_type(type)) at act + c*act_stride: out[c] = row . column c.
 inline constexpr int kMaxCols = 4;
 using VecDotQ8Fn = void (*)(int64_t k, const void* w_row, const void* act, size_t act_stride, int nc, float* out);
 // Dot of one F32/F16/BF16 row with F32 x.
@@ -41,7 +61,7 @@ using BinaryFn = void (*)(const float* a, const float* b, float* y, int64_t n);
 
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
-  QuantizeActFn quantize_act = nullptr;
+  QuantizeActFn quantize_act[kNumTypes] = {};  // indexed by activation type
   VecDotQ8Fn vec_dot_q8[kNumTypes] = {};  // nullptr: dequantize the row and use dot_f32
   DotRowFn dot_row[kNumTypes] = {};       // F32 / F16 / BF16 only
   ToF32Fn to_f32[kNumTypes] = {};         // every matmul_supported type
@@ -50,6 +70,11 @@ struct Table {
   ScaleFn scale = nullptr;
   UnaryFn silu = nullptr, sigmoid = nullptr;
   BinaryFn swiglu = nullptr, sigmoid_mul = nullptr;  // silu(a) * b, a * sigmoid(b)
+  // ggml's AVX-512 float paths for the "ggml" attention order (AVX-512 tables only; x86_kernels.inc).
+  float (*ggml_dot_f16)(const uint16_t* x, const uint16_t* y, int64_t n, bool tiny) = nullptr;
+  double (*ggml_softmax_exp)(const float* x, float max, float* y, int64_t n) = nullptr;
+  void (*ggml_kqv)(const uint8_t* v, size_t pos_stride, const float* p, int64_t n, int64_t D, bool tiny, float* acc,
+                   float* out) = nullptr;
 };
 
 const Table& table();             // the current table

@@ -1,5 +1,5 @@
 // Generic (portable C++) entries of the CPU kernel table. Quantized weights take the float path
-// (dequantize a row, then dot_f32); the integer Q8A dots live in the per-ISA files.
+// (dequantize a row, then dot_f32); the integer dots live in the per-ISA files.
 #include <cmath>
 #include <cstring>
 
@@ -62,31 +62,11 @@ void sigmoid_mul_generic(const float* a, const float* b, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] / (1.0f + std::exp(-b[i]));
 }
 
-void quantize_act_generic(const float* x, int64_t k, void* act) {
-  auto* qs = static_cast<int8_t*>(act);
-  auto* d = reinterpret_cast<float*>(qs + k);
-  float* s = d + k / 32;
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float* xb = x + 32 * b;
-    float amax = 0;
-    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
-    const float db = amax / 127.f, id = amax > 0 ? 127.f / amax : 0.f;
-    int sum = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int q = int(std::nearbyint(xb[i] * id));
-      qs[32 * b + i] = int8_t(q);
-      sum += q;
-    }
-    d[b] = db;
-    s[b] = db * float(sum);
-  }
-}
-
 }  // namespace
 
 void fill_generic(Table& t) {
   t.isa = CpuIsa::Scalar;
-  t.quantize_act = quantize_act_generic;
+  for (auto& q : t.quantize_act) q = nullptr;  // no integer dots: quantized weights take the float path
   t.dot_f32 = dot_f32_generic;
   t.axpy = axpy_generic;
   t.scale = scale_generic;

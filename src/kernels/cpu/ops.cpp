@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
+#include "core/fp16.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ref.h"
@@ -21,8 +23,8 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
   if (is_float_type(wt) && m == 1) return 0;
-  // Q8A activations for every column + kRowTile dequantized rows per thread (float path).
-  return align64(size_t(m) * cpu::act_bytes(k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
+  // Quantized activations for every column + kRowTile dequantized rows per thread (float path).
+  return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
 }
 
 void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
@@ -45,16 +47,18 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     return;
   }
   KILN_CHECK(ws != nullptr, "matmul: {} weights with m = {} need a workspace", gguf::type_name(a.wt), m);
-  const cpu::VecDotQ8Fn vd = is_float_type(a.wt) ? nullptr : T.vec_dot_q8[wi];
+  const GgmlType at = cpu::act_type(a.wt);
+  const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
+  const cpu::VecDotQ8Fn vd = is_float_type(a.wt) || !qa ? nullptr : T.vec_dot_q8[wi];
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
-    const size_t ab = cpu::act_bytes(k);
+    const size_t ab = cpu::act_bytes(at, k);
     if (m < 2 * pool.size()) {
-      for (int64_t t = 0; t < m; ++t) T.quantize_act(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+      for (int64_t t = 0; t < m; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
     } else {
       pool.parallel_for(m, [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) T.quantize_act(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+        for (int64_t t = t0; t < t1; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
       });
     }
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
@@ -74,7 +78,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     return;
   }
   // Float path: dequantize a tile of weight rows once, dot it with every column.
-  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(k));
+  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k));
   const cpu::ToF32Fn deq = T.to_f32[wi];
   KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
   pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
@@ -121,10 +125,14 @@ void for_rows(CRows x, Rows y, ThreadPool& pool, F&& fn) {
 }  // namespace
 
 void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool) {
-  const Table& T = cpu::table();
+  // ggml's arithmetic (ggml_compute_forward_rms_norm_f32): float squares summed in double, the mean
+  // and 1/sqrt in float, then (x * scale) * w.
   const int64_t n = x.ne0;
   for_rows(x, y, pool, [&](const float* xr, float* yr, int64_t) {
-    const float r = 1.0f / std::sqrt(T.dot_f32(xr, xr, n) / float(n) + eps);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
+    const float mean = float(sum / double(n));
+    const float r = 1.0f / std::sqrt(mean + eps);
     if (w) for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r * w[i];
     else for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r;
   });
@@ -144,31 +152,28 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
   KILN_CHECK(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= x.ne0 && p.n_rot <= 1024, "rope: n_rot {} vs head_dim {}",
              p.n_rot, x.ne0);
   const int half = p.n_rot / 2;
-  // Per-pair inverse frequencies (computed once per call; small, on the stack).
-  double inv_freq[512];
-  for (int i = 0; i < half; ++i) inv_freq[i] = double(p.freq_scale) * std::pow(double(p.freq_base), -2.0 * i / p.n_rot);
+  // ggml's arithmetic (ggml_rope_cache_init): theta_i = pos * theta_scale^i by repeated float
+  // multiplication, theta_scale = powf(base, -2/n_rot), cos/sin in float of freq_scale * theta_i.
+  const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
   pool.parallel_for(x.n2, [&](int64_t t0, int64_t t1, int) {
     float cs[512], sn[512];
     for (int64_t t = t0; t < t1; ++t) {
+      float theta = float(pos[t]);
       for (int i = 0; i < half; ++i) {
-        const double th = double(pos[t]) * inv_freq[i];
-        cs[i] = float(std::cos(th));
-        sn[i] = float(std::sin(th));
+        const float th = p.freq_scale * theta;
+        cs[i] = std::cos(th);
+        sn[i] = std::sin(th);
+        theta *= theta_scale;
       }
       for (int64_t h = 0; h < x.n1; ++h) {
         float* r = x.row(h, t);
-        if (p.neox) {
-          for (int i = 0; i < half; ++i) {
-            const float x0 = r[i], x1 = r[i + half];
-            r[i] = x0 * cs[i] - x1 * sn[i];
-            r[i + half] = x0 * sn[i] + x1 * cs[i];
-          }
-        } else {
-          for (int i = 0; i < half; ++i) {
-            const float x0 = r[2 * i], x1 = r[2 * i + 1];
-            r[2 * i] = x0 * cs[i] - x1 * sn[i];
-            r[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
-          }
+        const int64_t off = p.neox ? half : 1, step = p.neox ? 1 : 2;
+        for (int i = 0; i < half; ++i) {
+          float* e = r + i * step;
+          const float x0 = e[0], x1 = e[off];
+          // ggml's compiler contracts x0*c - x1*s into fma(x0, c, -(x1*s)).
+          e[0] = std::fma(x0, cs[i], -(x1 * sn[i]));
+          e[off] = std::fma(x0, sn[i], x1 * cs[i]);
         }
       }
     }
@@ -306,6 +311,50 @@ void fold_state(const Table& T, AttnState& run, const AttnState& part, int ng, i
 }
 }  // namespace
 
+bool attention_ggml_supported(GgmlType k, GgmlType v, int64_t head_dim) {
+  return k == GgmlType::F16 && v == GgmlType::F16 && head_dim % 16 == 0 && cpu::table().ggml_kqv != nullptr;
+}
+
+namespace {
+// llama.cpp's attention without flash attention, per (token, q-head): kq = K . f16(q) (ggml_mul_mat),
+// soft_max_ext(kq * scale) with ggml's exp, kqv = V^T . f16(probabilities). Positions past pos[t]
+// are masked in ggml (probability exactly 0) and skipped here; the lanes and chains of the sums
+// follow the absolute position, so the result is ggml's bit for bit.
+void attention_ggml(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv_v, const AttnParams& p, Rows out,
+                    ThreadPool& pool) {
+  const Table& T = cpu::table();
+  const int64_t D = p.head_dim, group = p.n_head / p.n_head_kv;
+  const bool tiny = p.order == AttnOrder::GgmlTiny;
+  pool.parallel_for(q.n2 * p.n_head, [&](int64_t i0, int64_t i1, int) {
+    // Per-thread scratch, grown once to the longest context seen (not per call).
+    thread_local std::vector<float> sc, ex, acc;
+    thread_local std::vector<uint16_t> qh;
+    for (int64_t it = i0; it < i1; ++it) {
+      const int64_t t = it / p.n_head, h = it % p.n_head, hk = h / group;
+      const int64_t n = int64_t(pos[t]) + 1, n16 = (n + 15) / 16 * 16;
+      if (int64_t(sc.size()) < n16) { sc.resize(size_t(n16)); ex.resize(size_t(n16)); }
+      if (int64_t(acc.size()) < 64 * D) acc.resize(size_t(64 * D));
+      qh.resize(size_t(D));
+      const float* qr = q.row(h, t);
+      for (int64_t i = 0; i < D; ++i) qh[size_t(i)] = f32_to_fp16(qr[i]);
+      const auto* kb = static_cast<const uint8_t*>(kv_k.data) + size_t(hk) * kv_k.head_stride;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        const auto* kj = reinterpret_cast<const uint16_t*>(kb + size_t(j) * kv_k.pos_stride);
+        sc[size_t(j)] = T.ggml_dot_f16(kj, qh.data(), D, tiny) * p.scale;
+        mx = std::max(mx, sc[size_t(j)]);
+      }
+      for (int64_t j = n; j < n16; ++j) sc[size_t(j)] = -INFINITY;
+      const double sum = T.ggml_softmax_exp(sc.data(), mx, ex.data(), n16);
+      const float inv = float(1.0 / sum);
+      for (int64_t j = 0; j < n; ++j) ex[size_t(j)] = fp16_to_f32(f32_to_fp16(ex[size_t(j)] * inv));
+      T.ggml_kqv(static_cast<const uint8_t*>(kv_v.data) + size_t(hk) * kv_v.head_stride, kv_v.pos_stride, ex.data(), n,
+                 D, tiny, acc.data(), out.row(h, t));
+    }
+  });
+}
+}  // namespace
+
 size_t attention_workspace(const AttnParams& p, int n_threads) {
   return size_t(kMaxSplitsPerThread) * size_t(std::max(1, n_threads)) * align64(sizeof(AttnState));
 }
@@ -317,6 +366,13 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
              D, p.n_head, p.n_head_kv);
   const int64_t group = p.n_head / p.n_head_kv;
   const Table& T = cpu::table();
+  if (p.order != AttnOrder::Streaming && attention_ggml_supported(kv_k.type, kv_v.type, D)) {
+    for (int64_t t = 0; t < q.n2; ++t)
+      KILN_CHECK(pos[t] >= 0 && pos[t] < kv_k.n_kv && pos[t] < kv_v.n_kv, "attention: pos {} outside cache of {}", pos[t],
+                 kv_k.n_kv);
+    attention_ggml(q, pos, kv_k, kv_v, p, out, pool);
+    return;
+  }
   const cpu::ToF32Fn kdeq = T.to_f32[cpu::type_index(kv_k.type)], vdeq = T.to_f32[cpu::type_index(kv_v.type)];
   KILN_CHECK(kdeq && vdeq, "attention: unsupported cache types");
   int64_t max_n = 0;
