@@ -61,7 +61,9 @@ TEST(Ops, RopeNeoxNormalPartial) {
           std::vector<float> want = x, got = x;
           ref::rope(rows3(want.data(), D, H, T), pos, p);
           rope(rows3(got.data(), D, H, T), pos, p, pool);
-          EXPECT_LE(nmse(got, want), 1e-9) << "neox " << neox << " n_rot " << n_rot << " base " << base;
+          // The reference works in double; the kernel follows ggml (theta by repeated float
+          // multiplication), whose angle error grows with the position: ~1e-7 NMSE at 32767.
+          EXPECT_LE(nmse(got, want), 1e-6) << "neox " << neox << " n_rot " << n_rot << " base " << base;
           // dims >= n_rot pass through untouched; position 0 is the identity.
           for (int64_t t = 0; t < T; ++t)
             for (int64_t h = 0; h < H; ++h)
