@@ -714,6 +714,7 @@ void Engine::thread_main(std::string path) {
     ro.type_k = opt_.type_k;
     ro.type_v = opt_.type_v;
     ro.delta_chunk_min = opt_.delta_chunk_min;
+    ro.flash_attn = opt_.flash_attn;
     auto r = ModelRunner::create(*model_, ro);
     if (!r.ok()) return fail(path + ": " + r.error().message);
     Status s = init_serving(std::move(*r));
@@ -755,6 +756,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::Model> m, 
   ro.type_k = opt.type_k;
   ro.type_v = opt.type_v;
   ro.delta_chunk_min = opt.delta_chunk_min;
+  ro.flash_attn = opt.flash_attn;
   auto r = ModelRunner::create(*e->model_, ro);
   KILN_TRY(r);
   KILN_TRY(e->init_serving(std::move(*r)));

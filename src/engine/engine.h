@@ -72,6 +72,9 @@ struct EngineOptions {
   // (model::ContextOptions::delta_chunk_min; 0 = never). Faster prefill, but results then depend
   // slightly on how prompts are split into chunks (the prefix cache changes the split).
   int delta_chunk_min = 0;
+  // false (`-fa off`): llama.cpp's non-flash attention arithmetic (model::ContextOptions::flash_attn):
+  // bit-identical to llama.cpp on AVX-512 hosts, but results depend on batch composition.
+  bool flash_attn = true;
 };
 
 // ---------------------------------------------------------------------------------------------

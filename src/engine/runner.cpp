@@ -22,6 +22,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.n_batch = opt.n_batch;
   co.n_threads = opt.n_threads;
   co.delta_chunk_min = opt.delta_chunk_min;
+  co.flash_attn = opt.flash_attn;
   r->ctx_ = std::make_unique<model::Context>(m, co);
   for (int64_t il = 0; il < c.n_layer; ++il) (c.is_recurrent(il) ? r->rec_layers_ : r->attn_layers_).push_back(il);
   // Same sizes as model::Memory: conv state [d_conv-1, conv_dim] + SSM state [S, S, Hv].

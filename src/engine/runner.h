@@ -55,6 +55,7 @@ struct ModelRunnerOptions {
   model::GgmlType type_k = model::GgmlType::F16;
   model::GgmlType type_v = model::GgmlType::F16;
   int delta_chunk_min = 0;  // model::ContextOptions::delta_chunk_min
+  bool flash_attn = true;   // model::ContextOptions::flash_attn
 };
 
 class ModelRunner final : public Runner {

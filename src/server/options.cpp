@@ -131,10 +131,12 @@ const std::vector<Opt>& table() {
           return {};
         });
     add({"-fa", "--flash-attn"}, env_of("FLASH_ATTN"), "on|off|auto",
-        "flash attention: accepted (the CPU attention is exact either way; default auto)",
+        "on/auto: kiln's streaming attention (batch-invariant); off: llama.cpp's non-flash attention "
+        "arithmetic, bit for bit on AVX-512 hosts (results then depend on batch composition)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
           KILN_TRY(one_of(v, src, {"on", "off", "auto"}));
           so.flash_attn = v;
+          so.engine.flash_attn = v != "off";
           return {};
         });
     add({"-ctk", "--cache-type-k"}, env_of("CACHE_TYPE_K"), "TYPE",

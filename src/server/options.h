@@ -26,7 +26,7 @@ struct ServerOptions {
   int port = 8080;                      // --port
   engine::EngineOptions engine;         // -c -np -b -ub -t -ctk -ctv --load-mode --cache-ram
   std::string n_gpu_layers = "auto";    // -ngl: accepted, CPU only for now
-  std::string flash_attn = "auto";      // -fa on|off|auto: accepted (the CPU attention is exact either way)
+  std::string flash_attn = "auto";      // -fa on|off|auto: off = llama.cpp's non-flash attention arithmetic
   std::string fit = "on";               // --fit on|off: accepted (nothing to fit on the CPU)
   std::string mmproj;                   // --mmproj: accepted, used by the vision issue
   bool jinja = true;                    // --jinja / --no-jinja
