@@ -40,21 +40,13 @@ namespace {
 
 struct Scope {
   std::shared_ptr<Scope> parent;
-  std::vector<std::pair<std::string, Value>> vars;
+  Dict vars;
   const Value* find(std::string_view k) const {
     for (const Scope* s = this; s; s = s->parent.get())
-      for (const auto& kv : s->vars)
-        if (kv.first == k) return &kv.second;
+      if (const Value* v = s->vars.find(k)) return v;
     return nullptr;
   }
-  void set(const std::string& k, Value v) {
-    for (auto& kv : vars)
-      if (kv.first == k) {
-        kv.second = std::move(v);
-        return;
-      }
-    vars.emplace_back(k, std::move(v));
-  }
+  void set(std::string_view k, Value v) { vars.set(k, std::move(v)); }
 };
 using ScopeP = std::shared_ptr<Scope>;
 
@@ -673,14 +665,14 @@ struct Interp {
       }
       std::string s;
       if (conv == "r") s = py_repr(v);
-      else s = format_spec(v, spec, conv.empty());
+      else s = format_spec(v, spec);
       out += s;
       check_size(out.size(), "format");
     }
     return out;
   }
 
-  std::string format_spec(const Value& v, const std::string& spec, bool raw) {
+  std::string format_spec(const Value& v, const std::string& spec) {
     if (spec.empty()) return py_str(v);
     size_t p = 0;
     char fill = ' ', align = 0;
@@ -721,7 +713,6 @@ struct Interp {
     } else {
       fail("format", "unsupported format spec '" + spec + "'");
     }
-    (void)raw;
     size_t len = utf8_length(body);
     if (int(len) < width) {
       size_t pad = width - len;
@@ -1068,7 +1059,7 @@ struct Interp {
     return v;
   }
 
-  Value select_or_reject(const Value& in, CallArgs& a, bool select, bool attr_mode, Scope& sc) {
+  Value select_or_reject(const Value& in, CallArgs& a, bool select, bool attr_mode) {
     std::vector<Value> items = truthy(in) ? iterate(in, "select") : std::vector<Value>{};
     size_t off = 0;
     Value attribute;
@@ -1094,11 +1085,10 @@ struct Interp {
       bool r = has_test ? apply_test(test, probe, targs) : truthy(probe);
       if (r == select) out.push_back(it);
     }
-    (void)sc;
     return gen(std::move(out));
   }
 
-  Value apply_filter(const std::string& name, const Value& v, CallArgs& a, Scope& sc) {
+  Value apply_filter(const std::string& name, const Value& v, CallArgs& a) {
     std::string construct = "filter " + name;
     const char* cn = construct.c_str();
     if (name == "tojson") {
@@ -1310,14 +1300,14 @@ struct Interp {
       for (auto& it : items) {
         step();
         CallArgs copy = fa;
-        out.push_back(apply_filter(f, it, copy, sc));
+        out.push_back(apply_filter(f, it, copy));
       }
       return gen(std::move(out));
     }
-    if (name == "select") return select_or_reject(v, a, true, false, sc);
-    if (name == "reject") return select_or_reject(v, a, false, false, sc);
-    if (name == "selectattr") return select_or_reject(v, a, true, true, sc);
-    if (name == "rejectattr") return select_or_reject(v, a, false, true, sc);
+    if (name == "select") return select_or_reject(v, a, true, false);
+    if (name == "reject") return select_or_reject(v, a, false, false);
+    if (name == "selectattr") return select_or_reject(v, a, true, true);
+    if (name == "rejectattr") return select_or_reject(v, a, false, true);
     if (name == "int") {
       Value dflt = arg_or(a, 0, "default", Value::integer(0));
       if (v.kind == Kind::Int) return v;
@@ -1456,23 +1446,19 @@ struct Interp {
     fail("call " + what, std::string("'") + type_name(callee) + "' object is not callable");
   }
 
-  Value make_macro(Node* m, ScopeP def_scope, Node* caller_body = nullptr, ScopeP caller_scope = nullptr) {
+  // A {% macro %}, or a {% call %} block's body as its caller() (a CallBlock has no name).
+  Value make_macro(Node* m, ScopeP def_scope) {
     Value v;
     v.kind = Kind::Callable;
     auto c = std::make_shared<Callable>();
     c->name = m->name.empty() ? "caller" : m->name;
-    Node* body_owner = caller_body ? caller_body : m;
-    (void)caller_scope;
-    c->fn = [m, def_scope, body_owner, this](Interp& in, CallArgs& a) -> Value {
-      (void)this;
-      return in.invoke_macro(m, body_owner, def_scope, a);
-    };
+    c->fn = [m, def_scope](Interp& in, CallArgs& a) { return in.invoke_macro(m, def_scope, a); };
     v.fn = c;
     return v;
   }
 
-  // Calls macro `sig` (params/defaults) with body `owner->blocks[0]`.
-  Value invoke_macro(Node* sig, Node* owner, const ScopeP& def_scope, CallArgs& a) {
+  // Calls macro `sig` (params/defaults in sig, body sig->blocks[0]).
+  Value invoke_macro(Node* sig, const ScopeP& def_scope, CallArgs& a) {
     std::string construct = "macro " + (sig->name.empty() ? std::string("caller") : sig->name);
     if (++depth > opt.max_recursion) {
       depth--;
@@ -1515,8 +1501,7 @@ struct Interp {
     }
     if (!caller.is_undefined()) sc->set("caller", caller);
     std::string out;
-    Flow f = exec_block(owner->blocks[0], sc, out);
-    (void)f;
+    exec_block(sig->blocks[0], sc, out);
     return Value::str(std::move(out));
   }
 
@@ -1577,7 +1562,7 @@ struct Interp {
         eval_args(n, 1, sc, a);
         cur_line = n->line;
         if (n->soft) fail("filter " + n->name, "no filter named '" + n->name + "'");
-        return apply_filter(n->name, in, a, sc);
+        return apply_filter(n->name, in, a);
       }
       case NK::Test: {
         Value in = eval(n->ch[0], sc);
@@ -1645,7 +1630,7 @@ struct Interp {
       eval_args(f, 1, sc, a);
       cur_line = f->line;
       if (f->soft) fail("filter " + f->name, "no filter named '" + f->name + "'");
-      v = apply_filter(f->name, v, a, sc);
+      v = apply_filter(f->name, v, a);
     }
     return v;
   }
@@ -1658,14 +1643,20 @@ struct Interp {
       ns->d->set(n->attr, v);
       return;
     }
+    bind_names(n, v, sc, "set");
+  }
+
+  // Binds n's target names ({% set a, b = … %}, {% for k, v in … %}) to v, unpacking it when
+  // the target is a tuple.
+  void bind_names(Node* n, const Value& v, Scope& sc, const char* construct) {
     if (!n->unpack) {
       sc.set(n->names[0], v);
       return;
     }
-    auto items = iterate(v, "set");
+    auto items = iterate(v, construct);
     if (items.size() != n->names.size())
-      fail("set", items.size() > n->names.size() ? "too many values to unpack (expected " + std::to_string(n->names.size()) + ")"
-                                                 : "not enough values to unpack (expected " + std::to_string(n->names.size()) + ", got " + std::to_string(items.size()) + ")");
+      fail(construct, items.size() > n->names.size() ? "too many values to unpack (expected " + std::to_string(n->names.size()) + ")"
+                                                     : "not enough values to unpack (expected " + std::to_string(n->names.size()) + ", got " + std::to_string(items.size()) + ")");
     for (size_t k = 0; k < items.size(); k++) sc.set(n->names[k], items[k]);
   }
 
@@ -1717,14 +1708,7 @@ struct Interp {
         CallArgs a;
         eval_args(call, 1, *sc, a);
         // caller(): the call block's body, with the block's own parameters.
-        Value caller;
-        caller.kind = Kind::Callable;
-        auto c = std::make_shared<Callable>();
-        c->name = "caller";
-        ScopeP csc = sc;
-        c->fn = [n, csc](Interp& in, CallArgs& ca) { return in.invoke_macro(n, n, csc, ca); };
-        caller.fn = c;
-        a.kw.emplace_back("caller", caller);
+        a.kw.emplace_back("caller", make_macro(n, sc));
         cur_line = n->line;
         Value r = call_value(callee, a, call->ch[0]->kind == NK::Name ? call->ch[0]->name : "");
         emit(out, py_str(r));
@@ -1750,24 +1734,13 @@ struct Interp {
     Value seq = eval(n->ch[0], *sc);
     cur_line = n->line;
     std::vector<Value> items = iterate(seq, "for");
-    auto bind = [&](Scope& s, const Value& item) {
-      if (!n->unpack) {
-        s.set(n->names[0], item);
-        return;
-      }
-      auto parts = iterate(item, "for");
-      if (parts.size() != n->names.size())
-        fail("for", parts.size() > n->names.size() ? "too many values to unpack (expected " + std::to_string(n->names.size()) + ")"
-                                                   : "not enough values to unpack (expected " + std::to_string(n->names.size()) + ", got " + std::to_string(parts.size()) + ")");
-      for (size_t k = 0; k < parts.size(); k++) s.set(n->names[k], parts[k]);
-    };
     if (n->ch[1]) {
       std::vector<Value> kept;
       for (auto& it : items) {
         step();
         Scope probe;
         probe.parent = sc;
-        bind(probe, it);
+        bind_names(n, it, probe, "for");
         if (truthy(eval(n->ch[1], probe))) kept.push_back(it);
       }
       items.swap(kept);
@@ -1777,7 +1750,7 @@ struct Interp {
       step();
       auto it_scope = std::make_shared<Scope>();
       it_scope->parent = sc;
-      bind(*it_scope, items[k]);
+      bind_names(n, items[k], *it_scope, "for");
       Value loop = Value::ns();
       auto& L = *loop.d;
       L.set("index", Value::integer(int64_t(k + 1)));
@@ -1886,13 +1859,13 @@ std::string render_program(const detail::Program& prog, const nlohmann::ordered_
     in.install_globals();
     in.root = std::make_shared<Scope>();
     if (ctx.is_object())
-      for (auto it = ctx.begin(); it != ctx.end(); ++it) in.root->vars.emplace_back(it.key(), Value::from_json(it.value()));
+      for (auto it = ctx.begin(); it != ctx.end(); ++it) in.root->vars.items.emplace_back(it.key(), Value::from_json(it.value()));
     std::string out;
     in.exec_block(prog.body, in.root, out);
-    in.root->vars.clear();  // break macro ↔ scope reference cycles
+    in.root->vars.items.clear();  // break macro ↔ scope reference cycles
     return out;
   } catch (JinjaError& e) {
-    if (in.root) in.root->vars.clear();
+    if (in.root) in.root->vars.items.clear();
     if (e.line == 0) e.line = in.cur_line;
     throw;
   }

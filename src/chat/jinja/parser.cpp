@@ -422,7 +422,7 @@ class Parser {
         int line = tk.line;
         next();
         Node* n = mk(NK::Emit, line);
-        n->ch.push_back(parse_tuple(true, {}));
+        n->ch.push_back(parse_tuple({}));
         if (cur().type != TT::VarEnd) syntax(cur().line, "expected end of print statement, got " + describe(cur()));
         next();
         body.push_back(n);
@@ -475,7 +475,7 @@ class Parser {
   Node* parse_if(int line) {
     Node* n = mk(NK::If, line);
     while (true) {
-      n->ch.push_back(parse_tuple(false, {}));
+      n->ch.push_back(parse_tuple({}));
       expect_block_end();
       n->blocks.push_back(subparse({"elif", "else", "endif"}));
       std::string tag = cur().val;
@@ -517,7 +517,7 @@ class Parser {
     Node* n = mk(NK::For, line);
     parse_targets(n, false);
     if (!skip_name("in")) syntax(cur().line, "expected 'in', got " + describe(cur()));
-    n->ch.push_back(parse_tuple(false, {"recursive"}, false));
+    n->ch.push_back(parse_tuple({"recursive"}, false));
     n->ch.push_back(nullptr);
     if (skip_name("if")) n->ch[1] = parse_expression();
     if (is_name("recursive")) syntax(cur().line, "recursive loops are not supported");
@@ -541,7 +541,7 @@ class Parser {
     Node* n = mk(NK::Set, line);
     parse_targets(n, true);
     if (skip_op("=")) {
-      n->ch.push_back(parse_tuple(false, {}));
+      n->ch.push_back(parse_tuple({}));
       expect_block_end();
       return n;
     }
@@ -623,7 +623,7 @@ class Parser {
     return with_condexpr ? parse_condexpr() : parse_or();
   }
 
-  Node* parse_tuple(bool explicit_or_print, std::vector<const char*> extra_end, bool with_condexpr = true) {
+  Node* parse_tuple(std::vector<const char*> extra_end, bool with_condexpr = true) {
     int line = cur().line;
     std::vector<Node*> items;
     bool is_tuple = false;
@@ -648,7 +648,6 @@ class Parser {
     }
     Node* n = mk(NK::TupleLit, line);
     n->ch = items;
-    (void)explicit_or_print;
     return n;
   }
 

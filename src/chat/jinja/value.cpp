@@ -388,46 +388,41 @@ bool py_eq(const Value& a, const Value& b) {
 // ---- json.dumps --------------------------------------------------------------------------
 static void json_str(std::string& out, std::string_view s, bool ensure_ascii) {
   out.push_back('"');
-  auto esc_u = [&](uint32_t c) {
-    char b[8];
+  auto esc_u = [&](uint32_t c) {  // c <= 0xFFFF; the buffer fits any uint32_t for -Wformat-truncation
+    char b[12];
     std::snprintf(b, sizeof b, "\\u%04x", c);
     out += b;
   };
-  if (!ensure_ascii) {
-    for (unsigned char c : s) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20) esc_u(c);
-          else out.push_back(char(c));
-      }
+  // The escapes both modes share (Python's ESCAPE); true when c was written.
+  auto escape_common = [&](uint32_t c) {
+    switch (c) {
+      case '"': out += "\\\""; return true;
+      case '\\': out += "\\\\"; return true;
+      case '\n': out += "\\n"; return true;
+      case '\r': out += "\\r"; return true;
+      case '\t': out += "\\t"; return true;
+      case '\b': out += "\\b"; return true;
+      case '\f': out += "\\f"; return true;
+      default:
+        if (c >= 0x20) return false;
+        esc_u(c);
+        return true;
     }
+  };
+  if (!ensure_ascii) {
+    for (unsigned char c : s)
+      if (!escape_common(c)) out.push_back(char(c));
   } else {
     for (uint32_t c : utf8_decode(s)) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c >= 0x20 && c < 0x7f) {
-            out.push_back(char(c));
-          } else if (c >= 0x10000) {
-            uint32_t v = c - 0x10000;
-            esc_u(0xd800 + (v >> 10));
-            esc_u(0xdc00 + (v & 0x3ff));
-          } else {
-            esc_u(c);
-          }
+      if (escape_common(c)) continue;
+      if (c < 0x7f) {
+        out.push_back(char(c));
+      } else if (c >= 0x10000) {
+        uint32_t v = c - 0x10000;
+        esc_u(0xd800 + (v >> 10));
+        esc_u(0xdc00 + (v & 0x3ff));
+      } else {
+        esc_u(c);
       }
     }
   }
