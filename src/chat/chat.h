@@ -34,7 +34,6 @@ struct RequestError {
   std::string field;    // JSON path into the body: "messages[2].content[0].type", "tools[1].function.name"
   std::string message;  // "unknown role 'robot'"
   std::string to_string() const { return field.empty() ? message : field + ": " + message; }
-  kiln::Error to_error() const { return kiln::Error{to_string()}; }
 };
 
 template <class T>
@@ -120,6 +119,9 @@ struct Tool {
   ojson raw;                           // the tools[i] object as sent, passed to the template
 };
 
+// The tool named `name`, or nullptr.
+const Tool* find_tool(const std::vector<Tool>& tools, std::string_view name);
+
 struct ToolChoice {
   enum class Mode { Auto, None, Required, Named };
   Mode mode = Mode::Auto;
@@ -135,7 +137,7 @@ struct ChatRequest {
   ojson chat_template_kwargs = ojson::object();      // request-level kwargs (override server ones)
   std::optional<ReasoningFormat> reasoning_format;   // per-request override of --reasoning-format
   bool stream = false;
-  const Tool* find_tool(std::string_view name) const;
+  const Tool* find_tool(std::string_view name) const { return chat::find_tool(tools, name); }
 };
 
 // Validates the chat fields of a /v1/chat/completions body. Unknown top-level keys are ignored

@@ -128,6 +128,17 @@ void OutputParser::emit_content(std::string_view text, Delta& d) {
   content_ws_.append(text.substr(end));
 }
 
+void OutputParser::emit_tool_call(std::string name, std::string arguments, Delta& d) {
+  ToolCallDelta call;
+  call.index = static_cast<int>(msg_.tool_calls.size());
+  call.id = cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
+  if (call.id.empty()) call.id = random_tool_call_id();
+  call.name = std::move(name);
+  call.arguments = std::move(arguments);
+  msg_.tool_calls.push_back(ToolCall{call.id, call.name, call.arguments});
+  d.tool_calls.push_back(std::move(call));
+}
+
 void OutputParser::flush_content_ws(Delta& d) {
   add_content(content_ws_, d);
   content_ws_.clear();
@@ -207,24 +218,20 @@ Delta OutputParser::process(bool final) {
         const std::string_view open_marker =
             cfg_.tool_format == ToolCallFormat::MistralToolCalls ? kMistralOpen : kToolOpen;
         size_t pos = buf_.find(open_marker);
-        if (pos != std::string::npos && open_marker == kMistralOpen) {
-          emit_content(std::string_view(buf_).substr(0, pos), d);
-          tool_ws_ = std::move(content_ws_);
-          content_ws_.clear();
-          tail_marker_ = kMistralOpen;
-          buf_.erase(0, pos + kMistralOpen.size());
-          mode_ = Mode::TailCalls;
-          continue;
-        }
         if (pos != std::string::npos) {
           emit_content(std::string_view(buf_).substr(0, pos), d);
           // Whitespace between content and a call is layout, not content; kept aside in case
           // the call turns out malformed.
           tool_ws_ = std::move(content_ws_);
           content_ws_.clear();
-          buf_.erase(0, pos + kToolOpen.size());
-          mode_ = Mode::ToolCall;
-          scan_from_ = 0;
+          buf_.erase(0, pos + open_marker.size());
+          if (open_marker == kMistralOpen) {
+            tail_marker_ = kMistralOpen;
+            mode_ = Mode::TailCalls;
+          } else {
+            mode_ = Mode::ToolCall;
+            scan_from_ = 0;
+          }
           continue;
         }
         size_t hold = final ? 0 : partial_marker_suffix(buf_, open_marker);
@@ -238,16 +245,7 @@ Delta OutputParser::process(bool final) {
         if (!final) return d;
         std::vector<std::pair<std::string, std::string>> calls;
         if (parse_tail_tool_calls(cfg_.tool_format, buf_, cfg_.tools, calls)) {
-          for (auto& [name, args] : calls) {
-            ToolCallDelta call;
-            call.index = static_cast<int>(msg_.tool_calls.size());
-            call.id = cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
-            if (call.id.empty()) call.id = random_tool_call_id();
-            call.name = std::move(name);
-            call.arguments = std::move(args);
-            msg_.tool_calls.push_back(ToolCall{call.id, call.name, call.arguments});
-            d.tool_calls.push_back(std::move(call));
-          }
+          for (auto& [name, args] : calls) emit_tool_call(std::move(name), std::move(args), d);
         } else {
           std::string raw = tool_ws_ + tail_marker_ + buf_;
           content_skip_ws_ = false;
@@ -274,13 +272,9 @@ Delta OutputParser::process(bool final) {
           return d;
         }
         std::string_view body = std::string_view(buf_).substr(0, pos);
-        ToolCallDelta call;
-        if (parse_tool_call_body(body, cfg_.tools, call.name, call.arguments)) {
-          call.index = static_cast<int>(msg_.tool_calls.size());
-          call.id = cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
-          if (call.id.empty()) call.id = random_tool_call_id();
-          msg_.tool_calls.push_back(ToolCall{call.id, call.name, call.arguments});
-          d.tool_calls.push_back(std::move(call));
+        std::string name, args;
+        if (parse_tool_call_body(body, cfg_.tools, name, args)) {
+          emit_tool_call(std::move(name), std::move(args), d);
           buf_.erase(0, pos + kToolClose.size());
           mode_ = Mode::Content;
           content_skip_ws_ = true;

@@ -64,6 +64,7 @@ class OutputParser {
   void emit_content(std::string_view text, Delta& d);
   void flush_content_ws(Delta& d);
   void add_content(std::string_view text, Delta& d);
+  void emit_tool_call(std::string name, std::string arguments, Delta& d);  // assigns index and id
 
   ParserConfig cfg_;
   Mode mode_;
@@ -91,7 +92,7 @@ bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools,
 
 // Calls that run to the end of the output: Mistral (after "[TOOL_CALLS]": a JSON array of
 // {name, arguments}, or NAME[ARGS]{…} segments separated by "[TOOL_CALLS]") and Llama 3.x (a JSON
-// object {name, parameters|arguments}, or an array of them, or several separated by ';').
+// object {name, parameters|arguments}, or an array of them; every name must be one of `tools`).
 bool parse_tail_tool_calls(ToolCallFormat format, std::string_view text, const std::vector<Tool>& tools,
                            std::vector<std::pair<std::string, std::string>>& calls);
 

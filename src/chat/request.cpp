@@ -38,7 +38,7 @@ const char* tool_call_format_name(ToolCallFormat f) {
   return "?";
 }
 
-const Tool* ChatRequest::find_tool(std::string_view name) const {
+const Tool* find_tool(const std::vector<Tool>& tools, std::string_view name) {
   for (const auto& t : tools)
     if (t.name == name) return &t;
   return nullptr;

@@ -208,12 +208,8 @@ kiln::Result<Prompt> ChatTemplate::apply(const ChatRequest& req, const ApplyOpti
   if (req.add_generation_prompt && caps_.supports_thinking) {
     size_t open = p.text.rfind(caps_.reasoning_start);
     size_t close = p.text.rfind(caps_.reasoning_end);
-    if (open != std::string::npos && (close == std::string::npos || close < open)) {
-      bool only_ws = true;
-      for (size_t i = open + caps_.reasoning_start.size(); i < p.text.size(); ++i)
-        if (!(p.text[i] == ' ' || p.text[i] == '\n' || p.text[i] == '\r' || p.text[i] == '\t')) only_ws = false;
-      p.starts_in_reasoning = only_ws;
-    }
+    if (open != std::string::npos && (close == std::string::npos || close < open))
+      p.starts_in_reasoning = p.text.find_first_not_of(" \n\r\t", open + caps_.reasoning_start.size()) == std::string::npos;
   }
 
   ParserConfig& pc = p.parser;

@@ -40,14 +40,14 @@ std::vector<std::string> schema_types(const ojson& schema) {
 // qwen3_coder parser and llama.cpp do the same).
 ojson convert_value(const std::string& raw, const ojson* schema) {
   if (!schema || !schema->is_object()) return ojson(raw);
-  std::vector<std::string> types = schema_types(*schema);
-  const bool has = [&](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); }("string");
-  if (has) {
-    if (raw == "null" && std::find(types.begin(), types.end(), "null") != types.end()) return nullptr;
+  const std::vector<std::string> types = schema_types(*schema);
+  auto has = [&](const char* t) { return std::find(types.begin(), types.end(), t) != types.end(); };
+  if (has("string")) {
+    if (raw == "null" && has("null")) return nullptr;
     return ojson(raw);
   }
   std::string_view v = trim(raw);
-  if (std::find(types.begin(), types.end(), "boolean") != types.end()) {
+  if (has("boolean")) {
     std::string low(v);
     std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return std::tolower(c); });
     if (low == "true") return true;
@@ -66,12 +66,6 @@ const ojson* param_schema(const Tool* tool, const std::string& param) {
   return p == props->end() ? nullptr : &*p;
 }
 
-const Tool* find(const std::vector<Tool>& tools, std::string_view name) {
-  for (const auto& t : tools)
-    if (t.name == name) return &t;
-  return nullptr;
-}
-
 bool parse_xml(std::string_view s, const std::vector<Tool>& tools, std::string& name, std::string& arguments) {
   constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kP = "<parameter=", kPEnd = "</parameter>";
   s = trim(s);
@@ -83,7 +77,7 @@ bool parse_xml(std::string_view s, const std::vector<Tool>& tools, std::string& 
   if (nm.empty() || nm.find('\n') != std::string_view::npos || nm.find('<') != std::string_view::npos) return false;
   name = std::string(nm);
   s.remove_prefix(gt + 1);
-  const Tool* tool = find(tools, name);
+  const Tool* tool = find_tool(tools, name);
   ojson args = ojson::object();
   for (;;) {
     s = trim(s);
@@ -122,7 +116,7 @@ bool parse_arg_key(std::string_view s, const std::vector<Tool>& tools, std::stri
   std::string_view nm = trim(s.substr(0, first));
   if (nm.empty() || nm.find_first_of("<>{}\n\"") != std::string_view::npos) return false;
   name = std::string(nm);
-  const Tool* tool = find(tools, name);
+  const Tool* tool = find_tool(tools, name);
   ojson args = ojson::object();
   s.remove_prefix(first == std::string_view::npos ? s.size() : first);
   for (;;) {
@@ -146,14 +140,6 @@ bool parse_arg_key(std::string_view s, const std::vector<Tool>& tools, std::stri
   return true;
 }
 
-bool call_from_json(const ojson& j, std::string& name, std::string& arguments);
-
-bool parse_json(std::string_view s, std::string& name, std::string& arguments) {
-  ojson j = ojson::parse(trim(s), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return false;
-  return call_from_json(j, name, arguments);
-}
-
 // {"name": N, "arguments"|"parameters": {…} or "<json text>"}.
 bool call_from_json(const ojson& j, std::string& name, std::string& arguments) {
   if (!j.is_object()) return false;
@@ -173,6 +159,12 @@ bool call_from_json(const ojson& j, std::string& name, std::string& arguments) {
     arguments = dump_safe(*a);
   }
   return true;
+}
+
+bool parse_json(std::string_view s, std::string& name, std::string& arguments) {
+  ojson j = ojson::parse(trim(s), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return false;
+  return call_from_json(j, name, arguments);
 }
 
 }  // namespace
@@ -204,7 +196,7 @@ bool parse_tail_tool_calls(ToolCallFormat format, std::string_view text, const s
     // The whole answer is JSON: only a known tool name makes it a call (an ordinary JSON answer
     // such as {"name": "Bob"} stays content).
     for (const auto& c : calls)
-      if (!find(tools, c.first)) return false;
+      if (!find_tool(tools, c.first)) return false;
     return true;
   }
   if (format != ToolCallFormat::MistralToolCalls) return false;
