@@ -309,20 +309,18 @@ Status Tokenizer::Impl::build(std::string_view src) {
     if (id != kNoToken) v.types[size_t(id)] = TokenType::UserDefined;
   }
   {
+    // An eog token (found, so never kNoToken) that is not end-of-generation after all.
+    auto drop_eog = [&](TokenId id, TokenType t) {
+      eog_set.erase(id);
+      eog.erase(std::remove(eog.begin(), eog.end(), id), eog.end());
+      v.types[size_t(id)] = t;
+    };
     TokenId end = lookup("<|end|>");
     bool ret = eog_set.count(lookup("<|return|>")), call = eog_set.count(lookup("<|call|>")) || eog_set.count(lookup("<|calls|>")),
          flush = eog_set.count(lookup("<|flush|>"));
-    if (end != kNoToken && eog_set.count(end) && ((ret && call) || (call && flush))) {
-      eog_set.erase(end);
-      eog.erase(std::remove(eog.begin(), eog.end(), end), eog.end());
-      v.types[size_t(end)] = TokenType::UserDefined;
-    }
+    if (end != kNoToken && eog_set.count(end) && ((ret && call) || (call && flush))) drop_eog(end, TokenType::UserDefined);
     TokenId s_end = lookup("</s>");
-    if (s_end != kNoToken && eog_set.count(lookup("<|tool_response>")) && eog_set.count(s_end)) {
-      eog_set.erase(s_end);
-      eog.erase(std::remove(eog.begin(), eog.end(), s_end), eog.end());
-      v.types[size_t(s_end)] = TokenType::Normal;
-    }
+    if (s_end != kNoToken && eog_set.count(lookup("<|tool_response>")) && eog_set.count(s_end)) drop_eog(s_end, TokenType::Normal);
   }
   std::sort(eog.begin(), eog.end());
 
