@@ -49,18 +49,16 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   KILN_CHECK(ws != nullptr, "matmul: {} weights with m = {} need a workspace", gguf::type_name(a.wt), m);
   const GgmlType at = cpu::act_type(a.wt);
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
-  const cpu::VecDotQ8Fn vd = is_float_type(a.wt) || !qa ? nullptr : T.vec_dot_q8[wi];
+  const cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;  // float weights: at is F32, no qa
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
     const size_t ab = cpu::act_bytes(at, k);
-    if (m < 2 * pool.size()) {
-      for (int64_t t = 0; t < m; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
-    } else {
-      pool.parallel_for(m, [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
-      });
-    }
+    auto quantize_cols = [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
+    };
+    if (m < 2 * pool.size()) quantize_cols(0, m, 0);
+    else pool.parallel_for(m, quantize_cols);
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
@@ -116,7 +114,7 @@ void for_rows(CRows x, Rows y, ThreadPool& pool, F&& fn) {
   auto body = [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t i1 = r % x.n1, i2 = r / x.n1;
-      fn(x.row(i1, i2), y.row(i1, i2), i2);
+      fn(x.row(i1, i2), y.row(i1, i2));
     }
   };
   if (nr <= grain) body(0, nr, 0);
@@ -128,7 +126,7 @@ void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool) {
   // ggml's arithmetic (ggml_compute_forward_rms_norm_f32): float squares summed in double, the mean
   // and 1/sqrt in float, then (x * scale) * w.
   const int64_t n = x.ne0;
-  for_rows(x, y, pool, [&](const float* xr, float* yr, int64_t) {
+  for_rows(x, y, pool, [&](const float* xr, float* yr) {
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
     const float mean = float(sum / double(n));
@@ -140,7 +138,7 @@ void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool) {
 
 void l2_norm(CRows x, Rows y, float eps, ThreadPool& pool) {
   const int64_t n = x.ne0;
-  for_rows(x, y, pool, [&](const float* xr, float* yr, int64_t) {
+  for_rows(x, y, pool, [&](const float* xr, float* yr) {
     double ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
     const float r = float(1.0 / std::max(std::sqrt(ss), double(eps)));
@@ -155,6 +153,8 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
   // ggml's arithmetic (ggml_rope_cache_init): theta_i = pos * theta_scale^i by repeated float
   // multiplication, theta_scale = powf(base, -2/n_rot), cos/sin in float of freq_scale * theta_i.
   const float theta_scale = std::pow(p.freq_base, -2.0f / float(p.n_rot));
+  // Pair i is (e[0], e[off]) with e = row + i * step: (i, i + half) when neox, else (2i, 2i + 1).
+  const int64_t off = p.neox ? half : 1, step = p.neox ? 1 : 2;
   pool.parallel_for(x.n2, [&](int64_t t0, int64_t t1, int) {
     float cs[512], sn[512];
     for (int64_t t = t0; t < t1; ++t) {
@@ -167,7 +167,6 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
       }
       for (int64_t h = 0; h < x.n1; ++h) {
         float* r = x.row(h, t);
-        const int64_t off = p.neox ? half : 1, step = p.neox ? 1 : 2;
         for (int i = 0; i < half; ++i) {
           float* e = r + i * step;
           const float x0 = e[0], x1 = e[off];
@@ -182,7 +181,7 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
 
 void softmax(Rows x, float scale, ThreadPool& pool) {
   const int64_t n = x.ne0;
-  for_rows(x, x, pool, [&](const float* xr, float* yr, int64_t) {
+  for_rows(x, x, pool, [&](const float* xr, float* yr) {
     float mx = -INFINITY;
     for (int64_t i = 0; i < n; ++i) mx = std::max(mx, scale * xr[i]);
     float sum = 0;
@@ -329,12 +328,12 @@ void attention_ggml(CRows q, const int32_t* pos, const KvView& kv_k, const KvVie
     // Per-thread scratch, grown once to the longest context seen (not per call).
     thread_local std::vector<float> sc, ex, acc;
     thread_local std::vector<uint16_t> qh;
+    if (int64_t(acc.size()) < 64 * D) acc.resize(size_t(64 * D));  // kqv: 4 chains x 16 lanes x D
+    qh.resize(size_t(D));
     for (int64_t it = i0; it < i1; ++it) {
       const int64_t t = it / p.n_head, h = it % p.n_head, hk = h / group;
       const int64_t n = int64_t(pos[t]) + 1, n16 = (n + 15) / 16 * 16;
       if (int64_t(sc.size()) < n16) { sc.resize(size_t(n16)); ex.resize(size_t(n16)); }
-      if (int64_t(acc.size()) < 64 * D) acc.resize(size_t(64 * D));
-      qh.resize(size_t(D));
       const float* qr = q.row(h, t);
       for (int64_t i = 0; i < D; ++i) qh[size_t(i)] = f32_to_fp16(qr[i]);
       const auto* kb = static_cast<const uint8_t*>(kv_k.data) + size_t(hk) * kv_k.head_stride;
@@ -364,23 +363,20 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
   const int64_t D = p.head_dim;
   KILN_CHECK(D > 0 && D <= 512 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "attention: head_dim {} heads {}/{}",
              D, p.n_head, p.n_head_kv);
-  const int64_t group = p.n_head / p.n_head_kv;
-  const Table& T = cpu::table();
-  if (p.order != AttnOrder::Streaming && attention_ggml_supported(kv_k.type, kv_v.type, D)) {
-    for (int64_t t = 0; t < q.n2; ++t)
-      KILN_CHECK(pos[t] >= 0 && pos[t] < kv_k.n_kv && pos[t] < kv_v.n_kv, "attention: pos {} outside cache of {}", pos[t],
-                 kv_k.n_kv);
-    attention_ggml(q, pos, kv_k, kv_v, p, out, pool);
-    return;
-  }
-  const cpu::ToF32Fn kdeq = T.to_f32[cpu::type_index(kv_k.type)], vdeq = T.to_f32[cpu::type_index(kv_v.type)];
-  KILN_CHECK(kdeq && vdeq, "attention: unsupported cache types");
-  int64_t max_n = 0;
+  int64_t max_n = 0;  // keys seen by the query that sees the most
   for (int64_t t = 0; t < q.n2; ++t) {
     KILN_CHECK(pos[t] >= 0 && pos[t] < kv_k.n_kv && pos[t] < kv_v.n_kv, "attention: pos {} outside cache of {}", pos[t],
                kv_k.n_kv);
     max_n = std::max<int64_t>(max_n, int64_t(pos[t]) + 1);
   }
+  if (p.order != AttnOrder::Streaming && attention_ggml_supported(kv_k.type, kv_v.type, D)) {
+    attention_ggml(q, pos, kv_k, kv_v, p, out, pool);
+    return;
+  }
+  const Table& T = cpu::table();
+  const cpu::ToF32Fn kdeq = T.to_f32[cpu::type_index(kv_k.type)], vdeq = T.to_f32[cpu::type_index(kv_v.type)];
+  KILN_CHECK(kdeq && vdeq, "attention: unsupported cache types");
+  const int64_t group = p.n_head / p.n_head_kv;
   const int64_t n_gchunks = (group + kAttnG - 1) / kAttnG;
   const int64_t n_items = q.n2 * p.n_head_kv * n_gchunks;
   auto item_geom = [&](int64_t it, int64_t& t, int64_t& hk, int64_t& h0, int& ng) {
@@ -522,9 +518,13 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
   });
 }
 
+namespace {
+// Per-thread scratch of the chunked form: KS QS Dl [C, S], KK QK [C, C], G cf [C] floats.
+size_t delta_chunk_bytes(int64_t S, int64_t C) { return align64(size_t(3 * C * S + 2 * C * C + 2 * C) * 4); }
+}  // namespace
+
 size_t gated_delta_chunked_workspace(int64_t S, int chunk, int n_threads) {
-  const size_t per = size_t(3 * chunk * S + 2 * chunk * chunk + 2 * chunk) * 4;
-  return size_t(n_threads) * align64(per);
+  return size_t(n_threads) * delta_chunk_bytes(S, chunk);
 }
 
 // Chunked form. Within a chunk of L tokens with cumulative log-decay G_t (inclusive) and start
@@ -538,7 +538,7 @@ void gated_delta_rule_chunked(const DeltaArgs& a, int chunk, void* ws, ThreadPoo
   const Table& T = cpu::table();
   const int64_t S = a.S, C = chunk;
   const float qscale = 1.0f / std::sqrt(float(S));
-  const size_t per = align64(size_t(3 * C * S + 2 * C * C + 2 * C) * 4);
+  const size_t per = delta_chunk_bytes(S, C);
   pool.parallel_for(a.Hv, [&](int64_t h0, int64_t h1, int tid) {
     float* base = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + size_t(tid) * per);
     float* KS = base;          // [S, C]: row t = M0^T k_t
