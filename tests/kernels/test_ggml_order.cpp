@@ -1,6 +1,6 @@
 // The "ggml order" kernels (commit e8cf6da) against plain scalar references written here:
 //  - the AVX-512 table entries ggml_dot_f16 / ggml_softmax_exp / ggml_kqv / swiglu (x86_kernels.inc,
-//    KILN_VNNI) and attention with AttnOrder::GgmlVec / GgmlTiny (llama.cpp's non-flash attention);
+//    KILN_AVX512) and attention with AttnOrder::GgmlVec / GgmlTiny (llama.cpp's non-flash attention);
 //  - rms_norm and rope (ggml's scalar arithmetic) and the one-chain legacy integer dots (legacy_nc).
 // Each is checked (1) for accuracy against a double-precision reference and (2) bit for bit against a
 // scalar emulation of ggml's operation order (explicit lane arrays, std::fma for every fused op).
