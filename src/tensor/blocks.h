@@ -2,7 +2,8 @@
 // Owns: one POD struct per block type, matching ggml's layout byte for byte (checked by
 //   static_assert on sizeof and offsetof), plus the IQ4_NL codebook. Every struct comment gives
 //   the bit layout and the reconstruction formula; docs/formats.md has the long version.
-// Must not: contain code beyond trivial accessors; quantize/dequantize live in tensor/quant.cpp.
+// Must not: contain code beyond trivial accessors (the packed-scale getters); quantize/dequantize
+//   live in tensor/quant.cpp.
 // Threading: plain data.
 //
 // Conventions used in the comments:
@@ -119,6 +120,12 @@ struct BlockQ3_K {
 };
 static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(offsetof(BlockQ3_K, d) == 108);
+// S[s] (0..63) from BlockQ3_K::scales.
+inline int get_scale_q3k(int s, const uint8_t* scales) {
+  const int lo = s < 8 ? (scales[s] & 0xF) : (scales[s - 8] >> 4);
+  const int hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+  return lo | hi << 4;
+}
 
 // Q4_K — 256 weights, 144 bytes, 4.5 bpw. 8 sub-blocks of 32, 4-bit q, 6-bit scale and min.
 //   byte 0..1 d (fp16) | byte 2..3 dmin (fp16)
@@ -136,6 +143,16 @@ struct BlockQ4_K {
   uint8_t qs[kQK_K / 2];
 };
 static_assert(sizeof(BlockQ4_K) == 144);
+// sc[s] and mn[s] (0..63) from BlockQ4_K::scales / BlockQ5_K::scales.
+inline void get_scale_min_k4(int s, const uint8_t* q, int* sc, int* mn) {
+  if (s < 4) {
+    *sc = q[s] & 63;
+    *mn = q[s + 4] & 63;
+  } else {
+    *sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+    *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
 
 // Q5_K — 256 weights, 176 bytes, 5.5 bpw. As Q4_K plus a fifth bit per weight.
 //   byte 0..1 d | 2..3 dmin | 4..15 scales (as Q4_K) | 16..47 qh[32] | 48..175 qs[128] (as Q4_K)

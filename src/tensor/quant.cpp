@@ -270,16 +270,7 @@ inline int level_sym(float x, float S, int nmin, int nmax) {
 }
 inline int index_iq4(float x, float S) { return S != 0.0f ? nearest_iq4(x / S) : 0; }
 
-// Q4_K / Q5_K scale packing (see BlockQ4_K).
-inline void get_scale_min_k4(int s, const uint8_t* q, int* sc, int* mn) {
-  if (s < 4) {
-    *sc = q[s] & 63;
-    *mn = q[s + 4] & 63;
-  } else {
-    *sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
-    *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-  }
-}
+// Q4_K / Q5_K scale packing (see BlockQ4_K; get_scale_min_k4 unpacks).
 inline void pack_scale_min_k4(const int* sc, const int* mn, uint8_t* q) {
   for (int s = 0; s < 4; ++s) {
     q[s] = static_cast<uint8_t>((sc[s] & 63) | ((sc[s + 4] >> 4) << 6));
@@ -288,12 +279,7 @@ inline void pack_scale_min_k4(const int* sc, const int* mn, uint8_t* q) {
   }
 }
 
-// Q3_K 6-bit scale packing (see BlockQ3_K).
-inline int get_scale_q3k(int s, const uint8_t* sc) {
-  const int lo = s < 8 ? (sc[s] & 0xF) : (sc[s - 8] >> 4);
-  const int hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
-  return lo | hi << 4;
-}
+// Q3_K 6-bit scale packing (see BlockQ3_K; get_scale_q3k unpacks).
 inline void pack_scales_q3k(const int* S, uint8_t* sc) {
   std::memset(sc, 0, 12);
   for (int s = 0; s < 16; ++s) {
