@@ -322,124 +322,72 @@ void quant_bf16(const float* x, void* dst, int64_t n) { quant_16<f32_to_bf16>(x,
 // Legacy 32-element types. The quantizers are ggml's reference algorithm (a format fact that
 // gguf-py also reproduces), so the oracle test compares them bit for bit.
 
-void dequant_q4_0(const void* src, float* y, int64_t n) {
-  for (int64_t b = 0; b < n / kQK; ++b, y += kQK) {
-    const auto blk = load_block<BlockQ4_0>(src, b);
-    const float d = h2f(blk.d);
-    for (int j = 0; j < kQK / 2; ++j) {
-      y[j] = d * static_cast<float>((blk.qs[j] & 0xF) - 8);
-      y[j + 16] = d * static_cast<float>((blk.qs[j] >> 4) - 8);
-    }
-  }
-}
-void quant_q4_0(const float* x, void* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK; ++b, x += kQK) {
-    BlockQ4_0 blk{};
-    const float d = signed_absmax(x, kQK) / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    blk.d = scale_to_fp16(d);
-    int q[kQK];
-    // (x*id) + 8.5 as two float roundings: ggml's C reference without FMA contraction and
-    // gguf-py 0.19. (An FMA-contracted ggml build can differ when the sum lands within an ulp
-    // of an integer; both are valid blocks. The oracle test counts such elements.)
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp(x[j] * id + 8.5f, 0, 15);
-    for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = static_cast<uint8_t>(q[j] | q[j + 16] << 4);
-    store_block(dst, b, blk);
-  }
-}
-
-void dequant_q4_1(const void* src, float* y, int64_t n) {
-  for (int64_t b = 0; b < n / kQK; ++b, y += kQK) {
-    const auto blk = load_block<BlockQ4_1>(src, b);
-    const float d = h2f(blk.d), m = h2f(blk.m);
-    for (int j = 0; j < kQK / 2; ++j) {
-      y[j] = d * static_cast<float>(blk.qs[j] & 0xF) + m;
-      y[j + 16] = d * static_cast<float>(blk.qs[j] >> 4) + m;
-    }
-  }
-}
-void quant_q4_1(const float* x, void* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK; ++b, x += kQK) {
-    BlockQ4_1 blk{};
-    float mn = std::numeric_limits<float>::max(), mx = -std::numeric_limits<float>::max();
-    for (int j = 0; j < kQK; ++j) {
-      mn = std::min(mn, x[j]);
-      mx = std::max(mx, x[j]);
-    }
-    const float d = (mx - mn) / 15.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    blk.d = scale_to_fp16(d);
-    blk.m = scale_to_fp16(mn);
-    int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp((x[j] - mn) * id + 0.5f, 0, 15);
-    for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = static_cast<uint8_t>(q[j] | q[j + 16] << 4);
-    store_block(dst, b, blk);
-  }
-}
-
 inline uint32_t load_u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
-void dequant_q5_0(const void* src, float* y, int64_t n) {
-  for (int64_t b = 0; b < n / kQK; ++b, y += kQK) {
-    const auto blk = load_block<BlockQ5_0>(src, b);
-    const float d = h2f(blk.d);
-    const uint32_t qh = load_u32(blk.qh);
-    for (int j = 0; j < kQK / 2; ++j) {
-      const int q0 = (blk.qs[j] & 0xF) | int((qh >> j) & 1) << 4;
-      const int q1 = (blk.qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
-      y[j] = d * static_cast<float>(q0 - 16);
-      y[j + 16] = d * static_cast<float>(q1 - 16);
-    }
-  }
-}
-void quant_q5_0(const float* x, void* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK; ++b, x += kQK) {
-    BlockQ5_0 blk{};
-    const float d = signed_absmax(x, kQK) / -16.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    blk.d = scale_to_fp16(d);
-    int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp(x[j] * id + 16.5f, 0, 31);  // see quant_q4_0
-    uint32_t qh = 0;
-    for (int j = 0; j < kQK; ++j) qh |= uint32_t(q[j] >> 4) << j;
-    for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = static_cast<uint8_t>((q[j] & 0xF) | (q[j + 16] & 0xF) << 4);
-    store_u32(blk.qh, qh);
-    store_block(dst, b, blk);
-  }
-}
+// Q4_0 Q4_1 Q5_0 Q5_1: 4-bit q (plus a fifth bit in qh for Q5_*), symmetric y = d * (q - 2^(bits-1))
+// or, with a minimum m (Q4_1 Q5_1), y = d * q + m.
+template <class B>
+constexpr bool kHasMin = requires(B b) { b.m; };
+template <class B>
+constexpr bool kHasQh = requires(B b) { b.qh; };
 
-void dequant_q5_1(const void* src, float* y, int64_t n) {
+template <class B>
+void dequant_legacy(const void* src, float* y, int64_t n) {
+  constexpr int kOff = kHasQh<B> ? 16 : 8;  // symmetric types only
   for (int64_t b = 0; b < n / kQK; ++b, y += kQK) {
-    const auto blk = load_block<BlockQ5_1>(src, b);
-    const float d = h2f(blk.d), m = h2f(blk.m);
-    const uint32_t qh = load_u32(blk.qh);
+    const auto blk = load_block<B>(src, b);
+    const float d = h2f(blk.d);
+    [[maybe_unused]] float m = 0.0f;
+    if constexpr (kHasMin<B>) m = h2f(blk.m);
+    uint32_t qh = 0;
+    if constexpr (kHasQh<B>) qh = load_u32(blk.qh);
     for (int j = 0; j < kQK / 2; ++j) {
       const int q0 = (blk.qs[j] & 0xF) | int((qh >> j) & 1) << 4;
       const int q1 = (blk.qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
-      y[j] = d * static_cast<float>(q0) + m;
-      y[j + 16] = d * static_cast<float>(q1) + m;
+      if constexpr (kHasMin<B>) {
+        y[j] = d * static_cast<float>(q0) + m;
+        y[j + 16] = d * static_cast<float>(q1) + m;
+      } else {
+        y[j] = d * static_cast<float>(q0 - kOff);
+        y[j + 16] = d * static_cast<float>(q1 - kOff);
+      }
     }
   }
 }
-void quant_q5_1(const float* x, void* dst, int64_t n) {
+template <class B>
+void quant_legacy(const float* x, void* dst, int64_t n) {
+  constexpr int kMax = kHasQh<B> ? 31 : 15;
   for (int64_t b = 0; b < n / kQK; ++b, x += kQK) {
-    BlockQ5_1 blk{};
-    float mn = std::numeric_limits<float>::max(), mx = -std::numeric_limits<float>::max();
-    for (int j = 0; j < kQK; ++j) {
-      mn = std::min(mn, x[j]);
-      mx = std::max(mx, x[j]);
-    }
-    const float d = (mx - mn) / 31.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    blk.d = scale_to_fp16(d);
-    blk.m = scale_to_fp16(mn);
+    B blk{};
     int q[kQK];
-    for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp((x[j] - mn) * id + 0.5f, 0, 31);
-    uint32_t qh = 0;
-    for (int j = 0; j < kQK; ++j) qh |= uint32_t(q[j] >> 4) << j;
+    if constexpr (kHasMin<B>) {
+      float mn = std::numeric_limits<float>::max(), mx = -std::numeric_limits<float>::max();
+      for (int j = 0; j < kQK; ++j) {
+        mn = std::min(mn, x[j]);
+        mx = std::max(mx, x[j]);
+      }
+      const float d = (mx - mn) / static_cast<float>(kMax);
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      blk.d = scale_to_fp16(d);
+      blk.m = scale_to_fp16(mn);
+      for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp((x[j] - mn) * id + 0.5f, 0, kMax);
+    } else {
+      constexpr float kHalf = static_cast<float>(kMax / 2 + 1);  // 8 or 16
+      const float d = signed_absmax(x, kQK) / -kHalf;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      blk.d = scale_to_fp16(d);
+      // (x*id) + 8.5 as two float roundings: ggml's C reference without FMA contraction and
+      // gguf-py 0.19. (An FMA-contracted ggml build can differ when the sum lands within an ulp
+      // of an integer; both are valid blocks. The oracle test counts such elements.)
+      for (int j = 0; j < kQK; ++j) q[j] = trunc_clamp(x[j] * id + (kHalf + 0.5f), 0, kMax);
+    }
     for (int j = 0; j < kQK / 2; ++j) blk.qs[j] = static_cast<uint8_t>((q[j] & 0xF) | (q[j + 16] & 0xF) << 4);
-    store_u32(blk.qh, qh);
+    if constexpr (kHasQh<B>) {
+      uint32_t qh = 0;
+      for (int j = 0; j < kQK; ++j) qh |= uint32_t(q[j] >> 4) << j;
+      store_u32(blk.qh, qh);
+    }
     store_block(dst, b, blk);
   }
 }
@@ -800,10 +748,10 @@ using T = GgmlType;
 constexpr std::array<DTypeTraits, 16> kTraits = {{
     row(T::F32, "F32", 1, 4, T::F32, dequant_f32, quant_f32),
     row(T::F16, "F16", 1, 2, T::F16, dequant_f16, quant_f16),
-    row(T::Q4_0, "Q4_0", 32, 18, T::Q8_0, dequant_q4_0, quant_q4_0),
-    row(T::Q4_1, "Q4_1", 32, 20, T::Q8_1, dequant_q4_1, quant_q4_1),
-    row(T::Q5_0, "Q5_0", 32, 22, T::Q8_0, dequant_q5_0, quant_q5_0),
-    row(T::Q5_1, "Q5_1", 32, 24, T::Q8_1, dequant_q5_1, quant_q5_1),
+    row(T::Q4_0, "Q4_0", 32, 18, T::Q8_0, dequant_legacy<BlockQ4_0>, quant_legacy<BlockQ4_0>),
+    row(T::Q4_1, "Q4_1", 32, 20, T::Q8_1, dequant_legacy<BlockQ4_1>, quant_legacy<BlockQ4_1>),
+    row(T::Q5_0, "Q5_0", 32, 22, T::Q8_0, dequant_legacy<BlockQ5_0>, quant_legacy<BlockQ5_0>),
+    row(T::Q5_1, "Q5_1", 32, 24, T::Q8_1, dequant_legacy<BlockQ5_1>, quant_legacy<BlockQ5_1>),
     row(T::Q8_0, "Q8_0", 32, 34, T::Q8_0, dequant_q8_0, quant_q8_0),
     row(T::Q2_K, "Q2_K", 256, 84, T::Q8_K, dequant_q2_k, quant_q2_k),
     row(T::Q3_K, "Q3_K", 256, 110, T::Q8_K, dequant_q3_k, quant_q3_k),
