@@ -69,7 +69,7 @@ TEST(Ops, RopeNeoxNormalPartial) {
             for (int64_t h = 0; h < H; ++h)
               for (int64_t i = 0; i < D; ++i) {
                 const size_t o = size_t((t * H + h) * D + i);
-                if (i >= n_rot || pos[t] == 0) ASSERT_EQ(got[o], x[o]);
+                if (i >= n_rot || pos[t] == 0) { ASSERT_EQ(got[o], x[o]); }
               }
         }
   // An independent check of the pairing for NeoX: pair (0, n_rot/2) rotates by pos * scale.
@@ -206,7 +206,7 @@ TEST(Ops, KvStoreMatchesReference) {
     EXPECT_EQ(a, b);
     // Round trip through dequantization is close to the input (independent check of the layout).
     std::vector<float> back(static_cast<size_t>(D));
-    ref::dequantize_row(t, a.data() + rs * H * 2 + rs, back.data(), D);  // pos 2, head 1 = token 0 head 1
+    tensor::dequantize_row(t, a.data() + rs * H * 2 + rs, back.data(), D);  // pos 2, head 1 = token 0 head 1
     EXPECT_LT(nmse(back.data(), x.data() + D, size_t(D)), t == GgmlType::Q4_0 ? 1e-2 : 1e-4);
   }
 }

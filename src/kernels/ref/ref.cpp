@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "core/check.h"
-#include "core/fp16.h"
 #include "tensor/quant.h"
 
 namespace kiln::kernels {
@@ -26,22 +24,21 @@ bool matmul_supported(GgmlType wt) {
 
 namespace ref {
 
-void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
-  switch (t) {
-    case GgmlType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
-    case GgmlType::F16: {
-      const auto* h = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) { uint16_t v; std::memcpy(&v, h + 2 * i, 2); dst[i] = fp16_to_f32(v); }
-      return;
-    }
-    case GgmlType::BF16: {
-      const auto* h = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) { uint16_t v; std::memcpy(&v, h + 2 * i, 2); dst[i] = bf16_to_f32(v); }
-      return;
-    }
-    default: tensor::dequantize_row(t, src, dst, n);
-  }
+using tensor::dequantize_row;
+
+namespace {
+// fn(row of x, row of y) for every row (i1, i2).
+template <class F>
+void each_row(CRows x, Rows y, F&& fn) {
+  for (int64_t i2 = 0; i2 < x.n2; ++i2)
+    for (int64_t i1 = 0; i1 < x.n1; ++i1) fn(x.row(i1, i2), y.row(i1, i2));
 }
+double sum_sq(const float* x, int64_t n) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  return ss;
+}
+}  // namespace
 
 void matmul(const MatmulArgs& a) {
   KILN_CHECK(matmul_supported(a.wt), "matmul: unsupported weight type {}", gguf::type_name(a.wt));
@@ -66,27 +63,17 @@ void get_rows(GgmlType t, const void* table, size_t row_stride, int64_t n_rows, 
 }
 
 void rms_norm(CRows x, const float* w, Rows y, float eps) {
-  for (int64_t i2 = 0; i2 < x.n2; ++i2)
-    for (int64_t i1 = 0; i1 < x.n1; ++i1) {
-      const float* xr = x.row(i1, i2);
-      float* yr = y.row(i1, i2);
-      double ss = 0;
-      for (int64_t i = 0; i < x.ne0; ++i) ss += double(xr[i]) * xr[i];
-      const double r = 1.0 / std::sqrt(ss / double(x.ne0) + double(eps));
-      for (int64_t i = 0; i < x.ne0; ++i) yr[i] = float(xr[i] * r * (w ? w[i] : 1.0f));
-    }
+  each_row(x, y, [&](const float* xr, float* yr) {
+    const double r = 1.0 / std::sqrt(sum_sq(xr, x.ne0) / double(x.ne0) + double(eps));
+    for (int64_t i = 0; i < x.ne0; ++i) yr[i] = float(xr[i] * r * (w ? w[i] : 1.0f));
+  });
 }
 
 void l2_norm(CRows x, Rows y, float eps) {
-  for (int64_t i2 = 0; i2 < x.n2; ++i2)
-    for (int64_t i1 = 0; i1 < x.n1; ++i1) {
-      const float* xr = x.row(i1, i2);
-      float* yr = y.row(i1, i2);
-      double ss = 0;
-      for (int64_t i = 0; i < x.ne0; ++i) ss += double(xr[i]) * xr[i];
-      const double r = 1.0 / std::max(std::sqrt(ss), double(eps));
-      for (int64_t i = 0; i < x.ne0; ++i) yr[i] = float(xr[i] * r);
-    }
+  each_row(x, y, [&](const float* xr, float* yr) {
+    const double r = 1.0 / std::max(std::sqrt(sum_sq(xr, x.ne0)), double(eps));
+    for (int64_t i = 0; i < x.ne0; ++i) yr[i] = float(xr[i] * r);
+  });
 }
 
 void rope(Rows x, const int32_t* pos, const RopeParams& p) {
@@ -107,15 +94,13 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p) {
 }
 
 void softmax(Rows x, float scale) {
-  for (int64_t i2 = 0; i2 < x.n2; ++i2)
-    for (int64_t i1 = 0; i1 < x.n1; ++i1) {
-      float* r = x.row(i1, i2);
-      double mx = -INFINITY;
-      for (int64_t i = 0; i < x.ne0; ++i) mx = std::max(mx, double(scale) * r[i]);
-      double sum = 0;
-      for (int64_t i = 0; i < x.ne0; ++i) sum += std::exp(double(scale) * r[i] - mx);
-      for (int64_t i = 0; i < x.ne0; ++i) r[i] = float(std::exp(double(scale) * r[i] - mx) / sum);
-    }
+  each_row(x, x, [&](const float*, float* r) {
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < x.ne0; ++i) mx = std::max(mx, double(scale) * r[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < x.ne0; ++i) sum += std::exp(double(scale) * r[i] - mx);
+    for (int64_t i = 0; i < x.ne0; ++i) r[i] = float(std::exp(double(scale) * r[i] - mx) / sum);
+  });
 }
 
 static double silu_d(double v) { return v / (1.0 + std::exp(-v)); }
@@ -164,23 +149,13 @@ void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, boo
   }
 }
 
-static void store_row(GgmlType type, const float* src, void* dst, int64_t n) {
-  auto* d = static_cast<uint8_t*>(dst);
-  switch (type) {
-    case GgmlType::F32: std::memcpy(d, src, size_t(n) * 4); return;
-    case GgmlType::F16:
-      for (int64_t i = 0; i < n; ++i) { uint16_t h = f32_to_fp16(src[i]); std::memcpy(d + 2 * i, &h, 2); }
-      return;
-    case GgmlType::Q8_0: case GgmlType::Q4_0: tensor::quantize_row(type, src, dst, n); return;
-    default: KILN_CHECK(false, "kv_store: unsupported cache type {}", gguf::type_name(type));
-  }
-}
-
 void kv_store(GgmlType type, CRows x, const int32_t* pos, void* dst, size_t pos_stride, size_t head_stride) {
+  KILN_CHECK(type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::Q8_0 || type == GgmlType::Q4_0,
+             "kv_store: unsupported cache type {}", gguf::type_name(type));
   for (int64_t t = 0; t < x.n2; ++t)
     for (int64_t h = 0; h < x.n1; ++h)
-      store_row(type, x.row(h, t), static_cast<char*>(dst) + size_t(pos[t]) * pos_stride + size_t(h) * head_stride,
-                x.ne0);
+      tensor::quantize_row(type, x.row(h, t),
+                           static_cast<char*>(dst) + size_t(pos[t]) * pos_stride + size_t(h) * head_stride, x.ne0);
 }
 
 void attention(CRows q, const int32_t* pos, const KvView& k, const KvView& v, const AttnParams& p, Rows out) {

@@ -32,7 +32,4 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
                  int64_t C, int64_t n_t, int d_conv);
 void gated_delta_rule(const DeltaArgs& a);
 
-// Dequantizes one row of any supported type (F32/F16/BF16 included) to floats.
-void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
-
 }  // namespace kiln::kernels::ref
