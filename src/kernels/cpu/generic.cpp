@@ -11,14 +11,21 @@
 namespace kiln::kernels::cpu {
 namespace {
 
-float dot_f32_generic(const float* a, const float* b, int64_t n) {
+// Dot of row `at` (element i is at(i)) with x: 8 lanes, then a fixed pairwise reduction (the SIMD
+// paths sum the same way).
+template <class At>
+float dot8(At at, const float* x, int64_t n) {
   float acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < 8; ++j) acc[j] += at(i + j) * x[i + j];
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += at(i) * x[i];
   return s;
+}
+
+float dot_f32_generic(const float* a, const float* b, int64_t n) {
+  return dot8([a](int64_t i) { return a[i]; }, b, n);
 }
 
 void axpy_generic(float a, const float* x, float* y, int64_t n) {
@@ -29,22 +36,15 @@ void scale_generic(float* y, float a, int64_t n) {
 }
 
 float dot_row_f32(const void* w, const float* x, int64_t k) { return dot_f32_generic(static_cast<const float*>(w), x, k); }
-// F16 / BF16 weight rows: 8 lanes, then a fixed pairwise reduction (the SIMD paths sum the same way).
+// F16 / BF16 weight rows.
 template <float (*to_f32)(uint16_t)>
 float dot_row_16(const void* w, const float* x, int64_t k) {
   const auto* p = static_cast<const uint8_t*>(w);
-  auto at = [p](int64_t i) {
+  return dot8([p](int64_t i) {
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
     return to_f32(h);
-  };
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += at(i + j) * x[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) s += at(i) * x[i];
-  return s;
+  }, x, k);
 }
 float dot_row_f16(const void* w, const float* x, int64_t k) { return dot_row_16<fp16_to_f32>(w, x, k); }
 float dot_row_bf16(const void* w, const float* x, int64_t k) { return dot_row_16<bf16_to_f32>(w, x, k); }
@@ -65,8 +65,8 @@ void sigmoid_mul_generic(const float* a, const float* b, float* y, int64_t n) {
 }  // namespace
 
 void fill_generic(Table& t) {
+  // No quantize_act / vec_dot_q8 entries (they stay empty): quantized weights take the float path.
   t.isa = CpuIsa::Scalar;
-  for (auto& q : t.quantize_act) q = nullptr;  // no integer dots: quantized weights take the float path
   t.dot_f32 = dot_f32_generic;
   t.axpy = axpy_generic;
   t.scale = scale_generic;
@@ -81,7 +81,6 @@ void fill_generic(Table& t) {
     const int i = type_index(tr.type);
     if (i < kNumTypes && matmul_supported(tr.type)) t.to_f32[i] = tr.dequantize_row;
   }
-  for (int i = 0; i < kNumTypes; ++i) t.vec_dot_q8[i] = nullptr;
 }
 
 }  // namespace kiln::kernels::cpu
