@@ -21,20 +21,18 @@
 
 #include "core/cpu_features.h"
 #include "gguf/types.h"
+#include "tensor/dtype.h"
 
 namespace kiln::kernels::cpu {
 
 inline constexpr int kNumTypes = 40;  // > largest GgmlType id we handle
-// The activation type ggml's CPU backend uses for weights of type w (its vec_dot_type); F32 for
-// the float types and anything without an integer dot here.
+// The activation type ggml's CPU backend uses for weights of type w (its vec_dot_type, from
+// tensor/dtype.h) when that is an 8-bit integer format; else F32 (float weights: dots in float).
 inline gguf::GgmlType act_type(gguf::GgmlType w) {
   using T = gguf::GgmlType;
-  switch (w) {
-    case T::Q4_0: case T::Q5_0: case T::Q8_0: case T::IQ4_NL: return T::Q8_0;
-    case T::Q4_1: case T::Q5_1: return T::Q8_1;
-    case T::Q2_K: case T::Q3_K: case T::Q4_K: case T::Q5_K: case T::Q6_K: case T::IQ4_XS: return T::Q8_K;
-    default: return T::F32;
-  }
+  const tensor::DTypeTraits* tr = tensor::dtype_traits(w);
+  const T vt = tr ? tr->vec_dot_type : T::F32;
+  return vt == T::Q8_0 || vt == T::Q8_1 || vt == T::Q8_K ? vt : T::F32;
 }
 // Bytes of one quantized activation column (0 for F32: the float paths need none).
 inline size_t act_bytes(gguf::GgmlType at, int64_t k) {
