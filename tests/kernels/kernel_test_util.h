@@ -36,6 +36,21 @@ inline std::vector<float> randv(size_t n, uint32_t seed, float lo = -1.f, float 
   return v;
 }
 
+// Every matmul_supported weight type.
+inline constexpr GgmlType kMatmulTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                                            GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                                            GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                                            GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+
+// A 64-byte aligned workspace of n bytes (matmul / attention workspaces must be aligned).
+struct AlignedWs {
+  std::vector<uint8_t> buf;
+  void* p = nullptr;
+  explicit AlignedWs(size_t n) : buf(n + 64) {
+    p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  }
+};
+
 // Every ISA level this CPU supports (scalar always). Restores the selected level on destruction.
 inline std::vector<CpuIsa> isas() {
   std::vector<CpuIsa> v;

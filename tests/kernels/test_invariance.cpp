@@ -13,18 +13,6 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
-                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
-
-struct AlignedWs {
-  std::vector<uint8_t> buf;
-  void* p = nullptr;
-  explicit AlignedWs(size_t n) : buf(n + 64) {
-    p = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-  }
-};
-
 bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
 
 // First index where the bits differ (for the failure message).
@@ -43,7 +31,7 @@ TEST(Invariance, MatmulColumnsEqualSingleColumnCalls) {
   const int64_t ms[] = {2, 3, 5, 17, 64};
   const int64_t m_max = 64, xs = k + 8, ys = n + 3;
   const auto x = randv(size_t(xs * m_max), 7, -3.f, 3.f);
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kMatmulTypes) {
     const size_t rs = tensor::row_size(t, k);
     std::vector<uint8_t> w(rs * size_t(n));
     const auto f = randv(size_t(k * n), 3);

@@ -18,10 +18,6 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
-                           GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-                           GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
-
 bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 // Tolerance (NMSE vs the exact product of the dequantized weights). Float weights: only the
@@ -140,13 +136,12 @@ void check_matmul(GgmlType t, int64_t k, int64_t n, int64_t m, ThreadPool& pool,
     ggml_act_matmul(a, want_ggml);
     want_ggml_f.assign(want_ggml.begin(), want_ggml.end());
   }
-  std::vector<uint8_t> ws(matmul_workspace(t, k, m, pool.size()) + 64);
-  void* wsp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 63) & ~uintptr_t(63));
+  AlignedWs ws(matmul_workspace(t, k, m, pool.size()));
   for (CpuIsa isa : isas()) {
     ASSERT_TRUE(set_isa(isa));
     std::fill(got.begin(), got.end(), 0.f);
     a.y = got.data();
-    matmul(a, wsp, pool);
+    matmul(a, ws.p, pool);
     const double e = nmse(got, want);
     if (!xin) {
       EXPECT_LE(e, tolerance(t)) << gguf::type_name(t) << " isa " << isa_name(isa) << " k " << k << " n " << n << " m " << m;
@@ -168,13 +163,13 @@ void check_matmul(GgmlType t, int64_t k, int64_t n, int64_t m, ThreadPool& pool,
 TEST(Matmul, EveryTypeEveryIsaMatVec) {
   IsaGuard g;
   ThreadPool pool(3);
-  for (GgmlType t : kTypes) check_matmul(t, 512, 37, 1, pool);  // 37 rows: uneven thread split
+  for (GgmlType t : kMatmulTypes) check_matmul(t, 512, 37, 1, pool);  // 37 rows: uneven thread split
 }
 
 TEST(Matmul, EveryTypeEveryIsaSmallBatch) {
   IsaGuard g;
   ThreadPool pool(2);
-  for (GgmlType t : kTypes) check_matmul(t, 768, 19, 5, pool);
+  for (GgmlType t : kMatmulTypes) check_matmul(t, 768, 19, 5, pool);
 }
 
 TEST(Matmul, ManyTokens513) {
@@ -186,7 +181,7 @@ TEST(Matmul, ManyTokens513) {
 TEST(Matmul, SingleRowAndSingleBlockFewColumns) {
   IsaGuard g;
   ThreadPool pool(2);
-  for (GgmlType t : kTypes)
+  for (GgmlType t : kMatmulTypes)
     for (int64_t m : {1, 2, 3, 4}) check_matmul(t, 256, 1, m, pool);  // every column-group width
 }
 
@@ -209,7 +204,7 @@ TEST(Matmul, ActivationTiesRoundHalfToEven) {
   for (int64_t c = 0; c < m; ++c)
     for (int64_t i = 0; i < k; ++i)
       x[size_t(c * xs + i)] = i % 32 == 5 ? 127.f : float((i * 7 + c) % 41 - 20) + (i % 2 ? 0.5f : -0.5f);
-  for (GgmlType t : kTypes)
+  for (GgmlType t : kMatmulTypes)
     if (!is_float(t)) check_matmul(t, k, 9, m, pool, &x);
 }
 
@@ -218,7 +213,7 @@ TEST(GetRows, EveryTypeEveryIsa) {
   ThreadPool pool(3);
   const int64_t k = 256, n_rows = 11;
   const int32_t ids[] = {3, 0, 10, 3, 7};
-  for (GgmlType t : kTypes) {
+  for (GgmlType t : kMatmulTypes) {
     const size_t rs = tensor::row_size(t, k);
     const auto w = make_weights(t, k, n_rows, rs, 9);
     std::vector<float> want(5 * k), got(5 * k);

@@ -69,7 +69,7 @@ TEST(CpuFeatures, IsaNamesAndLevels) {
   EXPECT_TRUE(isa_supported(best_isa()));
   EXPECT_LE(int(selected_isa()), int(best_isa()));
   // Levels are nested: a CPU with AVX-512 (as kiln defines it) also has the AVX2 level.
-  if (isa_supported(CpuIsa::Avx512)) EXPECT_TRUE(isa_supported(CpuIsa::Avx2));
+  if (isa_supported(CpuIsa::Avx512)) { EXPECT_TRUE(isa_supported(CpuIsa::Avx2)); }
   EXPECT_EQ(isa_from_env(nullptr, CpuIsa::Avx512), CpuIsa::Avx512);
   EXPECT_EQ(isa_from_env("", CpuIsa::Avx2), CpuIsa::Avx2);
   EXPECT_EQ(isa_from_env("scalar", CpuIsa::Avx512), CpuIsa::Scalar);
