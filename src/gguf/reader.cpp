@@ -21,16 +21,6 @@
 
 namespace kiln::gguf {
 
-bool Value::is_integer() const {
-  switch (type) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::UINT16: case ValueType::INT16:
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::UINT64: case ValueType::INT64:
-      return true;
-    default:
-      return false;
-  }
-}
-
 namespace {
 
 bool is_unsigned_type(ValueType t) {
@@ -39,6 +29,7 @@ bool is_unsigned_type(ValueType t) {
 bool is_signed_type(ValueType t) {
   return t == ValueType::INT8 || t == ValueType::INT16 || t == ValueType::INT32 || t == ValueType::INT64;
 }
+bool is_integer_type(ValueType t) { return is_signed_type(t) || is_unsigned_type(t); }
 
 // Size on disk of a fixed-size value type; 0 for STRING / ARRAY (variable).
 uint64_t scalar_size(ValueType t) {
@@ -102,6 +93,8 @@ std::string type_desc(const Value& v) {
 }
 
 }  // namespace
+
+bool Value::is_integer() const { return is_integer_type(type); }
 
 // Spec limits that are facts of the format rather than tunables.
 constexpr uint64_t kMaxKeyLen = 65535;        // GGUF spec: keys are at most 2^16-1 bytes
@@ -203,19 +196,28 @@ class Parser {
     return {};
   }
 
+  // Reads a T from the file into *dst (a Value field wide enough for it).
+  template <class T, class D>
+  Status scalar(D* dst, const std::string& key) {
+    T x = 0;
+    KILN_TRY(read(&x, Desc::of_key(key)));
+    *dst = x;
+    return {};
+  }
+
   Status value(Value* v, ValueType t, uint32_t depth, const std::string& key) {
     v->type = t;
     switch (t) {
-      case ValueType::UINT8: { uint8_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->u = x; return {}; }
-      case ValueType::UINT16: { uint16_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->u = x; return {}; }
-      case ValueType::UINT32: { uint32_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->u = x; return {}; }
-      case ValueType::UINT64: { uint64_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->u = x; return {}; }
-      case ValueType::INT8: { int8_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->i = x; return {}; }
-      case ValueType::INT16: { int16_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->i = x; return {}; }
-      case ValueType::INT32: { int32_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->i = x; return {}; }
-      case ValueType::INT64: { int64_t x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->i = x; return {}; }
-      case ValueType::FLOAT32: { float x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->f = x; return {}; }
-      case ValueType::FLOAT64: { double x = 0; KILN_TRY(read(&x, Desc::of_key(key))); v->f = x; return {}; }
+      case ValueType::UINT8: return scalar<uint8_t>(&v->u, key);
+      case ValueType::UINT16: return scalar<uint16_t>(&v->u, key);
+      case ValueType::UINT32: return scalar<uint32_t>(&v->u, key);
+      case ValueType::UINT64: return scalar<uint64_t>(&v->u, key);
+      case ValueType::INT8: return scalar<int8_t>(&v->i, key);
+      case ValueType::INT16: return scalar<int16_t>(&v->i, key);
+      case ValueType::INT32: return scalar<int32_t>(&v->i, key);
+      case ValueType::INT64: return scalar<int64_t>(&v->i, key);
+      case ValueType::FLOAT32: return scalar<float>(&v->f, key);
+      case ValueType::FLOAT64: return scalar<double>(&v->f, key);
       case ValueType::BOOL: {
         uint8_t x = 0;
         KILN_TRY(read(&x, Desc::of_key(key)));
@@ -480,7 +482,7 @@ Result<std::vector<std::string>> File::get_string_array(std::string_view key) co
 Result<std::vector<int64_t>> File::get_int_array(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return missing(name_, key);
-  if (v->type != ValueType::ARRAY || !(is_signed_type(v->elem_type) || is_unsigned_type(v->elem_type)))
+  if (v->type != ValueType::ARRAY || !is_integer_type(v->elem_type))
     return wrong_type(name_, key, *v, "an integer array");
   std::vector<int64_t> out;
   out.reserve(v->arr.size());
@@ -497,8 +499,7 @@ Result<std::vector<double>> File::get_float_array(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return missing(name_, key);
   if (v->type != ValueType::ARRAY ||
-      !(v->elem_type == ValueType::FLOAT32 || v->elem_type == ValueType::FLOAT64 || is_signed_type(v->elem_type) ||
-        is_unsigned_type(v->elem_type)))
+      !(v->elem_type == ValueType::FLOAT32 || v->elem_type == ValueType::FLOAT64 || is_integer_type(v->elem_type)))
     return wrong_type(name_, key, *v, "a numeric array");
   std::vector<double> out;
   out.reserve(v->arr.size());

@@ -39,36 +39,22 @@ Value make_array(ValueType elem_type, std::vector<Value> elems) {
   v.arr = std::move(elems);
   return v;
 }
-Value make_string_array(const std::vector<std::string>& xs) {
+namespace {
+// One array Value from a vector of scalars, each built by `make`.
+template <class T, class Make>
+Value array_of(ValueType elem_type, const std::vector<T>& xs, Make make) {
   std::vector<Value> e;
   e.reserve(xs.size());
-  for (const auto& s : xs) e.push_back(make_string(s));
-  return make_array(ValueType::STRING, std::move(e));
+  for (const auto& x : xs) e.push_back(make(x));
+  return make_array(elem_type, std::move(e));
 }
-Value make_i32_array(const std::vector<int32_t>& xs) {
-  std::vector<Value> e;
-  e.reserve(xs.size());
-  for (auto x : xs) e.push_back(make_i32(x));
-  return make_array(ValueType::INT32, std::move(e));
-}
-Value make_u32_array(const std::vector<uint32_t>& xs) {
-  std::vector<Value> e;
-  e.reserve(xs.size());
-  for (auto x : xs) e.push_back(make_u32(x));
-  return make_array(ValueType::UINT32, std::move(e));
-}
-Value make_f32_array(const std::vector<float>& xs) {
-  std::vector<Value> e;
-  e.reserve(xs.size());
-  for (auto x : xs) e.push_back(make_f32(x));
-  return make_array(ValueType::FLOAT32, std::move(e));
-}
-Value make_bool_array(const std::vector<bool>& xs) {
-  std::vector<Value> e;
-  e.reserve(xs.size());
-  for (bool x : xs) e.push_back(make_bool(x));
-  return make_array(ValueType::BOOL, std::move(e));
-}
+}  // namespace
+
+Value make_string_array(const std::vector<std::string>& xs) { return array_of(ValueType::STRING, xs, make_string); }
+Value make_i32_array(const std::vector<int32_t>& xs) { return array_of(ValueType::INT32, xs, make_i32); }
+Value make_u32_array(const std::vector<uint32_t>& xs) { return array_of(ValueType::UINT32, xs, make_u32); }
+Value make_f32_array(const std::vector<float>& xs) { return array_of(ValueType::FLOAT32, xs, make_f32); }
+Value make_bool_array(const std::vector<bool>& xs) { return array_of(ValueType::BOOL, xs, make_bool); }
 
 namespace {
 // Checks that a value is well formed (array elements all of elem_type, recursively).
