@@ -40,6 +40,18 @@ void* operator new(size_t n) {
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 
+// Arms the probe for its lifetime; on destruction checks that no allocation reached 1 MiB.
+struct AllocProbe {
+  AllocProbe() {
+    g_max_alloc = 0;
+    g_probe = true;
+  }
+  ~AllocProbe() {
+    g_probe = false;
+    EXPECT_LT(g_max_alloc.load(), size_t(1) << 20);
+  }
+};
+
 namespace {
 
 // ---- byte builder (little-endian, the GGUF layout written out by hand) ----
@@ -403,21 +415,15 @@ TEST(GgufReaderCve, TensorElementLimit) {
 TEST(GgufReaderCve, KeyLengthBeyondFile) {
   Builder b;
   b.header(0, 1).put<uint64_t>(uint64_t(1) << 60).raw("general.name");
-  g_max_alloc = 0;
-  g_probe = true;
+  AllocProbe probe;
   expect_error(b, {"metadata key #0", "string length"});
-  g_probe = false;
-  EXPECT_LT(g_max_alloc.load(), size_t(1) << 20);
 }
 
 TEST(GgufReaderCve, StringValueLengthBeyondFile) {
   Builder b;
   b.header(0, 1).key("tokenizer.chat_template", ValueType::STRING).put<uint64_t>(1000).raw("{{ x }}");
-  g_max_alloc = 0;
-  g_probe = true;
+  AllocProbe probe;
   expect_error(b, {"key 'tokenizer.chat_template'", "string length 1000 exceeds the 7 bytes remaining"});
-  g_probe = false;
-  EXPECT_LT(g_max_alloc.load(), size_t(1) << 20);
 }
 
 TEST(GgufReaderCve, StringLengthOverLimit) {
@@ -429,29 +435,22 @@ TEST(GgufReaderCve, StringLengthOverLimit) {
 TEST(GgufReaderCve, HugeArrayCountDoesNotAllocate) {
   Builder b;
   b.header(0, 1).arr_hdr("tokenizer.ggml.tokens", ValueType::STRING, uint64_t(1) << 60).str("a");
-  g_max_alloc = 0;
-  g_probe = true;
+  AllocProbe probe;
   expect_error(b, {"key 'tokenizer.ggml.tokens'", "array length"});
-  g_probe = false;
-  EXPECT_LT(g_max_alloc.load(), size_t(1) << 20);
 }
 
 TEST(GgufReaderCve, ArrayCountWithinLimitButBeyondFile) {
   // 2^24 elements pass the count limit; 2^24 u64s need 128 MiB the 50-byte file does not have.
   Builder b;
   b.header(0, 1).arr_hdr("tokenizer.ggml.scores", ValueType::UINT64, uint64_t(1) << 24).zeros(16);
-  g_max_alloc = 0;
-  g_probe = true;
+  AllocProbe probe;
   expect_error(b, {"key 'tokenizer.ggml.scores'", "only 16 bytes remain"});
-  g_probe = false;
-  EXPECT_LT(g_max_alloc.load(), size_t(1) << 20);
 }
 
 TEST(GgufReaderCve, HugeKvAndTensorCounts) {
   Builder kv;
   kv.header(0, uint64_t(1) << 62);
-  g_max_alloc = 0;
-  g_probe = true;
+  AllocProbe probe;
   expect_error(kv, {"metadata key count", "exceeds the limit"});
   Builder kv2;  // within the limit but the file is empty: fails on the first key, no big reserve
   kv2.header(0, 60000);
@@ -462,8 +461,6 @@ TEST(GgufReaderCve, HugeKvAndTensorCounts) {
   Builder t2;
   t2.header(1000000, 0);
   expect_error(t2, {"tensor #0 name", "truncated"});
-  g_probe = false;
-  EXPECT_LT(g_max_alloc.load(), size_t(1) << 20);
 }
 
 TEST(GgufReaderCve, MetadataMemoryBudget) {
