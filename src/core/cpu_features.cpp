@@ -104,7 +104,7 @@ CpuIsa selected_isa() {
     const CpuIsa best = best_isa();
     const char* env = std::getenv("KILN_CPU");
     const CpuIsa got = isa_from_env(env, best);
-    if (env && *env && (!parse_isa(env) || *parse_isa(env) != got))
+    if (env && *env && parse_isa(env) != got)  // unknown name, or capped at best
       KILN_LOG_WARN("KILN_CPU='{}' is not one of scalar, avx2, avx512 or not supported by this CPU; using {}", env,
                     isa_name(got));
     return got;
