@@ -7,10 +7,8 @@ import json
 import subprocess
 from datetime import datetime
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import pytest
+from hf_jinja import hf_environment
 
 NOW = "2026-03-14"
 
@@ -45,21 +43,7 @@ CONVERSATION = [
 
 def hf_render(source: str, context: dict) -> str:
     """Renders like transformers' apply_chat_template (ImmutableSandboxedEnvironment)."""
-    def raise_exception(msg):
-        raise jinja2.exceptions.TemplateError(msg)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt):
-        return datetime.strptime(NOW, "%Y-%m-%d").strftime(fmt)
-
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env.from_string(source).render(**context)
+    return hf_environment(datetime.strptime(NOW, "%Y-%m-%d")).from_string(source).render(**context)
 
 
 def kiln_chat(kiln_bin, work_dir, action, template, request, *extra):

@@ -13,43 +13,11 @@ from datetime import datetime
 
 import pytest
 
-jinja2 = pytest.importorskip("jinja2")  # in scripts/requirements.txt: never skipped by `make test`
-from jinja2.ext import Extension, loopcontrols  # noqa: E402
-from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+pytest.importorskip("jinja2")  # in scripts/requirements.txt: never skipped by `make test`
+from hf_jinja import hf_environment  # noqa: E402
 
 NOW = datetime(2026, 11, 30)
 NOW_ARG = "2026-11-30"
-
-
-class _Generation(Extension):
-    """HF's AssistantTracker without tracking: {% generation %}…{% endgeneration %} renders its body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_gen", []), [], [], body).set_lineno(lineno)
-
-    def _gen(self, caller):
-        return caller()
-
-
-def hf_environment():
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt):
-        return NOW.strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env
 
 
 # ---- conversations ------------------------------------------------------------------------
@@ -179,7 +147,7 @@ def test_case_count():
 
 
 def test_all_templates_match_jinja2(kiln_bin, shared_data, work_dir, capsys):
-    env = hf_environment()
+    env = hf_environment(NOW)
     templates = _templates(shared_data)
     assert len(templates) >= 60, "expected the 65 shared chat templates"
     batch = work_dir / "jinja_cases.json"
@@ -231,7 +199,7 @@ def test_unit_fixture_matches_jinja2(root):
     cases = json.loads((root / "tests" / "unit" / "jinja_cases.json").read_text(encoding="utf-8"))
     ctx = {"d": {"a": 1, "b": [1, 2]}, "l": [3, 1, 2], "s": "Hello World", "n": None,
            "msgs": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
-    env = hf_environment()
+    env = hf_environment(NOW)
     assert len(cases) >= 20
     for src, want in cases:
         assert env.from_string(src).render(**copy.deepcopy(ctx)) == want, src
