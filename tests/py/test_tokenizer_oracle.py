@@ -121,6 +121,23 @@ def llama_cpp_encode(gguf_path, texts, parse_special=True):
     return [llm.tokenize(t.encode("utf-8"), add_bos=False, special=parse_special) if t else [] for t in texts]
 
 
+def hf_encode(tok, texts):
+    return [tok.encode(t, add_special_tokens=False).ids if t else [] for t in texts]
+
+
+def hf_byte_level_bpe(tokens, types, merges, pre_tokenizer):
+    """A Hugging Face `tokenizers` byte-level BPE over a GGUF vocabulary; CONTROL tokens special."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                               merges=[tuple(m.split(" ", 1)) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    return tok
+
+
 # ---------------------------------------------------------------------------------------------
 VOCAB_FILES = ["qwen35", "qwen2", "llama-bpe", "llama-spm"]
 
@@ -172,24 +189,19 @@ def test_gemma3_vs_llama_cpp(kiln_bin, corpus, work_dir):
 def test_smollm2_vs_hf_tokenizers(kiln_bin, corpus, work_dir):
     """HF tokenizers' BPE with SmolLM2's pre-tokenizer (Digits(individual) + ByteLevel)."""
     import gguf
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import pre_tokenizers
 
     path = smollm2_gguf()
     r = gguf.GGUFReader(str(path))
-    tokens = r.fields["tokenizer.ggml.tokens"].contents()
-    types = r.fields["tokenizer.ggml.token_type"].contents()
-    merges = [tuple(m.split(" ", 1)) for m in r.fields["tokenizer.ggml.merges"].contents()]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == 3])
+    tok = hf_byte_level_bpe(r.fields["tokenizer.ggml.tokens"].contents(),
+                            r.fields["tokenizer.ggml.token_type"].contents(),
+                            r.fields["tokenizer.ggml.merges"].contents(),
+                            pre_tokenizers.Sequence([
+                                pre_tokenizers.Digits(individual_digits=True),
+                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+                            ]))
     ours = kiln_encode(kiln_bin, path, corpus, work_dir)
-    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in corpus]
+    theirs = hf_encode(tok, corpus)
     compare("smollm2 vs HF tokenizers", corpus, ours, theirs)
 
 
@@ -264,20 +276,20 @@ def test_gemma3_vs_hf_tokenizers(kiln_bin, corpus, work_dir):
     path = gemma3_gguf()
     tok = gemma3_hf_tokenizer(path)
     ours = kiln_encode(kiln_bin, path, corpus, work_dir)
-    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in corpus]
+    theirs = hf_encode(tok, corpus)
     compare("gemma3 vs HF tokenizers", corpus, ours, theirs)
 
     # specials as text: HF's encode_special_tokens leaves special added tokens to the model and
     # still matches the others, like kiln's --no-parse-special
     ours = kiln_encode(kiln_bin, path, EDGE_CASES, work_dir, parse_special=False)
     tok.encode_special_tokens = True
-    plain = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in EDGE_CASES]
+    plain = hf_encode(tok, EDGE_CASES)
     # the one deliberate difference (llama.cpp compatibility) shows only where such a text occurs
     differ = [t for t, a, b in zip(EDGE_CASES, ours, plain) if a != b]
     assert all(any(s in t for s in LLAMA_CPP_FORCED_CONTROL) for t in differ), differ
     tok = gemma3_hf_tokenizer(path, forced_control=LLAMA_CPP_FORCED_CONTROL)
     tok.encode_special_tokens = True
-    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in EDGE_CASES]
+    theirs = hf_encode(tok, EDGE_CASES)
     compare("gemma3 vs HF tokenizers, specials as text", EDGE_CASES, ours, theirs)
 
 
@@ -416,20 +428,14 @@ def test_detokenize_round_trip(kiln_bin, shared_data, work_dir):
 
 def test_qwen35_248k_vs_hf_tokenizers(kiln_bin, shared_data, corpus, work_dir):
     """HF tokenizers' BPE + Qwen3.5's Split regex + ByteLevel (no NFC, like llama.cpp)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, pre_tokenizers
 
     _, pat, _ = qwen35_assets()
     path = build_qwen35_gguf(shared_data)
-    tokens, types, merges = qwen35_vocab()
-    merges = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
+    tok = hf_byte_level_bpe(*qwen35_vocab(), pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(pat), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == 3])
+    ]))
     ours = kiln_encode(kiln_bin, path, corpus, work_dir)
-    theirs = [tok.encode(t, add_special_tokens=False).ids if t else [] for t in corpus]
+    theirs = hf_encode(tok, corpus)
     compare("qwen3.5-248k vs HF tokenizers", corpus, ours, theirs)

@@ -396,6 +396,8 @@ TEST(ChatOutput, RandomFragmentsChunkInvariance) {
       expect_same(stream(text, cfg, cuts), whole, "config " + std::to_string(n % cfgs.size()) + ": " + text);
     }
     // Nothing is lost: with reasoning_format none and no tool parsing, content is the raw text.
-    if (cfg.reasoning_format == ReasoningFormat::None && !cfg.parse_tool_calls) EXPECT_EQ(whole.content, text);
+    if (cfg.reasoning_format == ReasoningFormat::None && !cfg.parse_tool_calls) {
+      EXPECT_EQ(whole.content, text);
+    }
   }
 }
