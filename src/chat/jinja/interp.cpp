@@ -1660,6 +1660,16 @@ struct Interp {
     for (size_t k = 0; k < items.size(); k++) sc.set(n->names[k], items[k]);
   }
 
+  // {% set x | filters %}…{% endset %} and {% filter … %}…{% endfilter %}: the body rendered in
+  // its own scope, then passed through the filter chain n->ch.
+  Value filtered_body(Node* n, const ScopeP& sc) {
+    auto inner = std::make_shared<Scope>();
+    inner->parent = sc;
+    std::string buf;
+    exec_block(n->blocks[0], inner, buf);
+    return apply_filter_chain(n->ch, Value::str(std::move(buf)), *sc);
+  }
+
   Flow exec_block(const std::vector<Node*>& body, const ScopeP& sc, std::string& out) {
     for (Node* n : body) {
       Flow f = exec(n, sc, out);
@@ -1692,15 +1702,7 @@ struct Interp {
         assign(n, v, *sc);
         return Flow::Normal;
       }
-      case NK::SetBlock: {
-        auto inner = std::make_shared<Scope>();
-        inner->parent = sc;
-        std::string buf;
-        exec_block(n->blocks[0], inner, buf);
-        Value v = apply_filter_chain(n->ch, Value::str(std::move(buf)), *sc);
-        sc->set(n->names[0], v);
-        return Flow::Normal;
-      }
+      case NK::SetBlock: sc->set(n->names[0], filtered_body(n, sc)); return Flow::Normal;
       case NK::Macro: sc->set(n->name, make_macro(n, sc)); return Flow::Normal;
       case NK::CallBlock: {
         Node* call = n->ch[0];
@@ -1714,15 +1716,7 @@ struct Interp {
         emit(out, py_str(r));
         return Flow::Normal;
       }
-      case NK::FilterBlock: {
-        auto inner = std::make_shared<Scope>();
-        inner->parent = sc;
-        std::string buf;
-        exec_block(n->blocks[0], inner, buf);
-        Value v = apply_filter_chain(n->ch, Value::str(std::move(buf)), *sc);
-        emit(out, py_str(v));
-        return Flow::Normal;
-      }
+      case NK::FilterBlock: emit(out, py_str(filtered_body(n, sc))); return Flow::Normal;
       case NK::Generation: return exec_block(n->blocks[0], sc, out);
       case NK::Break: return Flow::Break;
       case NK::Continue: return Flow::Continue;
