@@ -6,10 +6,10 @@
 
 namespace kiln::model {
 
-Context::Impl::Impl(const Model& model, ThreadPool& p, int64_t n_batch, int64_t n_outputs_max)
-    : m(model), c(model.config()), pool(p), nb(n_batch) {
-  n_out_max = n_outputs_max > 0 ? std::min(n_outputs_max, n_batch) : n_batch;
-  const int64_t E = c.n_embd, D = c.head_dim, B = nb;
+Context::Impl::Impl(const Model& model, ThreadPool& p, const ContextOptions& o)
+    : m(model), c(model.config()), pool(p), opt(o) {
+  const int64_t E = c.n_embd, D = c.head_dim, B = opt.n_batch;
+  n_out_max = opt.n_outputs_max > 0 ? std::min(opt.n_outputs_max, B) : B;
   const bool hybrid = arch_is_hybrid(c.arch);
   tok.reserve(size_t(B));
   pos.reserve(size_t(B));
@@ -81,6 +81,10 @@ void Context::Impl::rms_norm(const float* in, const Weight& w, float* out, int64
   kernels::rms_norm(kernels::crows3(in, ne0, rows), w.f32(), kernels::rows3(out, ne0, rows), c.rms_eps, pool);
 }
 
+void Context::Impl::swiglu(int64_t n, int64_t cols) {
+  for (int64_t t = 0; t < cols; ++t) kernels::swiglu(fa.data() + t * n, fb.data() + t * n, fa.data() + t * n, n);
+}
+
 void Context::Impl::add_bias(float* y, const Weight& b, int64_t n, int64_t mcols) {
   if (!b.present()) return;
   for (int64_t t = 0; t < mcols; ++t) kernels::add(y + t * n, b.f32(), y + t * n, n);
@@ -89,8 +93,7 @@ void Context::Impl::add_bias(float* y, const Weight& b, int64_t n, int64_t mcols
 Context::Context(const Model& model, const ContextOptions& opt) : model_(model), opt_(opt) {
   KILN_CHECK(opt_.n_batch > 0, "n_batch must be positive");
   pool_ = std::make_unique<ThreadPool>(opt_.n_threads);
-  impl_ = std::make_unique<Impl>(model_, *pool_, opt_.n_batch, opt_.n_outputs_max);
-  impl_->flash_attn = opt_.flash_attn;
+  impl_ = std::make_unique<Impl>(model_, *pool_, opt_);
 }
 
 Context::~Context() = default;
@@ -150,7 +153,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LayerWeights& L = model_.layers[size_t(il)];
     s.rms_norm(s.x.data(), L.attn_norm, s.cur.data(), E, T);
-    if (c.is_recurrent(il)) delta_net(s, L, il, mem, opt_.delta_chunk_min);
+    if (c.is_recurrent(il)) delta_net(s, L, il, mem);
     else if (arch_is_hybrid(c.arch)) gated_attention(s, L, il, mem);
     else dense_attention(s, L, il, mem);
     kernels::add(s.x.data(), s.tmp.data(), s.x.data(), E * T);

@@ -36,7 +36,7 @@ struct Context::Impl {
   const Model& m;
   const ModelConfig& c;
   ThreadPool& pool;
-  int64_t nb;  // n_batch
+  const ContextOptions& opt;  // the owning Context's options
 
   // Per-batch inputs.
   std::vector<int32_t> tok, pos;
@@ -72,24 +72,26 @@ struct Context::Impl {
   AlignedBuffer ws;       // matmul workspace
   AlignedBuffer dws;      // gated-delta chunked workspace
   int delta_chunk = 64;
-  bool flash_attn = true;  // ContextOptions::flash_attn
 
   int64_t n_out_max = 0;  // rows of `logits`
 
-  Impl(const Model& model, ThreadPool& p, int64_t n_batch, int64_t n_outputs_max);
+  Impl(const Model& model, ThreadPool& p, const ContextOptions& o);
 
   // y[n, mcols] = W(slice e) x[k, mcols]; strides in floats (0 = dense).
   void matmul(const Weight& w, const float* xin, int64_t mcols, float* y, int64_t e = 0, int64_t x_stride = 0,
               int64_t y_stride = 0);
   void rms_norm(const float* in, const Weight& w, float* out, int64_t ne0, int64_t rows);
   void add_bias(float* y, const Weight& b, int64_t n, int64_t mcols);
+  // fa[:, t] = silu(fa[:, t]) * fb[:, t] for the first `cols` columns of width n, one column at a
+  // time (ggml's swiglu works per row; its vector tail makes a flat call over n*cols differ).
+  void swiglu(int64_t n, int64_t cols);
 };
 
 // Architecture blocks. Each reads s.cur ([E, T], the normed block input) and writes s.tmp ([E, T]).
 void dense_attention(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem);   // llama.cpp
 void dense_ffn(Context::Impl& s, const LayerWeights& L);                                   // llama.cpp
 void gated_attention(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem);   // qwen35.cpp
-void delta_net(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem, int chunk_min);  // qwen35.cpp
+void delta_net(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem);         // qwen35.cpp
 void moe_ffn(Context::Impl& s, const LayerWeights& L);                                     // qwen35moe.cpp
 
 // Shared attention core: q rows (head h of token t at q + t*q_tok + h*q_head), k/v [D*Hkv, T]

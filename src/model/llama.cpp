@@ -22,7 +22,7 @@ void attend(Context::Impl& s, int64_t il, Memory& mem, const float* qp, int64_t 
   ap.scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(D));
   for (const Run& r : s.runs) {
     // -fa off: ggml's rule, tinyBLAS sums for a batch of >= 2 tokens, vec_dot sums for one.
-    if (!s.flash_attn) ap.order = r.n >= 2 ? kernels::AttnOrder::GgmlTiny : kernels::AttnOrder::GgmlVec;
+    if (!s.opt.flash_attn) ap.order = r.n >= 2 ? kernels::AttnOrder::GgmlTiny : kernels::AttnOrder::GgmlVec;
     const int32_t* pos = s.pos.data() + r.t0;
     uint8_t* kd = mem.k_data(il, r.seq);
     uint8_t* vd = mem.v_data(il, r.seq);
@@ -66,7 +66,7 @@ void dense_ffn(Context::Impl& s, const LayerWeights& L) {
   const int64_t T = s.T, F = L.ffn_gate.ne[1];
   s.matmul(L.ffn_gate, s.cur.data(), T, s.fa.data());
   s.matmul(L.ffn_up, s.cur.data(), T, s.fb.data());
-  for (int64_t t = 0; t < T; ++t) kernels::swiglu(s.fa.data() + t * F, s.fb.data() + t * F, s.fa.data() + t * F, F);
+  s.swiglu(F, T);
   s.matmul(L.ffn_down, s.fa.data(), T, s.tmp.data());
 }
 

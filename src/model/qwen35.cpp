@@ -41,10 +41,11 @@ void gated_attention(Context::Impl& s, const LayerWeights& L, int64_t il, Memory
   s.matmul(L.attn_output, s.att.data(), T, s.tmp.data());
 }
 
-void delta_net(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem, int chunk_min) {
+void delta_net(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const ModelConfig& c = s.c;
   const int64_t T = s.T, S = c.ssm_d_state, Hk = c.ssm_n_group, Hv = c.ssm_dt_rank;
   const int64_t conv = c.ssm_conv_dim(), kd = c.ssm_key_dim(), vd = c.ssm_value_dim();
+  const int chunk_min = s.opt.delta_chunk_min;
   float* mixed = s.mixed.data();
   s.matmul(L.ssm_qkv, s.cur.data(), T, mixed);
   s.matmul(L.ssm_gate, s.cur.data(), T, s.z.data());

@@ -31,7 +31,7 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L) {
     if (m == 0) continue;
     s.matmul(L.ffn_gate_exps, s.xe.data(), m, s.fa.data(), e);
     s.matmul(L.ffn_up_exps, s.xe.data(), m, s.fb.data(), e);
-    for (int64_t i = 0; i < m; ++i) kernels::swiglu(s.fa.data() + i * F, s.fb.data() + i * F, s.fa.data() + i * F, F);
+    s.swiglu(F, m);
     s.matmul(L.ffn_down_exps, s.fa.data(), m, s.ye.data(), e);
     for (int64_t i = 0; i < m; ++i) {
       float* dst = s.tmp.data() + int64_t(s.etok[size_t(i)]) * E;
@@ -43,7 +43,7 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L) {
   // Shared expert with its scalar sigmoid gate.
   s.matmul(L.ffn_gate_shexp, s.cur.data(), T, s.fa.data());
   s.matmul(L.ffn_up_shexp, s.cur.data(), T, s.fb.data());
-  for (int64_t t = 0; t < T; ++t) kernels::swiglu(s.fa.data() + t * Fs, s.fb.data() + t * Fs, s.fa.data() + t * Fs, Fs);
+  s.swiglu(Fs, T);
   s.matmul(L.ffn_down_shexp, s.fa.data(), T, s.ye.data());
   const float* gw = L.ffn_gate_inp_shexp.f32();
   for (int64_t t = 0; t < T; ++t) {
