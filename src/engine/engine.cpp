@@ -149,6 +149,17 @@ int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>&
   return int64_t(i);
 }
 
+// What a slot's own content offers a prompt: `common`, the common prefix capped at P-1 (the last
+// prompt token is always decoded: its logits give the first generated token), and `own`, the part
+// usable as is (a recurrent state continues only from the slot's end, so 0 unless common is all of it).
+struct SlotReuse {
+  int64_t common, own;
+};
+SlotReuse slot_reuse(const SlotState& st, const std::vector<int32_t>& prompt, bool recurrent) {
+  const int64_t common = std::min(common_prefix(st.tokens, prompt), int64_t(prompt.size()) - 1);
+  return {common, recurrent && common != int64_t(st.tokens.size()) ? 0 : common};
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -194,6 +205,9 @@ struct Engine::Impl {
   void cache_insert(const Active& a, bool end_of_turn);
   void publish();
   bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }
+  void drop_finished() {
+    std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+  }
 };
 
 void Engine::Impl::take_inbox(std::unique_lock<std::mutex>& lk) {
@@ -248,7 +262,7 @@ void Engine::Impl::handle_cancellations() {
   }
   for (auto& a : active)
     if (!a->finished && a->ch->cancelled.load()) finish(*a, FinishReason::Cancelled, Event{});
-  std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+  drop_finished();
 }
 
 // Slot choice: the free slot whose own content gives the longest reusable prefix; ties go to the
@@ -259,8 +273,7 @@ int Engine::Impl::pick_slot(const Active& a) const {
   for (int s = 0; s < int(slots.size()); ++s) {
     const SlotState& st = slots[size_t(s)];
     if (st.active) continue;
-    int64_t c = std::min<int64_t>(common_prefix(st.tokens, a.req.prompt), int64_t(a.req.prompt.size()) - 1);
-    if (recurrent && c != int64_t(st.tokens.size())) c = 0;
+    const int64_t c = slot_reuse(st, a.req.prompt, recurrent).own;
     if (c > best_reuse || (c == best_reuse && st.last_used < slots[size_t(best)].last_used)) {
       best = s;
       best_reuse = c;
@@ -280,9 +293,9 @@ void Engine::Impl::admit() {
   }
 }
 
-// NOTE(engine): reuse = max(own slot content, prefix cache match), both capped at P-1 (the last
-// prompt token is always decoded: its logits give the first generated token). Restoring copies only
-// the KV rows the slot does not already hold (rows [common, L)), plus the recurrent state at L.
+// NOTE(engine): reuse = max(own slot content, prefix cache match), both capped at P-1 (see
+// slot_reuse). Restoring copies only the KV rows the slot does not already hold (rows [common, L)),
+// plus the recurrent state at L.
 void Engine::Impl::prepare(Active& a, int s) {
   SlotState& st = slots[size_t(s)];
   a.slot = s;
@@ -292,10 +305,8 @@ void Engine::Impl::prepare(Active& a, int s) {
   const int64_t P = int64_t(prompt.size());
   KILN_CHECK(runner->seq_pos(s) == int64_t(st.tokens.size()), "slot {} holds {} positions but {} tokens", s,
              runner->seq_pos(s), st.tokens.size());
-  const int64_t common = std::min(common_prefix(st.tokens, prompt), P - 1);
-  int64_t own = common;
-  if (recurrent && common != int64_t(st.tokens.size())) own = 0;
-  if (!a.req.cache_prompt) own = 0;
+  const auto [common, slot_own] = slot_reuse(st, prompt, recurrent);
+  const int64_t own = a.req.cache_prompt ? slot_own : 0;
   PrefixCache::Match m;
   if (a.req.cache_prompt && cache->enabled()) m = cache->match(prompt, P - 1);
   int64_t reused;
@@ -414,7 +425,7 @@ void Engine::Impl::step() {
       a->req.cache_prompt = false;  // nothing valid to cache
       finish(*a, FinishReason::Error, Event{}, "decode failed: " + st.error().message);
     }
-    std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    drop_finished();
     return;
   }
 
@@ -447,7 +458,7 @@ void Engine::Impl::step() {
       cache_insert(a, false);  // hybrid: a snapshot point inside the prompt
     }
   }
-  std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+  drop_finished();
 }
 
 void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
@@ -523,8 +534,6 @@ void Engine::Impl::finish(Active& a, FinishReason r, Event ev, const std::string
     tm.prompt_ms = ms_between(a.t_admit, a.prompt_done ? a.t_prompt_done : now);
     tm.predicted_n = a.n_decoded;
     tm.predicted_ms = a.prompt_done ? ms_between(a.t_prompt_done, now) : 0;
-  }
-  if (a.slot >= 0) {
     if (r != FinishReason::Error) cache_insert(a, true);  // end of the turn: the next one starts here
     SlotState& st = slots[size_t(a.slot)];
     st.active = nullptr;
@@ -576,9 +585,9 @@ void Engine::Impl::publish() {
       si.cache_n = a->cache_n;
     }
   }
-  if (cache->version() != cache_version || cache_version == 0) {
+  if (cache->version() != cache_version) {  // version 0: empty, as cs starts
     cs = cache->stats();
-    cache_version = cache->version() == 0 ? 1 : cache->version();
+    cache_version = cache->version();
   }
   std::lock_guard<std::mutex> lk(pub_mu);
   slot_info = std::move(info);
@@ -639,12 +648,22 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
   return mi;
 }
 
-// Per-slot context and step size from the options (and the model's training context).
-static void plan_sizes(const EngineOptions& o, int64_t n_ctx_train, int64_t* n_ctx_slot, int64_t* step) {
+// The ModelRunner for the options: per-slot context and step size from the options (and the
+// model's training context), the rest passed through.
+static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, const EngineOptions& o) {
   const int np = std::max(1, o.n_parallel);
-  int64_t total = o.n_ctx > 0 ? o.n_ctx : (n_ctx_train > 0 ? n_ctx_train : 4096);
-  *n_ctx_slot = std::max<int64_t>(1, total / np);
-  *step = std::max<int64_t>(std::min(o.n_batch > 0 ? o.n_batch : 2048, o.n_ubatch > 0 ? o.n_ubatch : 512), np);
+  const int64_t n_ctx_train = m.config().n_ctx_train;
+  const int64_t total = o.n_ctx > 0 ? o.n_ctx : (n_ctx_train > 0 ? n_ctx_train : 4096);
+  ModelRunnerOptions ro;
+  ro.n_ctx_slot = std::max<int64_t>(1, total / np);
+  ro.n_batch = std::max<int64_t>(std::min(o.n_batch > 0 ? o.n_batch : 2048, o.n_ubatch > 0 ? o.n_ubatch : 512), np);
+  ro.n_slots = np;
+  ro.n_threads = o.n_threads;
+  ro.type_k = o.type_k;
+  ro.type_v = o.type_v;
+  ro.delta_chunk_min = o.delta_chunk_min;
+  ro.flash_attn = o.flash_attn;
+  return ModelRunner::create(m, ro);
 }
 
 Status Engine::init_serving(std::unique_ptr<Runner> runner) {
@@ -654,7 +673,7 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   I.n_ctx_slot = I.runner->n_ctx();
   I.step_tokens = I.runner->n_batch();
   I.recurrent = I.runner->has_recurrent();
-  if (I.runner->n_vocab() != int64_t(tok_->n_tokens()) && I.runner->n_vocab() < int64_t(tok_->n_tokens()))
+  if (I.runner->n_vocab() < int64_t(tok_->n_tokens()))
     return err("model has {} logits but the vocabulary has {} tokens", I.runner->n_vocab(), tok_->n_tokens());
   I.eog = tok_->eog_ids();
   for (int32_t t : info_.eog_ids) I.eog.push_back(t);
@@ -707,15 +726,7 @@ void Engine::thread_main(std::string path) {
     if (!t.ok()) return fail(t.error().message);
     tok_ = std::move(*t);
     info_ = info_from_model(*model_, *tok_, path);
-    ModelRunnerOptions ro;
-    plan_sizes(opt_, model_->config().n_ctx_train, &ro.n_ctx_slot, &ro.n_batch);
-    ro.n_slots = std::max(1, opt_.n_parallel);
-    ro.n_threads = opt_.n_threads;
-    ro.type_k = opt_.type_k;
-    ro.type_v = opt_.type_v;
-    ro.delta_chunk_min = opt_.delta_chunk_min;
-    ro.flash_attn = opt_.flash_attn;
-    auto r = ModelRunner::create(*model_, ro);
+    auto r = make_runner(*model_, opt_);
     if (!r.ok()) return fail(path + ": " + r.error().message);
     Status s = init_serving(std::move(*r));
     if (!s.ok()) return fail(path + ": " + s.error().message);
@@ -749,15 +760,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::Model> m, 
   e->tok_ = std::move(*t);
   e->model_ = std::move(m);
   e->info_ = info_from_model(*e->model_, *e->tok_, "");
-  ModelRunnerOptions ro;
-  plan_sizes(opt, e->model_->config().n_ctx_train, &ro.n_ctx_slot, &ro.n_batch);
-  ro.n_slots = std::max(1, opt.n_parallel);
-  ro.n_threads = opt.n_threads;
-  ro.type_k = opt.type_k;
-  ro.type_v = opt.type_v;
-  ro.delta_chunk_min = opt.delta_chunk_min;
-  ro.flash_attn = opt.flash_attn;
-  auto r = ModelRunner::create(*e->model_, ro);
+  auto r = make_runner(*e->model_, opt);
   KILN_TRY(r);
   KILN_TRY(e->init_serving(std::move(*r)));
   e->progress_.store(1.f);
