@@ -24,26 +24,17 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.delta_chunk_min = opt.delta_chunk_min;
   co.flash_attn = opt.flash_attn;
   r->ctx_ = std::make_unique<model::Context>(m, co);
-  for (int64_t il = 0; il < c.n_layer; ++il) (c.is_recurrent(il) ? r->rec_layers_ : r->attn_layers_).push_back(il);
-  // Same sizes as model::Memory: conv state [d_conv-1, conv_dim] + SSM state [S, S, Hv].
-  r->rec_floats_per_layer_ = size_t(std::max<int64_t>(0, c.ssm_d_conv - 1) * c.ssm_conv_dim() +
-                                    c.ssm_d_state * c.ssm_d_state * c.ssm_dt_rank);
-  // The payload sizes above must describe Memory's layout exactly (it owns the real one).
-  KILN_CHECK(r->kv_bytes_per_pos() * size_t(opt.n_ctx_slot) * size_t(opt.n_slots) +
-                     r->rec_floats() * sizeof(float) * size_t(opt.n_slots) ==
-                 r->mem_->total_bytes(),
-             "ModelRunner: KV/recurrent payload sizes disagree with model::Memory");
   return r;
 }
 
 size_t ModelRunner::kv_bytes_per_pos() const {
-  return attn_layers_.size() * (mem_->k_pos_stride() + mem_->v_pos_stride());
+  return mem_->attn_layers().size() * (mem_->k_pos_stride() + mem_->v_pos_stride());
 }
 
 // Payload of n rows: for each attention layer, K rows [n, k_pos_stride] then V rows [n, v_pos_stride].
 void ModelRunner::read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const {
   const size_t ks = mem_->k_pos_stride(), vs = mem_->v_pos_stride();
-  for (int64_t il : attn_layers_) {
+  for (int64_t il : mem_->attn_layers()) {
     std::memcpy(out, mem_->k_data(il, slot) + size_t(pos0) * ks, size_t(n) * ks);
     out += size_t(n) * ks;
     std::memcpy(out, mem_->v_data(il, slot) + size_t(pos0) * vs, size_t(n) * vs);
@@ -55,7 +46,7 @@ void ModelRunner::write_kv(int slot, int64_t pos0, const uint8_t* in, int64_t ro
   KILN_CHECK(0 <= r0 && r0 <= r1 && r1 <= rows && pos0 + r1 <= mem_->n_ctx(), "write_kv rows [{}, {}) of {}", r0, r1,
              rows);
   const size_t ks = mem_->k_pos_stride(), vs = mem_->v_pos_stride();
-  for (int64_t il : attn_layers_) {
+  for (int64_t il : mem_->attn_layers()) {
     std::memcpy(mem_->k_data(il, slot) + size_t(pos0 + r0) * ks, in + size_t(r0) * ks, size_t(r1 - r0) * ks);
     in += size_t(rows) * ks;
     std::memcpy(mem_->v_data(il, slot) + size_t(pos0 + r0) * vs, in + size_t(r0) * vs, size_t(r1 - r0) * vs);
@@ -63,18 +54,8 @@ void ModelRunner::write_kv(int slot, int64_t pos0, const uint8_t* in, int64_t ro
   }
 }
 
-void ModelRunner::read_rec(int slot, float* out) const {
-  for (int64_t il : rec_layers_) {
-    std::memcpy(out, mem_->conv_state(il, slot), rec_floats_per_layer_ * sizeof(float));
-    out += rec_floats_per_layer_;
-  }
-}
+void ModelRunner::read_rec(int slot, float* out) const { std::copy_n(mem_->rec_data(slot), rec_floats(), out); }
 
-void ModelRunner::write_rec(int slot, const float* in) {
-  for (int64_t il : rec_layers_) {
-    std::memcpy(mem_->conv_state(il, slot), in, rec_floats_per_layer_ * sizeof(float));
-    in += rec_floats_per_layer_;
-  }
-}
+void ModelRunner::write_rec(int slot, const float* in) { std::copy_n(in, rec_floats(), mem_->rec_data(slot)); }
 
 }  // namespace kiln::engine

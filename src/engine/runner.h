@@ -77,7 +77,7 @@ class ModelRunner final : public Runner {
   size_t kv_bytes_per_pos() const override;
   void read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const override;
   void write_kv(int slot, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1) override;
-  size_t rec_floats() const override { return rec_floats_per_layer_ * rec_layers_.size(); }
+  size_t rec_floats() const override { return mem_->rec_floats(); }
   void read_rec(int slot, float* out) const override;
   void write_rec(int slot, const float* in) override;
 
@@ -88,8 +88,6 @@ class ModelRunner final : public Runner {
   const model::Model* model_ = nullptr;
   std::unique_ptr<model::Context> ctx_;
   std::unique_ptr<model::Memory> mem_;
-  std::vector<int64_t> attn_layers_, rec_layers_;  // trunk layer indices
-  size_t rec_floats_per_layer_ = 0;                // conv state + SSM state
 };
 
 }  // namespace kiln::engine

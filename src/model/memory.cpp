@@ -65,11 +65,15 @@ float* Memory::conv_state(int64_t il, int seq) {
 }
 float* Memory::ssm_state(int64_t il, int seq) { return conv_state(il, seq) + conv_floats_; }
 
+float* Memory::rec_data(int seq) {
+  KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
+  return rec_.data() + size_t(seq) * rec_floats();
+}
+
 void Memory::seq_clear(int seq) {
   KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
   pos_[size_t(seq)] = 0;
-  const size_t per = rec_layers_.size() * (conv_floats_ + ssm_floats_);
-  std::fill_n(rec_.data() + size_t(seq) * per, per, 0.f);
+  std::fill_n(rec_data(seq), rec_floats(), 0.f);
 }
 
 Status Memory::seq_keep(int seq, int64_t n_pos) {
@@ -94,8 +98,7 @@ void Memory::seq_copy(int src, int dst) {
     std::memcpy(k_data(il, dst), k_data(il, src), size_t(n) * k_pos_stride());
     std::memcpy(v_data(il, dst), v_data(il, src), size_t(n) * v_pos_stride());
   }
-  const size_t per = rec_layers_.size() * (conv_floats_ + ssm_floats_);
-  std::copy_n(rec_.data() + size_t(src) * per, per, rec_.data() + size_t(dst) * per);
+  std::copy_n(rec_data(src), rec_floats(), rec_data(dst));
   pos_[size_t(dst)] = n;
 }
 
@@ -111,16 +114,15 @@ Snapshot Memory::snapshot(int seq) const {
     std::memcpy(o + kb, self->v_data(il, seq), vb);
     o += kb + vb;
   }
-  const size_t per = rec_layers_.size() * (conv_floats_ + ssm_floats_);
-  s.rec.assign(rec_.data() + size_t(seq) * per, rec_.data() + size_t(seq + 1) * per);
+  s.rec.assign(self->rec_data(seq), self->rec_data(seq) + rec_floats());
   return s;
 }
 
 Status Memory::restore(int seq, const Snapshot& s) {
   (void)seq_pos(seq);
   const size_t kb = size_t(s.n_pos) * k_pos_stride(), vb = size_t(s.n_pos) * v_pos_stride();
-  const size_t per = rec_layers_.size() * (conv_floats_ + ssm_floats_);
-  if (s.n_pos < 0 || s.n_pos > opt_.n_ctx || s.kv.size() != attn_layers_.size() * (kb + vb) || s.rec.size() != per)
+  if (s.n_pos < 0 || s.n_pos > opt_.n_ctx || s.kv.size() != attn_layers_.size() * (kb + vb) ||
+      s.rec.size() != rec_floats())
     return err("restore: snapshot of {} positions does not match this memory's layout", s.n_pos);
   const uint8_t* in = s.kv.data();
   for (int64_t il : attn_layers_) {
@@ -128,7 +130,7 @@ Status Memory::restore(int seq, const Snapshot& s) {
     std::memcpy(v_data(il, seq), in + kb, vb);
     in += kb + vb;
   }
-  std::copy(s.rec.begin(), s.rec.end(), rec_.data() + size_t(seq) * per);
+  std::copy(s.rec.begin(), s.rec.end(), rec_data(seq));
   pos_[size_t(seq)] = s.n_pos;
   return {};
 }

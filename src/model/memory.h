@@ -75,6 +75,13 @@ class Memory {
   float* ssm_state(int64_t il, int seq);
   void set_seq_pos(int seq, int64_t n) { pos_[size_t(seq)] = n; }
 
+  // ---- layout, for copying a sequence's state in pieces (engine::ModelRunner) ----
+  const std::vector<int64_t>& attn_layers() const { return attn_layers_; }  // trunk indices, ascending
+  // The recurrent state of one sequence, all recurrent layers (each: conv state then SSM state),
+  // contiguous at rec_data(seq): rec_floats() floats (0 without recurrent layers).
+  size_t rec_floats() const { return rec_layers_.size() * (conv_floats_ + ssm_floats_); }
+  float* rec_data(int seq);
+
  private:
   Memory() = default;
   MemoryOptions opt_;
