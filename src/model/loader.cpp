@@ -21,8 +21,8 @@ enum class Kind {
 
 class Binder {
  public:
-  Binder(Model& m, const gguf::File& f, std::vector<std::unique_ptr<float[]>>& owned)
-      : f_(f), owned_(owned) { (void)m; }
+  Binder(const gguf::File& f, std::vector<std::unique_ptr<float[]>>& owned, std::string arch)
+      : f_(f), owned_(owned), arch_(std::move(arch)) {}
 
   // Binds `name` with expected shape `ne` (ne[0] first). Missing + required -> error.
   Status bind(Weight& w, const std::string& name, std::vector<int64_t> ne, Kind kind, bool required = true) {
@@ -77,7 +77,6 @@ class Binder {
     return {};
   }
 
-  void set_arch(std::string a) { arch_ = std::move(a); }
   const std::unordered_set<std::string>& used() const { return used_; }
   uint64_t bytes() const { return bytes_; }
 
@@ -113,8 +112,7 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
   m->cfg_ = std::move(*cfg);
   ModelConfig& c = m->cfg_;
 
-  Binder b(*m, f, m->owned_);
-  b.set_arch(c.arch_str);
+  Binder b(f, m->owned_, c.arch_str);
   // Vocabulary size comes from token_embd.
   const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
   if (!te) return err("{}: tensor 'token_embd.weight' is missing", f.path());
@@ -136,30 +134,10 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
   const bool hybrid = arch_is_hybrid(c.arch);
   const size_t n_total = size_t(c.n_layer);
   m->layers.resize(size_t(c.n_layer));
-  // The FFN of a trunk or MTP layer: dense, or routed experts + shared expert (qwen35moe).
-  auto bind_ffn = [&](LayerWeights& L, const std::string& p) -> Status {
-    if (c.arch == Arch::Qwen35Moe) {
-      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
-      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
-      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
-    } else {
-      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
-      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
-    }
-    return {};
-  };
-  for (int64_t il = 0; il < c.n_layer; ++il) {
-    LayerWeights& L = m->layers[size_t(il)];
-    const std::string p = "blk." + std::to_string(il) + ".";
+  // One block of the trunk or an MTP layer: attn_norm, the mixer (attention, or delta-net for a
+  // recurrent trunk layer), the FFN norm and the FFN (dense, or routed experts + shared expert).
+  auto bind_block = [&](LayerWeights& L, const std::string& p, bool attn) -> Status {
     KILN_TRY(b.bind(L.attn_norm, p + "attn_norm.weight", {E}, Kind::Vector));
-    const bool attn = !c.is_recurrent(il);
     if (attn) {
       KILN_TRY(b.bind(L.attn_q, p + "attn_q.weight", {E, (hybrid ? 2 : 1) * D * Hq}, Kind::Matrix));
       KILN_TRY(b.bind(L.attn_k, p + "attn_k.weight", {E, D * Hkv}, Kind::Matrix));
@@ -189,23 +167,33 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
       KILN_TRY(b.bind(L.ssm_out, p + "ssm_out.weight", {vd, E}, Kind::Matrix));
     }
     KILN_TRY(b.bind(L.ffn_norm, p + (hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), {E}, Kind::Vector));
-    KILN_TRY(bind_ffn(L, p));
+    if (c.arch == Arch::Qwen35Moe) {
+      const int64_t X = c.n_expert, F = c.n_ff_exp, Fs = c.n_ff_shexp;
+      KILN_TRY(b.bind(L.ffn_gate_inp, p + "ffn_gate_inp.weight", {E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_exps, p + "ffn_gate_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_exps, p + "ffn_up_exps.weight", {E, F, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_exps, p + "ffn_down_exps.weight", {F, E, X}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_gate_inp_shexp, p + "ffn_gate_inp_shexp.weight", {E}, Kind::Vector));
+      KILN_TRY(b.bind(L.ffn_gate_shexp, p + "ffn_gate_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up_shexp, p + "ffn_up_shexp.weight", {E, Fs}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down_shexp, p + "ffn_down_shexp.weight", {Fs, E}, Kind::Matrix));
+    } else {
+      KILN_TRY(b.bind(L.ffn_gate, p + "ffn_gate.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_up, p + "ffn_up.weight", {E, c.n_ff}, Kind::Matrix));
+      KILN_TRY(b.bind(L.ffn_down, p + "ffn_down.weight", {c.n_ff, E}, Kind::Matrix));
+    }
+    return {};
+  };
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    KILN_TRY(bind_block(m->layers[size_t(il)], "blk." + std::to_string(il) + ".", !c.is_recurrent(il)));
     if (opt.progress) opt.progress(size_t(il + 1), n_total);
   }
-  // MTP blocks: a gated-attention layer + FFN + nextn.* (bound and validated; not run by the trunk).
+  // MTP blocks (qwen35* only): a gated-attention block + nextn.* (bound and validated; not run by the trunk).
   m->mtp.resize(size_t(c.n_nextn));
   for (int64_t i = 0; i < c.n_nextn; ++i) {
     LayerWeights& L = m->mtp[size_t(i)];
     const std::string p = "blk." + std::to_string(c.n_layer + i) + ".";
-    KILN_TRY(b.bind(L.attn_norm, p + "attn_norm.weight", {E}, Kind::Vector));
-    KILN_TRY(b.bind(L.attn_q, p + "attn_q.weight", {E, 2 * D * Hq}, Kind::Matrix));
-    KILN_TRY(b.bind(L.attn_k, p + "attn_k.weight", {E, D * Hkv}, Kind::Matrix));
-    KILN_TRY(b.bind(L.attn_v, p + "attn_v.weight", {E, D * Hkv}, Kind::Matrix));
-    KILN_TRY(b.bind(L.attn_output, p + "attn_output.weight", {D * Hq, E}, Kind::Matrix));
-    KILN_TRY(b.bind(L.attn_q_norm, p + "attn_q_norm.weight", {D}, Kind::Vector));
-    KILN_TRY(b.bind(L.attn_k_norm, p + "attn_k_norm.weight", {D}, Kind::Vector));
-    KILN_TRY(b.bind(L.ffn_norm, p + "post_attention_norm.weight", {E}, Kind::Vector));
-    KILN_TRY(bind_ffn(L, p));
+    KILN_TRY(bind_block(L, p, /*attn=*/true));
     KILN_TRY(b.bind(L.nextn_eh_proj, p + "nextn.eh_proj.weight", {2 * E, E}, Kind::Matrix));
     KILN_TRY(b.bind(L.nextn_enorm, p + "nextn.enorm.weight", {E}, Kind::Vector));
     KILN_TRY(b.bind(L.nextn_hnorm, p + "nextn.hnorm.weight", {E}, Kind::Vector));
