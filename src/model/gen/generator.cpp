@@ -70,16 +70,14 @@ struct TensorDef {
   GgmlType type = GgmlType::F32;
 };
 
-bool ends_with(std::string_view s, std::string_view suf) {
-  return s.size() >= suf.size() && s.substr(s.size() - suf.size()) == suf;
-}
+bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 bool contains(std::string_view s, std::string_view x) { return s.find(x) != std::string_view::npos; }
 
 // Same exclusions as llama-quantize: 2-D+ tensors named *weight, except norms, ssm_conv1d and
 // the MoE router (ffn_gate_inp).
 bool quantizable(const TensorDef& t) {
   if (t.ne.size() < 2) return false;
-  if (!ends_with(t.name, "weight")) return false;
+  if (!t.name.ends_with("weight")) return false;
   if (contains(t.name, "_norm.weight")) return false;
   if (contains(t.name, "ssm_conv1d")) return false;
   if (contains(t.name, "ffn_gate_inp.weight")) return false;
@@ -111,9 +109,8 @@ int layer_of(std::string_view name) {
 // Assigns a type to every tensor (file order matters for the mix counters).
 Status assign_types(std::vector<TensorDef>& defs, const GenOptions& o) {
   const ModelSpec& s = o.spec;
-  const bool is_float = o.mix == Mix::Uniform &&
-                        (o.type == GgmlType::F32 || o.type == GgmlType::F16 || o.type == GgmlType::BF16);
-  if (o.mix == Mix::Uniform && !is_float && !tensor::has_reference(o.type))
+  const bool uniform_float = o.mix == Mix::Uniform && is_float(o.type);
+  if (o.mix == Mix::Uniform && !uniform_float && !tensor::has_reference(o.type))
     return err("tensor type {} has no quantizer in kiln (see tensor/quant.h)", gguf::type_name(o.type));
   const GgmlType base = o.mix == Mix::IQ4_XS ? GgmlType::IQ4_XS : o.mix == Mix::Q4_K_M ? GgmlType::Q4_K : o.type;
   const int64_t n_layer_all = s.n_layer + s.n_mtp;
@@ -131,7 +128,7 @@ Status assign_types(std::vector<TensorDef>& defs, const GenOptions& o) {
       continue;
     }
     if (o.mix == Mix::Uniform) {
-      t.type = is_float ? o.type : fallback(o.type, t.ne[0]);
+      t.type = uniform_float ? o.type : fallback(o.type, t.ne[0]);
       continue;
     }
     GgmlType ty = base;
@@ -159,8 +156,7 @@ Status assign_types(std::vector<TensorDef>& defs, const GenOptions& o) {
     t.type = fallback(ty, t.ne[0]);
   }
   for (const auto& t : defs)
-    if (t.type != GgmlType::F32 && t.type != GgmlType::F16 && t.type != GgmlType::BF16 &&
-        !tensor::has_reference(t.type))
+    if (!is_float(t.type) && !tensor::has_reference(t.type))
       return err("tensor '{}': type {} has no quantizer in kiln", t.name, gguf::type_name(t.type));
   return {};
 }
@@ -324,10 +320,9 @@ Result<std::vector<PlannedTensor>> plan(const GenOptions& opt) {
   if (!defs.ok()) return defs.error();
   std::vector<PlannedTensor> out;
   for (const auto& d : *defs) {
-    const auto& ti = gguf::type_info(d.type);
     uint64_t rows = 1;
     for (size_t i = 1; i < d.ne.size(); ++i) rows *= uint64_t(d.ne[i]);
-    out.push_back({d.name, d.type, d.ne, rows * uint64_t(d.ne[0] / ti.block_size) * ti.type_size});
+    out.push_back({d.name, d.type, d.ne, rows * tensor::row_size(d.type, d.ne[0])});
   }
   return out;
 }
@@ -348,8 +343,7 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
   w.set_string("general.name", s.name.empty() ? "kiln random " + a : s.name);
   w.set_u32("general.file_type", file_type_id(opt.type, opt.mix));
   bool any_quant = false;
-  for (const auto& d : *defs)
-    any_quant |= d.type != GgmlType::F32 && d.type != GgmlType::F16 && d.type != GgmlType::BF16;
+  for (const auto& d : *defs) any_quant |= !is_float(d.type);
   if (any_quant) w.set_u32("general.quantization_version", 2);
   w.set_u32(a + ".vocab_size", uint32_t(s.n_vocab));
   w.set_u32(a + ".context_length", uint32_t(s.n_ctx));
@@ -396,8 +390,7 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
   for (size_t ti = 0; ti < defs->size(); ++ti) {
     const TensorDef& d = (*defs)[ti];
     const uint64_t tseed = opt.seed * 0x9e3779b97f4a7c15ull ^ fnv1a(d.name);
-    const auto& info = gguf::type_info(d.type);
-    const uint64_t row_bytes = uint64_t(d.ne[0] / info.block_size) * info.type_size;
+    const uint64_t row_bytes = tensor::row_size(d.type, d.ne[0]);
     auto fill = [defs, ti, tseed, row_bytes, pool](int64_t row0, int64_t n_rows, uint8_t* dst) {
       const TensorDef& t = (*defs)[ti];
       const int64_t n = t.ne[0];

@@ -46,21 +46,9 @@ ModelSpec llama_spec(std::string name, int64_t vocab, int64_t e, int64_t l, int6
 
 ModelSpec qwen35_spec(std::string name, int64_t vocab, int64_t e, int64_t l, int64_t h, int64_t hkv, int64_t d,
                       int64_t ff, int64_t hk, int64_t hv, int64_t s_state, bool tied) {
-  ModelSpec s;
+  ModelSpec s = llama_spec(std::move(name), vocab, e, l, h, hkv, d, ff, 262144, 1e7, 1e-6, tied);
   s.arch = "qwen35";
-  s.name = std::move(name);
-  s.n_vocab = vocab;
-  s.n_embd = e;
-  s.n_layer = l;
-  s.n_head = h;
-  s.n_head_kv = hkv;
-  s.head_dim = d;
-  s.n_ff = ff;
-  s.n_ctx = 262144;
-  s.rope_theta = 1e7;
   s.n_rot = d / 4;  // partial_rotary_factor 0.25
-  s.rms_eps = 1e-6;
-  s.tied_embeddings = tied;
   s.full_attention_interval = 4;
   s.ssm_d_conv = 4;
   s.ssm_d_state = s_state;
@@ -69,6 +57,16 @@ ModelSpec qwen35_spec(std::string name, int64_t vocab, int64_t e, int64_t l, int
   const int32_t half = static_cast<int32_t>(s.n_rot / 2);
   const int32_t a = (half + 2) / 3;
   s.rope_sections = {a, a, half - 2 * a, 0};  // [11,11,10,0] for n_rot 64
+  return s;
+}
+
+// A qwen35 spec made qwen35moe: n_expert experts (n_used per token) of width ff_exp + a shared one.
+ModelSpec qwen35moe_spec(ModelSpec s, int64_t n_expert, int64_t n_used, int64_t ff_exp, int64_t ff_shexp) {
+  s.arch = "qwen35moe";
+  s.n_expert = n_expert;
+  s.n_expert_used = n_used;
+  s.n_ff_exp = ff_exp;
+  s.n_ff_shexp = ff_shexp;
   return s;
 }
 
@@ -88,13 +86,9 @@ std::vector<Preset> make_presets() {
                  "4-layer qwen35 (3 delta-net + 1 attention), E=256, Hk=2 != Hv=4, S=32, vocab 1024", s});
   }
   {
-    ModelSpec s = qwen35_spec("kiln tiny qwen35moe", 1024, 256, 4, 4, 2, 64, 256, 2, 4, 32, false);
-    s.arch = "qwen35moe";
+    ModelSpec s = qwen35moe_spec(qwen35_spec("kiln tiny qwen35moe", 1024, 256, 4, 4, 2, 64, 256, 2, 4, 32, false),
+                                 4, 2, 256, 256);
     s.n_ctx = 8192;
-    s.n_expert = 4;
-    s.n_expert_used = 2;
-    s.n_ff_exp = 256;
-    s.n_ff_shexp = 256;
     p.push_back({"tiny-qwen35moe", "4-layer qwen35moe, 4 experts (2 used) + shared expert, E=256, vocab 1024", s});
   }
   p.push_back({"qwen35-0.8b", "Qwen3.5-0.8B shapes (24 layers, E=1024, tied)",
@@ -103,15 +97,10 @@ std::vector<Preset> make_presets() {
                qwen35_spec("kiln qwen35 9B", 248320, 4096, 32, 16, 4, 256, 12288, 16, 32, 128, false)});
   p.push_back({"qwen35-27b", "Qwen3.5-27B shapes (64 layers, E=5120)",
                qwen35_spec("kiln qwen35 27B", 248320, 5120, 64, 24, 4, 256, 17408, 16, 48, 128, false)});
-  {
-    ModelSpec s = qwen35_spec("kiln qwen35moe 35B-A3B", 248320, 2048, 40, 16, 2, 256, 512, 16, 32, 128, false);
-    s.arch = "qwen35moe";
-    s.n_expert = 256;
-    s.n_expert_used = 8;
-    s.n_ff_exp = 512;
-    s.n_ff_shexp = 512;
-    p.push_back({"qwen35moe-35b-a3b", "Qwen3.5-35B-A3B shapes (40 layers, 256 experts)", s});
-  }
+  p.push_back({"qwen35moe-35b-a3b", "Qwen3.5-35B-A3B shapes (40 layers, 256 experts)",
+               qwen35moe_spec(
+                   qwen35_spec("kiln qwen35moe 35B-A3B", 248320, 2048, 40, 16, 2, 256, 512, 16, 32, 128, false), 256,
+                   8, 512, 512)});
   p.push_back({"llama-1b", "Llama-3.2-1B-like shapes (16 layers, E=2048, tied)",
                llama_spec("kiln llama 1B", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000.0, 1e-5, true)});
   return p;
