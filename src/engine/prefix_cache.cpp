@@ -63,6 +63,13 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
   Node* best_node = root_.get();
   Tail* best_tail = nullptr;
   int64_t best_len = 0;
+  auto consider = [&](int64_t cand, Node* n, Tail* t) {
+    if (cand > best_len) {
+      best_len = cand;
+      best_node = n;
+      best_tail = t;
+    }
+  };
 
   auto consider_tails = [&](Node* n) {
     const int64_t pos = n->end;
@@ -72,19 +79,9 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
       while (common < int64_t(t.tokens.size()) && pos + common < int64_t(tokens.size()) &&
              t.tokens[size_t(common)] == tokens[size_t(pos + common)])
         ++common;
-      int64_t cand;
-      if (opt_.recurrent) {
-        if (common != int64_t(t.tokens.size()) || t.rec.empty()) continue;
-        cand = pos + common;
-        if (cand > max_len) continue;
-      } else {
-        cand = std::min(pos + common, max_len);
-      }
-      if (cand > best_len) {
-        best_len = cand;
-        best_node = n;
-        best_tail = tp.get();
-      }
+      if (!opt_.recurrent) consider(std::min(pos + common, max_len), n, tp.get());
+      else if (common == int64_t(t.tokens.size()) && !t.rec.empty() && pos + common <= max_len)
+        consider(pos + common, n, tp.get());
     }
   };
 
@@ -97,12 +94,7 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
       const int32_t* ct = child->tokens();
       int64_t c = 0;
       while (c < rest && ct[c] == tokens[size_t(pos + c)]) ++c;
-      const int64_t cand = std::min(pos + c, max_len);
-      if (cand > best_len) {
-        best_len = cand;
-        best_node = child.get();
-        best_tail = nullptr;
-      }
+      consider(std::min(pos + c, max_len), child.get(), nullptr);
     }
   };
 
@@ -111,28 +103,15 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
   for (;;) {
     const int64_t pos = n->end;
     if (!opt_.recurrent && pos >= max_len) break;
-    if (pos + B > int64_t(tokens.size())) {
-      consider_children(n);
-      break;
-    }
-    auto it = n->children.find(block_key(tokens.subspan(size_t(pos), size_t(B))));
-    if (it == n->children.end()) {
+    auto it = pos + B <= int64_t(tokens.size()) ? n->children.find(block_key(tokens.subspan(size_t(pos), size_t(B))))
+                                                : n->children.end();
+    if (it == n->children.end()) {  // no full block left, or none held: partial matches end the walk
       consider_children(n);
       break;
     }
     n = it->second.get();
-    if (!opt_.recurrent) {
-      const int64_t cand = std::min(n->end, max_len);
-      if (cand > best_len) {
-        best_len = cand;
-        best_node = n;
-        best_tail = nullptr;
-      }
-    } else if (!n->rec.empty() && n->end <= max_len && n->end > best_len) {
-      best_len = n->end;
-      best_node = n;
-      best_tail = nullptr;
-    }
+    if (!opt_.recurrent) consider(std::min(n->end, max_len), n, nullptr);
+    else if (!n->rec.empty() && n->end <= max_len) consider(n->end, n, nullptr);
     consider_tails(n);
   }
   if (best_len == 0) return best;
