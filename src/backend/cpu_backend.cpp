@@ -238,8 +238,7 @@ class CpuStream final : public Stream {
  private:
   void* ensure(size_t bytes, bool planned = false) {
     if (bytes > ws_size_) {
-      if (ws_) ++grows_;
-      else if (!planned) ++grows_;  // first use without a reserve also counts
+      if (ws_ || !planned) ++grows_;  // a first use without a reserve also counts
       std::free(ws_);
       ws_size_ = (bytes + 63) & ~size_t(63);
       ws_ = std::aligned_alloc(64, ws_size_);

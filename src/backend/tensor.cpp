@@ -1,16 +1,11 @@
 #include <cstring>
 
 #include "backend/backend.h"
+#include "tensor/quant.h"
 
 namespace kiln::backend {
 
-namespace {
-size_t bytes_for(GgmlType t, int64_t n) {
-  const auto& ti = gguf::type_info(t);
-  KILN_CHECK(n % ti.block_size == 0, "{} elements of {} is not whole blocks", n, ti.name);
-  return size_t(n / ti.block_size) * ti.type_size;
-}
-}  // namespace
+using tensor::row_size;
 
 Tensor Tensor::make(Buffer* buf, size_t offset, GgmlType type, std::array<int64_t, 4> ne) {
   Tensor t;
@@ -19,7 +14,7 @@ Tensor Tensor::make(Buffer* buf, size_t offset, GgmlType type, std::array<int64_
   t.type = type;
   t.ne = ne;
   t.nb[0] = gguf::type_info(type).type_size;
-  t.nb[1] = bytes_for(type, ne[0]);
+  t.nb[1] = row_size(type, ne[0]);
   t.nb[2] = t.nb[1] * size_t(ne[1]);
   t.nb[3] = t.nb[2] * size_t(ne[2]);
   if (buf) KILN_CHECK(offset + t.n_bytes() <= buf->size(), "tensor [{} {} {} {}] at {} overflows buffer of {}", ne[0], ne[1],
@@ -27,7 +22,7 @@ Tensor Tensor::make(Buffer* buf, size_t offset, GgmlType type, std::array<int64_
   return t;
 }
 
-size_t Tensor::row_bytes() const { return bytes_for(type, ne[0]); }
+size_t Tensor::row_bytes() const { return row_size(type, ne[0]); }
 
 size_t Tensor::n_bytes() const {
   if (n_elements() == 0) return 0;
