@@ -77,6 +77,13 @@ std::vector<int32_t> words(std::mt19937& g, int n) {
   return v;
 }
 
+// The pieces one after another (a prompt built from turns).
+std::vector<int32_t> cat(std::initializer_list<std::vector<int32_t>> pieces) {
+  std::vector<int32_t> v;
+  for (const auto& p : pieces) v.insert(v.end(), p.begin(), p.end());
+  return v;
+}
+
 // Chat-like framing tokens of the preset's vocabulary.
 std::pair<int32_t, int32_t> turn_tokens(const Engine& e) {
   const auto& tok = e.tokenizer();
@@ -113,23 +120,14 @@ TEST_P(EngineModel, SecondTurnReusesFirstTurnAndMatchesCold) {
   std::mt19937 g(2);
   auto e = open(preset, 2);
   auto [open_tok, close_tok] = turn_tokens(*e);
-  std::vector<int32_t> p1 = {open_tok};
-  for (int32_t t : words(g, 80)) p1.push_back(t);
-  p1.push_back(close_tok);
-  p1.push_back(open_tok);
+  const auto p1 = cat({{open_tok}, words(g, 80), {close_tok, open_tok}});
   auto h1 = e->submit(greedy(p1, 16));
   auto o1 = collect(h1);
   ASSERT_EQ(o1.tokens.size(), 16u);
   // Something else uses the engine in between.
   auto hx = e->submit(greedy(words(g, 30), 4));
   collect(hx);
-  auto p2 = p1;
-  p2.insert(p2.end(), o1.tokens.begin(), o1.tokens.end());
-  p2.push_back(close_tok);
-  p2.push_back(open_tok);
-  for (int32_t t : words(g, 10)) p2.push_back(t);
-  p2.push_back(close_tok);
-  p2.push_back(open_tok);
+  const auto p2 = cat({p1, o1.tokens, {close_tok, open_tok}, words(g, 10), {close_tok, open_tok}});
   auto h2 = e->submit(greedy(p2, 12));
   auto o2 = collect(h2);
   EXPECT_GE(o2.t.cache_n, int64_t(p1.size()));
@@ -143,17 +141,8 @@ TEST_P(EngineModel, SharedSystemPromptReusedOnFourSlots) {
   std::mt19937 g(3);
   auto e = open(preset, 4);
   auto [open_tok, close_tok] = turn_tokens(*e);
-  std::vector<int32_t> sys = {open_tok};
-  for (int32_t t : words(g, 120)) sys.push_back(t);
-  sys.push_back(close_tok);
-  auto prompt = [&](int i) {
-    auto p = sys;
-    p.push_back(open_tok);
-    for (int32_t t : words(g, 6 + i)) p.push_back(t);
-    p.push_back(close_tok);
-    p.push_back(open_tok);
-    return p;
-  };
+  const auto sys = cat({{open_tok}, words(g, 120), {close_tok}});
+  auto prompt = [&](int i) { return cat({sys, {open_tok}, words(g, 6 + i), {close_tok, open_tok}}); };
   auto warm = e->submit(greedy(prompt(0), 4));
   collect(warm);
   std::vector<std::vector<int32_t>> ps;
