@@ -24,6 +24,7 @@ struct Opt {
   std::string metavar;             // empty: a flag without value
   std::string help;
   Setter set;
+  bool boolean = false;            // a flag that also takes --flag=false (its setter parses a boolean)
 };
 
 std::vector<std::string> env_of(const char* suffix) {
@@ -93,6 +94,29 @@ const std::vector<Opt>& table() {
     std::vector<Opt> o;
     auto add = [&](std::vector<std::string> names, std::vector<std::string> env, std::string metavar, std::string help,
                    Setter s) { o.push_back({std::move(names), std::move(env), std::move(metavar), std::move(help), std::move(s)}); };
+    // An integer option in [lo, hi]; `apply` stores the parsed value.
+    auto add_int = [&](std::vector<std::string> names, std::vector<std::string> env, std::string metavar, std::string help,
+                       int64_t lo, int64_t hi, void (*apply)(ServerOptions&, int64_t)) {
+      add(std::move(names), std::move(env), std::move(metavar), std::move(help),
+          [lo, hi, apply](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+            auto x = to_int(v, src, lo, hi);
+            KILN_TRY(x);
+            apply(so, *x);
+            return {};
+          });
+    };
+    // A boolean flag: `--flag` or `--flag=BOOL` on the command line, BOOL in its variables.
+    auto add_bool = [&](std::vector<std::string> names, std::vector<std::string> env, std::string help,
+                        bool ServerOptions::*field) {
+      add(std::move(names), std::move(env), "", std::move(help),
+          [field](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+            auto b = to_bool(v, src);
+            KILN_TRY(b);
+            so.*field = *b;
+            return {};
+          });
+      o.back().boolean = true;
+    };
 
     add({"-m", "--model"}, env_of("MODEL"), "FNAME", "model path (GGUF file)",
         [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.model_path = v; return {}; });
@@ -105,21 +129,11 @@ const std::vector<Opt>& table() {
           so.host = v;
           return {};
         });
-    add({"--port"}, env_of("PORT"), "PORT", "port to listen on (default: 8080; 0 picks a free port)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 0, 65535);
-          KILN_TRY(x);
-          so.port = int(*x);
-          return {};
-        });
-    add({"-c", "--ctx-size"}, env_of("CTX_SIZE"), "N",
-        "total context in tokens, shared by the slots (default: 0 = the model's training context)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 0, int64_t(1) << 30);
-          KILN_TRY(x);
-          so.engine.n_ctx = *x;
-          return {};
-        });
+    add_int({"--port"}, env_of("PORT"), "PORT", "port to listen on (default: 8080; 0 picks a free port)", 0, 65535,
+        [](ServerOptions& so, int64_t x) { so.port = int(x); });
+    add_int({"-c", "--ctx-size"}, env_of("CTX_SIZE"), "N",
+        "total context in tokens, shared by the slots (default: 0 = the model's training context)", 0, int64_t(1) << 30,
+        [](ServerOptions& so, int64_t x) { so.engine.n_ctx = x; });
     add({"-ngl", "--gpu-layers", "--n-gpu-layers"}, env_of("N_GPU_LAYERS"), "N|auto|all",
         "layers to offload to the GPU: accepted; kiln runs on the CPU for now (said once in the log)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
@@ -155,34 +169,14 @@ const std::vector<Opt>& table() {
           so.engine.type_v = *t;
           return {};
         });
-    add({"-np", "--parallel"}, env_of("N_PARALLEL"), "N", "number of slots (concurrent requests; default 1, -1 = 1)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, -1, 256);
-          KILN_TRY(x);
-          so.engine.n_parallel = *x <= 0 ? 1 : int(*x);
-          return {};
-        });
-    add({"-b", "--batch-size"}, env_of("BATCH"), "N", "logical batch size (default 2048)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 1, 1 << 20);
-          KILN_TRY(x);
-          so.engine.n_batch = *x;
-          return {};
-        });
-    add({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N", "physical batch size: tokens per step (default 512)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 1, 1 << 20);
-          KILN_TRY(x);
-          so.engine.n_ubatch = *x;
-          return {};
-        });
-    add({"-t", "--threads"}, env_of("THREADS"), "N", "compute threads (default -1 = all cores)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, -1, 4096);
-          KILN_TRY(x);
-          so.engine.n_threads = int(*x);
-          return {};
-        });
+    add_int({"-np", "--parallel"}, env_of("N_PARALLEL"), "N", "number of slots (concurrent requests; default 1, -1 = 1)", -1, 256,
+        [](ServerOptions& so, int64_t x) { so.engine.n_parallel = x <= 0 ? 1 : int(x); });
+    add_int({"-b", "--batch-size"}, env_of("BATCH"), "N", "logical batch size (default 2048)", 1, 1 << 20,
+        [](ServerOptions& so, int64_t x) { so.engine.n_batch = x; });
+    add_int({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N", "physical batch size: tokens per step (default 512)", 1, 1 << 20,
+        [](ServerOptions& so, int64_t x) { so.engine.n_ubatch = x; });
+    add_int({"-t", "--threads"}, env_of("THREADS"), "N", "compute threads (default -1 = all cores)", -1, 4096,
+        [](ServerOptions& so, int64_t x) { so.engine.n_threads = int(x); });
     add({"-lm", "--load-mode"}, env_of("LOAD_MODE"), "MODE",
         "auto|mmap (map the file), mlock|mmap+mlock (map and lock in RAM), none|dio (read into memory)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
@@ -192,13 +186,7 @@ const std::vector<Opt>& table() {
           else so.engine.load_mode = LoadMode::Read;
           return {};
         });
-    add({"--jinja"}, env_of("JINJA"), "", "use the model's Jinja chat template (default: on)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto b = to_bool(v, src);
-          KILN_TRY(b);
-          so.jinja = *b;
-          return {};
-        });
+    add_bool({"--jinja"}, env_of("JINJA"), "use the model's Jinja chat template (default: on)", &ServerOptions::jinja);
     add({"--no-jinja"}, {}, "", "refuse /v1/chat/completions (kiln has no non-Jinja template fallback)",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.jinja = false; return {}; });
     add({"--chat-template-file"}, env_of("CHAT_TEMPLATE_FILE"), "FNAME", "Jinja chat template overriding the model's",
@@ -219,23 +207,12 @@ const std::vector<Opt>& table() {
           so.reasoning_format = *f;
           return {};
         });
-    add({"--reasoning-preserve"}, env_of("REASONING_PRESERVE"), "",
-        "keep reasoning_content of earlier assistant turns in the prompt (default: on)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto b = to_bool(v, src);
-          KILN_TRY(b);
-          so.reasoning_preserve = *b;
-          return {};
-        });
+    add_bool({"--reasoning-preserve"}, env_of("REASONING_PRESERVE"),
+             "keep reasoning_content of earlier assistant turns in the prompt (default: on)",
+             &ServerOptions::reasoning_preserve);
     add({"--no-reasoning-preserve"}, {}, "", "drop reasoning of turns before the last user message",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.reasoning_preserve = false; return {}; });
-    add({"--metrics"}, env_of("ENDPOINT_METRICS"), "", "enable GET /metrics (Prometheus text format)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto b = to_bool(v, src);
-          KILN_TRY(b);
-          so.metrics = *b;
-          return {};
-        });
+    add_bool({"--metrics"}, env_of("ENDPOINT_METRICS"), "enable GET /metrics (Prometheus text format)", &ServerOptions::metrics);
     add({"--api-key"}, {"LLAMA_API_KEY", "KILN_API_KEY"}, "KEY[,KEY…]",
         "require `Authorization: Bearer KEY` (or x-api-key) on every endpoint but /health",
         [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
@@ -262,15 +239,9 @@ const std::vector<Opt>& table() {
         });
     add({"-mm", "--mmproj"}, env_of("MMPROJ"), "FNAME", "vision projector: accepted; image input comes with the vision issue",
         [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.mmproj = v; return {}; });
-    add({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
-        "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, -1, int64_t(1) << 32);
-          KILN_TRY(x);
-          so.cache_ram_mib = *x;
-          so.engine.cache_ram_bytes = *x < 0 ? -1 : (*x << 20);
-          return {};
-        });
+    add_int({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
+        "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)", -1, int64_t(1) << 32,
+        [](ServerOptions& so, int64_t x) { so.cache_ram_mib = x; so.engine.cache_ram_bytes = x < 0 ? -1 : (x << 20); });
     add({"-sps", "--slot-prompt-similarity"}, env_of("SLOT_PROMPT_SIMILARITY"), "F",
         "accepted for compatibility (0..1): kiln reuses prefixes across all slots",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
@@ -279,36 +250,16 @@ const std::vector<Opt>& table() {
           so.slot_prompt_similarity = float(*x);
           return {};
         });
-    add({"--max-body-size"}, {"KILN_MAX_BODY_SIZE"}, "BYTES", "largest request body; larger ones get 413 (default 64 MiB)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 1024, int64_t(1) << 34);
-          KILN_TRY(x);
-          so.max_body_bytes = size_t(*x);
-          return {};
-        });
-    add({"--threads-http"}, env_of("THREADS_HTTP"), "N", "HTTP worker threads (default 0 = max(16, 4 x parallel))",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, -1, 1024);
-          KILN_TRY(x);
-          so.http_threads = int(*x);
-          return {};
-        });
-    add({"--sse-keepalive-ms"}, {"KILN_SSE_KEEPALIVE_MS"}, "MS",
-        "send an SSE `: keep-alive` comment when a stream is idle this long (default 5000)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 1, 600000);
-          KILN_TRY(x);
-          so.sse_keepalive_ms = int(*x);
-          return {};
-        });
-    add({"--test-load-delay-ms"}, {"KILN_TEST_LOAD_DELAY_MS"}, "MS",
-        "development/testing only: keep /health at 503 this long after the model is ready",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto x = to_int(v, src, 0, 600000);
-          KILN_TRY(x);
-          so.test_load_delay_ms = int(*x);
-          return {};
-        });
+    add_int({"--max-body-size"}, {"KILN_MAX_BODY_SIZE"}, "BYTES", "largest request body; larger ones get 413 (default 64 MiB)", 1024, int64_t(1) << 34,
+        [](ServerOptions& so, int64_t x) { so.max_body_bytes = size_t(x); });
+    add_int({"--threads-http"}, env_of("THREADS_HTTP"), "N", "HTTP worker threads (default 0 = max(16, 4 x parallel))", -1, 1024,
+        [](ServerOptions& so, int64_t x) { so.http_threads = int(x); });
+    add_int({"--sse-keepalive-ms"}, {"KILN_SSE_KEEPALIVE_MS"}, "MS",
+        "send an SSE `: keep-alive` comment when a stream is idle this long (default 5000)", 1, 600000,
+        [](ServerOptions& so, int64_t x) { so.sse_keepalive_ms = int(x); });
+    add_int({"--test-load-delay-ms"}, {"KILN_TEST_LOAD_DELAY_MS"}, "MS",
+        "development/testing only: keep /health at 503 this long after the model is ready", 0, 600000,
+        [](ServerOptions& so, int64_t x) { so.test_load_delay_ms = int(x); });
     add({"-h", "--help"}, {}, "", "print this help and exit",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.help = true; return {}; });
     add({"--version"}, {}, "", "print the version and exit",
@@ -366,7 +317,7 @@ Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const
         KILN_TRY(b);
         if (!*b) {
           // --metrics=false and the like: only for options whose setter takes a boolean.
-          if (a == "--jinja" || a == "--metrics" || a == "--reasoning-preserve") {
+          if (o->boolean) {
             KILN_TRY(o->set(so, "0", a));
             continue;
           }
@@ -406,7 +357,9 @@ std::string server_help_text() {
     for (size_t i = 0; i < o.names.size(); ++i) left += (i ? ", " : "") + o.names[i];
     if (!o.metavar.empty()) left += " " + o.metavar;
     s += left;
-    if (left.size() < 40) s += std::string(40 - left.size(), ' ');
+    // Column width in characters, not bytes ("…" is 3 bytes of UTF-8).
+    const size_t width = size_t(std::count_if(left.begin(), left.end(), [](unsigned char c) { return (c & 0xc0) != 0x80; }));
+    if (width < 40) s += std::string(40 - width, ' ');
     else s += "\n" + std::string(40, ' ');
     s += o.help;
     if (!o.env.empty()) {
