@@ -37,8 +37,9 @@ const char* type_name(const json& v) {
   }
 }
 
-// Field readers: nullopt = absent or null (use the default); an ApiError on a bad value.
+// Field readers: out = nullopt when absent or null (use the default); an ApiError on a bad value.
 std::optional<ApiError> get_number(const json& b, const char* key, double lo, double hi, std::optional<double>& out) {
+  out.reset();
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
   if (!it->is_number()) return bad_request(key, fmt::format("expected a number, got {}", type_name(*it)));
@@ -49,6 +50,7 @@ std::optional<ApiError> get_number(const json& b, const char* key, double lo, do
 }
 
 std::optional<ApiError> get_int(const json& b, const char* key, int64_t lo, int64_t hi, std::optional<int64_t>& out) {
+  out.reset();
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
   int64_t v = 0;
@@ -70,6 +72,7 @@ std::optional<ApiError> get_int(const json& b, const char* key, int64_t lo, int6
 }
 
 std::optional<ApiError> get_bool(const json& b, const char* key, std::optional<bool>& out) {
+  out.reset();
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) return bad_request(key, fmt::format("expected a boolean, got {}", type_name(*it)));
@@ -82,6 +85,28 @@ std::optional<ApiError> get_bool(const json& b, const char* key, std::optional<b
     if (auto e_ = (expr)) return e_; \
   } while (0)
 
+// Like get_number / get_int / get_bool, but assign a present value to `dst` (converted to its type).
+template <class T>
+std::optional<ApiError> set_number(const json& b, const char* key, double lo, double hi, T& dst) {
+  std::optional<double> v;
+  KILN_API_TRY(get_number(b, key, lo, hi, v));
+  if (v) dst = T(*v);
+  return std::nullopt;
+}
+template <class T>
+std::optional<ApiError> set_int(const json& b, const char* key, int64_t lo, int64_t hi, T& dst) {
+  std::optional<int64_t> v;
+  KILN_API_TRY(get_int(b, key, lo, hi, v));
+  if (v) dst = T(*v);
+  return std::nullopt;
+}
+std::optional<ApiError> set_bool(const json& b, const char* key, bool& dst) {
+  std::optional<bool> v;
+  KILN_API_TRY(get_bool(b, key, v));
+  if (v) dst = *v;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_vocab, GenParams& out) {
@@ -92,40 +117,19 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
   if (auto it = b.find("model"); it != b.end() && !it->is_null() && !it->is_string())
     return bad_request("model", fmt::format("expected a string, got {}", type_name(*it)));
 
-  std::optional<double> d;
   std::optional<int64_t> i;
-  std::optional<bool> f;
 
-  KILN_API_TRY(get_number(b, "temperature", 0.0, 100.0, d));
-  if (d) s.temperature = float(*d);
-  d.reset();
-  KILN_API_TRY(get_number(b, "top_p", 0.0, 1.0, d));
-  if (d) s.top_p = float(*d);
-  d.reset();
-  KILN_API_TRY(get_number(b, "min_p", 0.0, 1.0, d));
-  if (d) s.min_p = float(*d);
-  d.reset();
-  KILN_API_TRY(get_int(b, "top_k", -1, 1 << 30, i));
-  if (i) s.top_k = int32_t(*i);
-  i.reset();
-  KILN_API_TRY(get_number(b, "presence_penalty", -2.0, 2.0, d));
-  if (d) s.presence_penalty = float(*d);
-  d.reset();
-  KILN_API_TRY(get_number(b, "frequency_penalty", -2.0, 2.0, d));
-  if (d) s.frequency_penalty = float(*d);
-  d.reset();
-  for (const char* k : {"repeat_penalty", "repetition_penalty"}) {
-    KILN_API_TRY(get_number(b, k, 0.0, 100.0, d));
-    if (d) s.repeat_penalty = float(*d);
-    d.reset();
-  }
-  KILN_API_TRY(get_int(b, "repeat_last_n", -1, 1 << 30, i));
-  if (i) s.penalty_last_n = int32_t(*i);
-  i.reset();
+  KILN_API_TRY(set_number(b, "temperature", 0.0, 100.0, s.temperature));
+  KILN_API_TRY(set_number(b, "top_p", 0.0, 1.0, s.top_p));
+  KILN_API_TRY(set_number(b, "min_p", 0.0, 1.0, s.min_p));
+  KILN_API_TRY(set_int(b, "top_k", -1, 1 << 30, s.top_k));
+  KILN_API_TRY(set_number(b, "presence_penalty", -2.0, 2.0, s.presence_penalty));
+  KILN_API_TRY(set_number(b, "frequency_penalty", -2.0, 2.0, s.frequency_penalty));
+  for (const char* k : {"repeat_penalty", "repetition_penalty"}) KILN_API_TRY(set_number(b, k, 0.0, 100.0, s.repeat_penalty));
+  KILN_API_TRY(set_int(b, "repeat_last_n", -1, 1 << 30, s.penalty_last_n));
   KILN_API_TRY(get_int(b, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), i));
   // -1 (llama.cpp) = random; other values are taken modulo 2^32 (0xFFFFFFFF itself is "random").
   if (i) s.seed = *i == -1 ? 0xFFFFFFFFu : (uint64_t(*i) & 0xFFFFFFFFu);
-  i.reset();
 
   // Length: max_completion_tokens (newer OpenAI name) > max_tokens > n_predict.
   {
@@ -141,30 +145,20 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
 
   KILN_API_TRY(get_int(b, "n", 1, 1 << 20, i));
   if (i && *i != 1) return bad_request("n", fmt::format("only n = 1 is supported, got {}", *i));
-  i.reset();
   KILN_API_TRY(get_int(b, "best_of", 1, 1 << 20, i));
   if (i && *i != 1) return bad_request("best_of", fmt::format("only best_of = 1 is supported, got {}", *i));
-  i.reset();
 
-  KILN_API_TRY(get_bool(b, "stream", f));
-  if (f) out.stream = *f;
-  f.reset();
+  KILN_API_TRY(set_bool(b, "stream", out.stream));
   if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
     if (!it->is_object()) return bad_request("stream_options", fmt::format("expected an object, got {}", type_name(*it)));
-    if (auto e = get_bool(*it, "include_usage", f)) {
+    if (auto e = set_bool(*it, "include_usage", out.include_usage)) {
       e->param = "stream_options.include_usage";
       e->message = "stream_options." + e->message;
       return e;
     }
-    if (f) out.include_usage = *f;
-    f.reset();
   }
-  KILN_API_TRY(get_bool(b, "ignore_eos", f));
-  if (f) r.ignore_eos = *f;
-  f.reset();
-  KILN_API_TRY(get_bool(b, "cache_prompt", f));
-  if (f) r.cache_prompt = *f;
-  f.reset();
+  KILN_API_TRY(set_bool(b, "ignore_eos", r.ignore_eos));
+  KILN_API_TRY(set_bool(b, "cache_prompt", r.cache_prompt));
 
   // stop: a string or an array of non-empty strings.
   if (auto it = b.find("stop"); it != b.end() && !it->is_null()) {
@@ -224,25 +218,19 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
 
   // logprobs
   if (ep == Endpoint::Chat) {
-    KILN_API_TRY(get_bool(b, "logprobs", f));
-    if (f) out.logprobs = *f;
-    f.reset();
+    KILN_API_TRY(set_bool(b, "logprobs", out.logprobs));
     KILN_API_TRY(get_int(b, "top_logprobs", 0, 20, i));
     if (i) {
       if (!out.logprobs) return bad_request("top_logprobs", "requires logprobs: true");
       out.top_logprobs = int(*i);
     }
-    i.reset();
   } else {
     KILN_API_TRY(get_int(b, "logprobs", 0, 20, i));
     if (i) {
       out.logprobs = true;
       out.top_logprobs = int(*i);
     }
-    i.reset();
-    KILN_API_TRY(get_bool(b, "echo", f));
-    if (f) out.echo = *f;
-    f.reset();
+    KILN_API_TRY(set_bool(b, "echo", out.echo));
     if (auto it = b.find("suffix"); it != b.end() && !it->is_null()) {
       if (!it->is_string()) return bad_request("suffix", fmt::format("expected a string, got {}", type_name(*it)));
       if (!it->get<std::string>().empty()) return bad_request("suffix", "suffix (insertion) is not supported");
@@ -253,7 +241,6 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
     out.logprobs = true;
     out.top_logprobs = int(*i);
   }
-  i.reset();
   if (out.logprobs) r.n_probs = out.top_logprobs > 0 ? out.top_logprobs : -1;
 
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
