@@ -21,7 +21,7 @@
 #include "chat/output_parser.h"
 #include "core/log.h"
 #include "server/api.h"
-#include "server/static_ui.h"
+#include "server/webui.h"
 
 namespace kiln::server {
 
@@ -137,9 +137,8 @@ struct Server::Impl {
   bool is_public(const httplib::Request& req) const {
     if (req.method == "OPTIONS") return true;
     if (req.path == "/health" || req.path == "/v1/health") return true;
-    if (req.method == "GET" && (req.path == "/" || req.path == "/index.html")) return true;
-    StaticFile f;
-    return req.method == "GET" && find_static_file(req.path, f);
+    std::string_view body, type;
+    return req.method == "GET" && webui::find(req.path, body, type);  // the web UI's page
   }
 
   bool authorized(const httplib::Request& req) const {
@@ -236,7 +235,18 @@ struct Server::Impl {
     }
   }
 
-  json completion_logprobs(const std::vector<engine::TokenOut>& toks, size_t text_offset0, int top_n) {
+  // A chat choice's "logprobs": {"content": [entry per token]}, or null without logprobs.
+  json chat_logprobs(const Gen& g, const std::vector<engine::TokenOut>& toks) const {
+    if (!g.gp.logprobs) return nullptr;
+    json content = json::array();
+    for (const auto& tk : toks) content.push_back(chat_logprob_entry(tk, tok(), g.gp.top_logprobs));
+    return {{"content", content}};
+  }
+
+  // A completion choice's "logprobs" (tokens, token_logprobs, top_logprobs, text_offset), or null.
+  json completion_logprobs(const Gen& g, const std::vector<engine::TokenOut>& toks, size_t text_offset0) const {
+    if (!g.gp.logprobs) return nullptr;
+    const int top_n = g.gp.top_logprobs;
     json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
     size_t off = text_offset0;
     for (const auto& t : toks) {
@@ -252,9 +262,10 @@ struct Server::Impl {
     return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
   }
 
-  json chunk_base(const Gen& g) const {
+  // The fields every response and stream chunk starts with.
+  json response_head(const Gen& g, bool chunk) const {
     return json{{"id", g.id},
-                {"object", g.chat ? "chat.completion.chunk" : "text_completion"},
+                {"object", !g.chat ? "text_completion" : chunk ? "chat.completion.chunk" : "chat.completion"},
                 {"created", g.created},
                 {"model", model_id},
                 {"system_fingerprint", "kiln-" KILN_SERVER_VERSION}};
@@ -294,24 +305,15 @@ struct Server::Impl {
     }
     const auto& t = fin->timings;
     log_timings(g, t, engine::finish_reason_name(fin->finish));
-    json out = {{"id", g.id}, {"object", g.chat ? "chat.completion" : "text_completion"}, {"created", g.created}, {"model", model_id},
-                {"system_fingerprint", "kiln-" KILN_SERVER_VERSION}};
-    const int top_n = g.gp.top_logprobs;
+    json out = response_head(g, false);
     if (g.chat) {
       auto msg = chat::parse_output(text, *g.parser);
-      json choice = {{"index", 0}, {"message", chat::message_to_json(msg)}};
-      if (g.gp.logprobs) {
-        json content = json::array();
-        for (const auto& tk : toks) content.push_back(chat_logprob_entry(tk, tok(), top_n));
-        choice["logprobs"] = {{"content", content}};
-      } else {
-        choice["logprobs"] = nullptr;
-      }
+      json choice = {{"index", 0}, {"message", chat::message_to_json(msg)}, {"logprobs", chat_logprobs(g, toks)}};
       choice["finish_reason"] = msg.finish_reason(finish_name(fin->finish));
       out["choices"] = json::array({choice});
     } else {
       json choice = {{"index", 0}, {"text", valid_utf8(g.echo_text + text)}};
-      choice["logprobs"] = g.gp.logprobs ? completion_logprobs(toks, g.echo_text.size(), top_n) : json(nullptr);
+      choice["logprobs"] = completion_logprobs(g, toks, g.echo_text.size());
       choice["finish_reason"] = finish_name(fin->finish);
       out["choices"] = json::array({choice});
     }
@@ -349,7 +351,7 @@ struct Server::Impl {
           if (!st->started) {
             st->started = true;
             if (g->chat) {
-              json c = chunk_base(*g);
+              json c = response_head(*g, true);
               c["choices"] = json::array({json{{"index", 0},
                                                {"delta", {{"role", "assistant"}, {"content", nullptr}}},
                                                {"logprobs", nullptr},
@@ -357,7 +359,7 @@ struct Server::Impl {
               return write(sse(c));
             }
             if (!g->echo_text.empty()) {
-              json c = chunk_base(*g);
+              json c = response_head(*g, true);
               c["choices"] = json::array({json{{"index", 0}, {"text", valid_utf8(g->echo_text)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
               return write(sse(c));
             }
@@ -389,7 +391,6 @@ struct Server::Impl {
 
   template <class W>
   bool on_stream_event(const Gen& g, StreamState& st, engine::Event& ev, httplib::DataSink& sink, W& write) {
-    const int top_n = g.gp.top_logprobs;
     bool ok = true;
     if (ev.final() && ev.finish == engine::FinishReason::Error) {
       KILN_LOG_WARN("task {}: {}", g.task, ev.error);
@@ -402,23 +403,16 @@ struct Server::Impl {
       chat::Delta d = st.parser->feed(ev.text);
       if (ev.final()) d.append(st.parser->finish());
       if (!d.empty() || (g.gp.logprobs && !ev.tokens.empty())) {
-        json c = chunk_base(g);
-        json choice = {{"index", 0}, {"delta", chat::delta_to_json(d)}};
-        if (g.gp.logprobs) {
-          json content = json::array();
-          for (const auto& tk : ev.tokens) content.push_back(chat_logprob_entry(tk, tok(), top_n));
-          choice["logprobs"] = {{"content", content}};
-        } else {
-          choice["logprobs"] = nullptr;
-        }
+        json c = response_head(g, true);
+        json choice = {{"index", 0}, {"delta", chat::delta_to_json(d)}, {"logprobs", chat_logprobs(g, ev.tokens)}};
         choice["finish_reason"] = nullptr;
         c["choices"] = json::array({choice});
         ok = write(sse(c));
       }
     } else if (!ev.text.empty() || (g.gp.logprobs && !ev.tokens.empty())) {
-      json c = chunk_base(g);
+      json c = response_head(g, true);
       json choice = {{"index", 0}, {"text", valid_utf8(ev.text)}};
-      choice["logprobs"] = g.gp.logprobs ? completion_logprobs(ev.tokens, 0, top_n) : json(nullptr);
+      choice["logprobs"] = completion_logprobs(g, ev.tokens, 0);
       choice["finish_reason"] = nullptr;
       c["choices"] = json::array({choice});
       ok = write(sse(c));
@@ -428,7 +422,7 @@ struct Server::Impl {
 
     const auto& t = ev.timings;
     log_timings(g, t, engine::finish_reason_name(ev.finish));
-    json c = chunk_base(g);
+    json c = response_head(g, true);
     std::string fr = g.chat ? st.parser->message().finish_reason(finish_name(ev.finish)) : finish_name(ev.finish);
     if (g.chat)
       c["choices"] = json::array({json{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", fr}}});
@@ -437,7 +431,7 @@ struct Server::Impl {
     c["timings"] = timings_json(t);
     write(sse(c));
     if (g.gp.include_usage) {
-      json u = chunk_base(g);
+      json u = response_head(g, true);
       u["choices"] = json::array();
       u["usage"] = usage_json(int64_t(g.prompt.size()), t.predicted_n, t.cache_n);
       u["timings"] = timings_json(t);
@@ -623,17 +617,9 @@ struct Server::Impl {
   }
 
   void h_root(const httplib::Request& req, httplib::Response& res) {
-    StaticFile f;
-    if (find_static_file(req.path, f)) {
-      res.set_content(std::string(f.body), std::string(f.content_type));
-      return;
-    }
-    res.status = 404;
-    res.set_content(
-        "kiln: there is no web UI in this build yet.\n"
-        "The OpenAI-compatible API is served here: POST /v1/chat/completions, POST /v1/completions,\n"
-        "GET /v1/models, GET /health, ... (see docs/server.md).\n",
-        "text/plain; charset=utf-8");
+    std::string_view body, type;
+    if (webui::find(req.path, body, type)) res.set_content(std::string(body), std::string(type));
+    else res.status = 404;  // answered by the error handler
   }
 
   // ----------------------------------------------------------------------------------------------
@@ -668,11 +654,12 @@ struct Server::Impl {
         res.status = 204;
         return httplib::Server::HandlerResponse::Handled;
       }
-      if (!is_public(req) && !authorized(req)) {
+      const bool pub = is_public(req);
+      if (!pub && !authorized(req)) {
         send_error(res, error_of(401, "authentication_error", "Invalid API Key"));
         return httplib::Server::HandlerResponse::Handled;
       }
-      if (!ready.load() && !is_public(req)) {
+      if (!ready.load() && !pub) {
         send_error(res, error_of(503, "unavailable_error", "Loading model"));
         return httplib::Server::HandlerResponse::Handled;
       }
