@@ -598,6 +598,7 @@
     generate(conv);
   }
 
+  // Shows conversation `id` (null: a new, empty one), stopping a reply that belongs to another.
   function switchTo(id) {
     if (busy && busy.conv.id !== id) stop();
     currentId = id;
@@ -609,13 +610,7 @@
   }
 
   function newChat() {
-    if (busy) stop();
-    currentId = null;
-    editing = false;
-    saveConvs();
-    closeSide();
-    hideError();
-    renderAll();
+    switchTo(null);
     $('input').focus();
   }
 
