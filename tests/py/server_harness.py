@@ -70,13 +70,14 @@ class KilnServer:
         self.log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout=120.0):
+    def wait_ready(self, timeout=120.0, path="/health"):
+        """Waits until GET `path` answers 200."""
         t0 = time.time()
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kiln serve exited with {self.proc.returncode}:\n{self.log_text()}")
             try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                if requests.get(self.url + path, timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass
@@ -109,8 +110,7 @@ def chat(url, body, headers=None, timeout=300):
 def sse_events(resp):
     """Parses an SSE response: (list of JSON payloads, raw text)."""
     import json
-    raw = resp.text if not hasattr(resp, "iter_lines") else None
-    events, lines = [], []
+    events = []
     text = ""
     for line in resp.iter_lines(decode_unicode=True):
         text += (line or "") + "\n"

@@ -10,14 +10,13 @@ build/test-artifacts/ (webui.png, webui-phone.png).
 import json
 import os
 import pathlib
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
+from server_harness import KilnServer, gen_model
 
 CHROMIUM = "/usr/bin/chromium"
 ALIAS = "tiny-webui"
@@ -28,12 +27,6 @@ EXTRA = '{"ignore_eos": true, "seed": 7}'
 
 # -------------------------------------------------------------------------------------------------
 # Server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url, key=None, timeout=10):
@@ -48,27 +41,14 @@ def http(url, key=None, timeout=10):
         return e.code, e.headers.get("Content-Type", ""), e.read()
 
 
-class Server:
-    def __init__(self, kiln_bin, model, log_path, extra_args=(), ready_path="health"):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        self.log = open(log_path, "wb")
-        args = [str(kiln_bin), "serve", "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                "-c", str(N_CTX), "--alias", ALIAS, *extra_args]
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"kiln serve exited with {self.proc.returncode}; see {log_path}")
-            try:
-                if http(self.url + ready_path, timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                self.stop()
-                pytest.fail(f"kiln serve did not become healthy in 60 s; see {log_path}")
-            time.sleep(0.1)
+class Server(KilnServer):
+    """`kiln serve` with the UI tests' context size and alias; url ends in '/'; ready once GET
+    `ready_path` answers 200 ("": the page, which does not wait for the model)."""
+
+    def __init__(self, kiln_bin, model, extra_args=(), ready_path="health"):
+        super().__init__(kiln_bin, model, ["-c", N_CTX, "--alias", ALIAS, *extra_args], wait=False)
+        self.wait_ready(timeout=60, path="/" + ready_path)
+        self.url += "/"
 
     def json(self, path, key=None):
         status, _, body = http(self.url + path, key)
@@ -81,24 +61,10 @@ class Server:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read())
 
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
 
 @pytest.fixture(scope="module")
 def model(kiln_bin, work_dir):
-    path = work_dir / "tiny-qwen35.gguf"
-    r = subprocess.run([str(kiln_bin), "gguf", "gen", "--preset", "tiny-qwen35", "-o", str(path)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return path
+    return gen_model(kiln_bin, work_dir, "tiny-qwen35")
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +73,8 @@ def template(shared_data):
 
 
 @pytest.fixture(scope="module")
-def server(kiln_bin, model, template, work_dir):
-    s = Server(kiln_bin, model, work_dir / "serve.log", ["--chat-template-file", str(template)])
+def server(kiln_bin, model, template):
+    s = Server(kiln_bin, model, ["--chat-template-file", str(template)])
     yield s
     s.stop()
 
@@ -234,7 +200,7 @@ def send_and_capture(page, action):
 
 def test_page_is_embedded_and_public(kiln_bin, model, work_dir):
     """GET / serves the embedded page without a key even when the API needs one; the API does not."""
-    s = Server(kiln_bin, model, work_dir / "serve-key-static.log", ["--api-key", "sekrit"])
+    s = Server(kiln_bin, model, ["--api-key", "sekrit"])
     try:
         status, ctype, body = http(s.url)
         assert status == 200 and ctype.lower().startswith("text/html"), (status, ctype, body[:200])
@@ -443,7 +409,7 @@ def test_thinking_then_answer(browser, server):
 
 
 def test_api_key_prompt(browser, kiln_bin, model, work_dir):
-    s = Server(kiln_bin, model, work_dir / "serve-key.log", ["--api-key", "sekrit"])
+    s = Server(kiln_bin, model, ["--api-key", "sekrit"])
     ctx, page, watch = new_page(browser)
     try:
         page.goto(s.url)
@@ -472,7 +438,7 @@ def test_api_key_prompt(browser, kiln_bin, model, work_dir):
 
 def test_waits_for_model_load(browser, kiln_bin, model, work_dir):
     # Listening at once (the page is public), but /health and /props answer 503 for 4 s more.
-    s = Server(kiln_bin, model, work_dir / "serve-slow.log", ["--test-load-delay-ms", "4000"], ready_path="")
+    s = Server(kiln_bin, model, ["--test-load-delay-ms", "4000"], ready_path="")
     ctx, page, watch = new_page(browser)
     try:
         assert http(s.url + "props")[0] == 503
