@@ -170,6 +170,12 @@ std::string ascii_upper(std::string s) {
     if (c >= 'a' && c <= 'z') c = char(c - 'a' + 'A');
   return s;
 }
+// str.capitalize() / |capitalize (ASCII letters).
+std::string py_capitalize(std::string s) {
+  s = ascii_lower(std::move(s));
+  if (!s.empty()) s[0] = char(std::toupper(static_cast<unsigned char>(s[0])));
+  return s;
+}
 bool is_cased_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
 // Python str.title() (ASCII letters; other bytes are case-less word breaks unless >= 0x80).
@@ -795,11 +801,7 @@ struct Interp {
       if (name == "upper") return Value::str(ascii_upper(s));
       if (name == "lower" || name == "casefold") return Value::str(ascii_lower(s));
       if (name == "title") return Value::str(py_title(s));
-      if (name == "capitalize") {
-        std::string r = ascii_lower(s);
-        if (!r.empty()) r[0] = char(std::toupper(static_cast<unsigned char>(r[0])));
-        return Value::str(r);
-      }
+      if (name == "capitalize") return Value::str(py_capitalize(s));
       if (name == "swapcase") {
         std::string r = s;
         for (char& c : r) c = std::isupper(static_cast<unsigned char>(c)) ? char(std::tolower(c)) : char(std::toupper(c));
@@ -906,11 +908,7 @@ struct Interp {
           if (const Value* v = self.d->find(dict_key(*k))) return *v;
         return arg_or(a, 1, "default", Value::none());
       }
-      if (name == "items") {
-        std::vector<Value> out;
-        for (auto& kv : self.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
-        return Value::list(out);
-      }
+      if (name == "items") return Value::list(dict_pairs(self));
       if (name == "keys") {
         std::vector<Value> out;
         for (auto& kv : self.d->items) out.push_back(key_value(kv.first));
@@ -1029,6 +1027,18 @@ struct Interp {
   }
 
   // ---- filters ----
+  // dict.items(): (key, value) tuples in insertion order.
+  static std::vector<Value> dict_pairs(const Value& d) {
+    std::vector<Value> out;
+    for (auto& kv : d.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
+    return out;
+  }
+
+  // The `attribute=` argument of sort/unique/min/max/join/sum: the item itself when none.
+  Value attr_or_self(const Value& item, const Value& attribute) {
+    return attribute.is_none() ? item : attr_path(item, attribute, nullptr);
+  }
+
   Value attr_path(const Value& item, const Value& attribute, const Value* dflt) {
     std::vector<Value> parts;
     if (attribute.is_str()) {
@@ -1136,11 +1146,7 @@ struct Interp {
     }
     if (name == "upper") return Value::str(ascii_upper(py_str(v)), v.safe);
     if (name == "lower") return Value::str(ascii_lower(py_str(v)), v.safe);
-    if (name == "capitalize") {
-      std::string r = ascii_lower(py_str(v));
-      if (!r.empty()) r[0] = char(std::toupper(static_cast<unsigned char>(r[0])));
-      return Value::str(r, v.safe);
-    }
+    if (name == "capitalize") return Value::str(py_capitalize(py_str(v)), v.safe);
     if (name == "title") {
       // jinja2: split at runs of [-\s({\[<]+ and capitalise every piece
       std::string s = py_str(v), r;
@@ -1174,7 +1180,7 @@ struct Interp {
       for (auto& e : iterate(v, cn)) {
         if (!first) r += d;
         first = false;
-        r += py_str(attribute.is_none() ? e : attr_path(e, attribute, nullptr));
+        r += py_str(attr_or_self(e, attribute));
         check_size(r.size(), cn);
       }
       return Value::str(r);
@@ -1197,9 +1203,7 @@ struct Interp {
     if (name == "items") {
       if (v.is_undefined()) return gen({});
       if (!v.is_dict()) fail(construct, "Can only get item pairs from a mapping.");
-      std::vector<Value> out;
-      for (auto& kv : v.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
-      return gen(std::move(out));
+      return gen(dict_pairs(v));
     }
     if (name == "dictsort") {
       if (!v.is_dict()) {
@@ -1211,8 +1215,7 @@ struct Interp {
       bool rev = truthy(arg_or(a, 2, "reverse", Value::boolean(false)));
       size_t pos = by.is_str() && by.sv() == "value" ? 1 : 0;
       if (by.is_str() && by.sv() != "key" && by.sv() != "value") fail(construct, "You can only sort by either \"key\" or \"value\"");
-      std::vector<Value> out;
-      for (auto& kv : v.d->items) out.push_back(Value::list({key_value(kv.first), kv.second}, true));
+      std::vector<Value> out = dict_pairs(v);
       std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
         Value kx = sort_key((*x.l)[pos], cs), ky = sort_key((*y.l)[pos], cs);
         return rev ? less(ky, kx, "<") : less(kx, ky, "<");
@@ -1225,7 +1228,7 @@ struct Interp {
       Value attribute = arg_or(a, 2, "attribute", Value::none());
       auto items = iterate(v, cn);
       std::vector<Value> keys;
-      for (auto& it : items) keys.push_back(sort_key(attribute.is_none() ? it : attr_path(it, attribute, nullptr), cs));
+      for (auto& it : items) keys.push_back(sort_key(attr_or_self(it, attribute), cs));
       std::vector<size_t> idx(items.size());
       for (size_t k = 0; k < idx.size(); k++) idx[k] = k;
       std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
@@ -1240,7 +1243,7 @@ struct Interp {
       Value attribute = arg_or(a, 1, "attribute", Value::none());
       std::vector<Value> out, seen;
       for (auto& it : iterate(v, cn)) {
-        Value k = sort_key(attribute.is_none() ? it : attr_path(it, attribute, nullptr), cs);
+        Value k = sort_key(attr_or_self(it, attribute), cs);
         bool dup = false;
         for (auto& s : seen)
           if (py_eq(s, k)) dup = true;
@@ -1257,9 +1260,9 @@ struct Interp {
       auto items = iterate(v, cn);
       if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
       size_t best = 0;
-      Value bk = sort_key(attribute.is_none() ? items[0] : attr_path(items[0], attribute, nullptr), cs);
+      Value bk = sort_key(attr_or_self(items[0], attribute), cs);
       for (size_t k = 1; k < items.size(); k++) {
-        Value kk = sort_key(attribute.is_none() ? items[k] : attr_path(items[k], attribute, nullptr), cs);
+        Value kk = sort_key(attr_or_self(items[k], attribute), cs);
         if (name == "min" ? less(kk, bk, "<") : less(bk, kk, "<")) {
           best = k;
           bk = kk;
@@ -1367,7 +1370,6 @@ struct Interp {
       else if (method == "ceil") r = std::ceil(x * m) / m;
       else if (method == "floor") r = std::floor(x * m) / m;
       else fail(construct, "method must be common, ceil or floor");
-      if (v.kind != Kind::Float && method == "common") return Value::flt(r);
       return Value::flt(r);
     }
     if (name == "indent") {
@@ -1397,19 +1399,15 @@ struct Interp {
       return Value::integer(int64_t(py_split(py_str(v), Value::none(), -1).size()));
     }
     if (name == "format") {
-      if (!a.kw.empty() && !a.pos.empty()) fail(construct, "can't handle positional and keyword arguments at the same time");
-      Value args;
-      if (!a.kw.empty()) {
-        fail(construct, "keyword arguments to |format are not supported");
-      } else {
-        args = Value::list(a.pos, true);
-      }
-      return Value::str(printf_format(py_str(v), args), v.safe);
+      if (!a.kw.empty())
+        fail(construct, a.pos.empty() ? "keyword arguments to |format are not supported"
+                                      : "can't handle positional and keyword arguments at the same time");
+      return Value::str(printf_format(py_str(v), Value::list(a.pos, true)), v.safe);
     }
     if (name == "sum") {
       Value attribute = arg_or(a, 0, "attribute", Value::none());
       Value acc = arg_or(a, 1, "start", Value::integer(0));
-      for (auto& it : iterate(v, cn)) acc = arith("+", acc, attribute.is_none() ? it : attr_path(it, attribute, nullptr));
+      for (auto& it : iterate(v, cn)) acc = arith("+", acc, attr_or_self(it, attribute));
       return acc;
     }
     if (name == "attr") {
@@ -1553,17 +1551,10 @@ struct Interp {
         CallArgs a;
         eval_args(n, 1, sc, a);
         cur_line = n->line;
-        std::string what = n->ch[0]->kind == NK::Name ? n->ch[0]->name : n->ch[0]->kind == NK::Getattr ? n->ch[0]->name : "";
+        std::string what = n->ch[0]->kind == NK::Name || n->ch[0]->kind == NK::Getattr ? n->ch[0]->name : "";
         return call_value(callee, a, what);
       }
-      case NK::Filter: {
-        Value in = n->ch[0] ? eval(n->ch[0], sc) : Value::str("");
-        CallArgs a;
-        eval_args(n, 1, sc, a);
-        cur_line = n->line;
-        if (n->soft) fail("filter " + n->name, "no filter named '" + n->name + "'");
-        return apply_filter(n->name, in, a);
-      }
+      case NK::Filter: return apply_filter_node(n, n->ch[0] ? eval(n->ch[0], sc) : Value::str(""), sc);
       case NK::Test: {
         Value in = eval(n->ch[0], sc);
         CallArgs a;
@@ -1624,14 +1615,17 @@ struct Interp {
     check_size(out.size(), "output");
   }
 
+  // One filter node (its arguments are f->ch[1..]) applied to v.
+  Value apply_filter_node(Node* f, const Value& v, Scope& sc) {
+    CallArgs a;
+    eval_args(f, 1, sc, a);
+    cur_line = f->line;
+    if (f->soft) fail("filter " + f->name, "no filter named '" + f->name + "'");
+    return apply_filter(f->name, v, a);
+  }
+
   Value apply_filter_chain(const std::vector<Node*>& chain, Value v, Scope& sc) {
-    for (Node* f : chain) {
-      CallArgs a;
-      eval_args(f, 1, sc, a);
-      cur_line = f->line;
-      if (f->soft) fail("filter " + f->name, "no filter named '" + f->name + "'");
-      v = apply_filter(f->name, v, a);
-    }
+    for (Node* f : chain) v = apply_filter_node(f, v, sc);
     return v;
   }
 
