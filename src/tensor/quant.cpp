@@ -565,31 +565,12 @@ void quant_q3_k(const float* x, void* dst, int64_t n) {
   }
 }
 
-// Shared by Q4_K (nbits 4) and Q5_K (nbits 5): levels q[256] and packed scales.
-struct KAsym {
-  uint16_t d, dmin;
-  uint8_t scales[kKScaleSize];
-  int q[kQK_K];
-};
-KAsym quantize_k_asym(const float* x, int nmax) {
-  KAsym r{};
-  float s[8], m[8];
-  for (int j = 0; j < 8; ++j) fit_asym(x + 32 * j, 32, nmax, &s[j], &m[j]);
-  int sc[8], mn[8];
-  r.d = quantize_pos_scales(s, 8, 63, sc);
-  r.dmin = quantize_pos_scales(m, 8, 63, mn);
-  pack_scale_min_k4(sc, mn, r.scales);
-  const float d = h2f(r.d), dmin = h2f(r.dmin);
-  for (int j = 0; j < 8; ++j) {
-    const float S = d * static_cast<float>(sc[j]), M = dmin * static_cast<float>(mn[j]);
-    for (int i = 0; i < 32; ++i) r.q[32 * j + i] = level_asym(x[32 * j + i], S, M, nmax);
-  }
-  return r;
-}
-
-void dequant_q4_k(const void* src, float* y, int64_t n) {
+// Q4_K / Q5_K: y = (d * sc) * q - (dmin * mn) per sub-block of 32, q 4 bits plus, for Q5_K, a fifth
+// bit in qh.
+template <class B>
+void dequant_k45(const void* src, float* y, int64_t n) {
   for (int64_t b = 0; b < n / kQK_K; ++b, y += kQK_K) {
-    const auto blk = load_block<BlockQ4_K>(src, b);
+    const auto blk = load_block<B>(src, b);
     const float d = h2f(blk.d), dmin = h2f(blk.dmin);
     for (int c = 0; c < 4; ++c) {
       int sc0, mn0, sc1, mn1;
@@ -600,59 +581,39 @@ void dequant_q4_k(const void* src, float* y, int64_t n) {
       const uint8_t* qs = blk.qs + 32 * c;
       float* yc = y + 64 * c;
       for (int l = 0; l < 32; ++l) {
-        yc[l] = d0 * static_cast<float>(qs[l] & 0xF) - m0;
-        yc[l + 32] = d1 * static_cast<float>(qs[l] >> 4) - m1;
-      }
-    }
-  }
-}
-void quant_q4_k(const float* x, void* dst, int64_t n) {
-  for (int64_t b = 0; b < n / kQK_K; ++b, x += kQK_K) {
-    const KAsym r = quantize_k_asym(x, 15);
-    BlockQ4_K blk{};
-    blk.d = r.d;
-    blk.dmin = r.dmin;
-    std::memcpy(blk.scales, r.scales, kKScaleSize);
-    for (int c = 0; c < 4; ++c)
-      for (int l = 0; l < 32; ++l)
-        blk.qs[32 * c + l] = static_cast<uint8_t>(r.q[64 * c + l] | r.q[64 * c + 32 + l] << 4);
-    store_block(dst, b, blk);
-  }
-}
-
-void dequant_q5_k(const void* src, float* y, int64_t n) {
-  for (int64_t b = 0; b < n / kQK_K; ++b, y += kQK_K) {
-    const auto blk = load_block<BlockQ5_K>(src, b);
-    const float d = h2f(blk.d), dmin = h2f(blk.dmin);
-    for (int c = 0; c < 4; ++c) {
-      int sc0, mn0, sc1, mn1;
-      get_scale_min_k4(2 * c, blk.scales, &sc0, &mn0);
-      get_scale_min_k4(2 * c + 1, blk.scales, &sc1, &mn1);
-      const float d0 = d * static_cast<float>(sc0), m0 = dmin * static_cast<float>(mn0);
-      const float d1 = d * static_cast<float>(sc1), m1 = dmin * static_cast<float>(mn1);
-      const uint8_t* qs = blk.qs + 32 * c;
-      float* yc = y + 64 * c;
-      for (int l = 0; l < 32; ++l) {
-        const int q0 = (qs[l] & 0xF) | ((blk.qh[l] >> (2 * c)) & 1) << 4;
-        const int q1 = (qs[l] >> 4) | ((blk.qh[l] >> (2 * c + 1)) & 1) << 4;
+        int q0 = qs[l] & 0xF, q1 = qs[l] >> 4;
+        if constexpr (kHasQh<B>) {
+          q0 |= ((blk.qh[l] >> (2 * c)) & 1) << 4;
+          q1 |= ((blk.qh[l] >> (2 * c + 1)) & 1) << 4;
+        }
         yc[l] = d0 * static_cast<float>(q0) - m0;
         yc[l + 32] = d1 * static_cast<float>(q1) - m1;
       }
     }
   }
 }
-void quant_q5_k(const float* x, void* dst, int64_t n) {
+template <class B>
+void quant_k45(const float* x, void* dst, int64_t n) {
+  constexpr int kMax = kHasQh<B> ? 31 : 15;
   for (int64_t b = 0; b < n / kQK_K; ++b, x += kQK_K) {
-    const KAsym r = quantize_k_asym(x, 31);
-    BlockQ5_K blk{};
-    blk.d = r.d;
-    blk.dmin = r.dmin;
-    std::memcpy(blk.scales, r.scales, kKScaleSize);
+    B blk{};
+    float s[8], m[8];
+    for (int j = 0; j < 8; ++j) fit_asym(x + 32 * j, 32, kMax, &s[j], &m[j]);
+    int sc[8], mn[8];
+    blk.d = quantize_pos_scales(s, 8, 63, sc);
+    blk.dmin = quantize_pos_scales(m, 8, 63, mn);
+    pack_scale_min_k4(sc, mn, blk.scales);
+    const float d = h2f(blk.d), dmin = h2f(blk.dmin);
+    int q[kQK_K];
+    for (int j = 0; j < 8; ++j) {
+      const float S = d * static_cast<float>(sc[j]), M = dmin * static_cast<float>(mn[j]);
+      for (int i = 0; i < 32; ++i) q[32 * j + i] = level_asym(x[32 * j + i], S, M, kMax);
+    }
     for (int c = 0; c < 4; ++c)
       for (int l = 0; l < 32; ++l) {
-        const int q0 = r.q[64 * c + l], q1 = r.q[64 * c + 32 + l];
+        const int q0 = q[64 * c + l], q1 = q[64 * c + 32 + l];
         blk.qs[32 * c + l] = static_cast<uint8_t>((q0 & 0xF) | (q1 & 0xF) << 4);
-        blk.qh[l] |= static_cast<uint8_t>(((q0 >> 4) << (2 * c)) | ((q1 >> 4) << (2 * c + 1)));
+        if constexpr (kHasQh<B>) blk.qh[l] |= static_cast<uint8_t>(((q0 >> 4) << (2 * c)) | ((q1 >> 4) << (2 * c + 1)));
       }
     store_block(dst, b, blk);
   }
@@ -755,8 +716,8 @@ constexpr std::array<DTypeTraits, 16> kTraits = {{
     row(T::Q8_0, "Q8_0", 32, 34, T::Q8_0, dequant_q8_0, quant_q8_0),
     row(T::Q2_K, "Q2_K", 256, 84, T::Q8_K, dequant_q2_k, quant_q2_k),
     row(T::Q3_K, "Q3_K", 256, 110, T::Q8_K, dequant_q3_k, quant_q3_k),
-    row(T::Q4_K, "Q4_K", 256, 144, T::Q8_K, dequant_q4_k, quant_q4_k),
-    row(T::Q5_K, "Q5_K", 256, 176, T::Q8_K, dequant_q5_k, quant_q5_k),
+    row(T::Q4_K, "Q4_K", 256, 144, T::Q8_K, dequant_k45<BlockQ4_K>, quant_k45<BlockQ4_K>),
+    row(T::Q5_K, "Q5_K", 256, 176, T::Q8_K, dequant_k45<BlockQ5_K>, quant_k45<BlockQ5_K>),
     row(T::Q6_K, "Q6_K", 256, 210, T::Q8_K, dequant_q6_k, quant_q6_k),
     row(T::Q8_K, "Q8_K", 256, 292, T::Q8_K, dequant_q8_k, quant_q8_k),
     row(T::IQ4_NL, "IQ4_NL", 32, 18, T::Q8_0, dequant_iq4_nl, quant_iq4_nl),
