@@ -66,7 +66,6 @@ std::string unescape(std::string_view s, int line) {
     }
     char n = s[++i];
     auto hex = [&](int count) -> uint32_t {
-      if (i + count >= s.size() + 0 && i + count > s.size() - 1 + 1) syntax(line, "truncated escape in string literal");
       uint32_t v = 0;
       for (int k = 1; k <= count; k++) {
         if (i + k >= s.size()) syntax(line, "truncated escape in string literal");
@@ -147,11 +146,8 @@ class Lexer {
       if (kind == '#') {
         size_t e = s_.find("#}", p);
         if (e == std::string::npos) syntax(tag_line, "missing end of comment tag");
-        size_t after = e + 2;
-        if (e > p && s_[e - 1] == '-') after += lstrip_len(std::string_view(s_).substr(after));
-        else if (!(e > p && s_[e - 1] == '+') && o_.trim_blocks && after < s_.size() && s_[after] == '\n') after++;
-        line_starting = s_[after - 1] == '\n';
-        pos = after;
+        char esign = e > p && (s_[e - 1] == '-' || s_[e - 1] == '+') ? s_[e - 1] : 0;
+        pos = tag_tail(e + 2, esign, /*trims=*/true, line_starting);
         continue;
       }
       if (kind == '%' && is_raw(p)) {
@@ -185,6 +181,16 @@ class Lexer {
     if (!text.empty()) toks_.push_back({TT::Data, std::move(text), 0, {}});
   }
 
+  // Whitespace control after a tag's closing delimiter (which ends just before `after`):
+  // "-" strips the following whitespace; otherwise trim_blocks drops one newline after a
+  // block/comment tag (`trims`), unless "+" says not to. Returns where the text resumes.
+  size_t tag_tail(size_t after, char sign, bool trims, bool& line_starting) {
+    if (sign == '-') after += lstrip_len(std::string_view(s_).substr(after));
+    else if (sign != '+' && trims && o_.trim_blocks && after < s_.size() && s_[after] == '\n') after++;
+    line_starting = s_[after - 1] == '\n';
+    return after;
+  }
+
   bool is_raw(size_t p) {
     size_t q = p;
     while (q < s_.size() && ascii_space(s_[q])) q++;
@@ -216,11 +222,7 @@ class Lexer {
           std::string text = s_.substr(body, t - body);
           if (sign == '-') text.resize(rstrip_len(text));
           emit_data(text);
-          size_t after = r + 2;
-          if (esign == '-') after += lstrip_len(std::string_view(s_).substr(after));
-          else if (esign != '+' && o_.trim_blocks && after < s_.size() && s_[after] == '\n') after++;
-          line_starting = s_[after - 1] == '\n';
-          return after;
+          return tag_tail(r + 2, esign, /*trims=*/true, line_starting);
         }
       }
       search = t + 2;
@@ -239,12 +241,8 @@ class Lexer {
         bool minus = s_[p] == '-' && s_.compare(p + 1, 2, end) == 0;
         bool plus = block && s_[p] == '+' && s_.compare(p + 1, 2, end) == 0;
         if (minus || plus || s_.compare(p, 2, end) == 0) {
-          size_t after = p + 2 + (minus || plus ? 1 : 0);
-          if (minus) after += lstrip_len(std::string_view(s_).substr(after));
-          else if (block && !plus && o_.trim_blocks && after < s_.size() && s_[after] == '\n') after++;
           toks_.push_back({block ? TT::BlockEnd : TT::VarEnd, "", line, {}});
-          line_starting = s_[after - 1] == '\n';
-          return after;
+          return tag_tail(p + 2 + (minus || plus ? 1 : 0), minus ? '-' : plus ? '+' : 0, block, line_starting);
         }
       }
       char c = s_[p];
