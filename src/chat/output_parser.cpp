@@ -1,6 +1,7 @@
 // chat/output_parser.cpp — incremental content / reasoning / tool-call splitter.
 #include "chat/output_parser.h"
 
+#include <algorithm>
 #include <random>
 
 namespace kiln::chat {
@@ -12,7 +13,14 @@ constexpr std::string_view kToolClose = "</tool_call>";
 constexpr std::string_view kMistralOpen = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+constexpr const char* kWs = " \t\n\r";
+
+// Length of s's leading whitespace; the length of s without its trailing whitespace.
+size_t ws_prefix(std::string_view s) { return std::min(s.find_first_not_of(kWs), s.size()); }
+size_t without_trailing_ws(std::string_view s) {
+  size_t last = s.find_last_not_of(kWs);
+  return last == std::string_view::npos ? 0 : last + 1;
+}
 
 // Length of the longest proper suffix of `s` that is a prefix of `marker` (what must be held
 // back because the next chunk might complete the marker).
@@ -78,17 +86,14 @@ void OutputParser::add_content(std::string_view text, Delta& d) {
 
 void OutputParser::emit_reasoning(std::string_view text, bool closing, Delta& d) {
   if (!reasoning_started_) {
-    size_t i = 0;
-    while (i < text.size() && is_ws(text[i])) ++i;
-    text.remove_prefix(i);
+    text.remove_prefix(ws_prefix(text));
     if (!text.empty()) {
       reasoning_started_ = true;
       if (cfg_.reasoning_in_content) add_content(cfg_.reasoning_start, d);
     }
   }
   if (!text.empty()) {
-    size_t end = text.size();
-    while (end > 0 && is_ws(text[end - 1])) --end;
+    size_t end = without_trailing_ws(text);
     if (end > 0) {
       std::string out = reasoning_ws_;
       out.append(text.substr(0, end));
@@ -110,15 +115,12 @@ void OutputParser::emit_reasoning(std::string_view text, bool closing, Delta& d)
 
 void OutputParser::emit_content(std::string_view text, Delta& d) {
   if (content_skip_ws_) {
-    size_t i = 0;
-    while (i < text.size() && is_ws(text[i])) ++i;
-    text.remove_prefix(i);
+    text.remove_prefix(ws_prefix(text));
     if (text.empty()) return;
     content_skip_ws_ = false;
   }
   if (text.empty()) return;
-  size_t end = text.size();
-  while (end > 0 && is_ws(text[end - 1])) --end;
+  size_t end = without_trailing_ws(text);
   if (end > 0) {
     std::string out = std::move(content_ws_);
     content_ws_.clear();
@@ -150,8 +152,7 @@ Delta OutputParser::process(bool final) {
     switch (mode_) {
       case Mode::Start: {
         // Only at the very beginning may the model open a reasoning block itself.
-        size_t i = 0;
-        while (i < buf_.size() && is_ws(buf_[i])) ++i;
+        size_t i = ws_prefix(buf_);
         std::string_view rest = std::string_view(buf_).substr(i);
         const std::string& open = cfg_.reasoning_start;
         if (rest.size() >= open.size() && rest.substr(0, open.size()) == open) {
@@ -189,8 +190,7 @@ Delta OutputParser::process(bool final) {
         if (cfg_.tool_format == ToolCallFormat::Llama3Json) {
           // Llama 3.x: the whole output is the call, so only its very start can open one.
           if (!llama_decided_) {
-            size_t i = 0;
-            while (i < buf_.size() && is_ws(buf_[i])) ++i;
+            size_t i = ws_prefix(buf_);
             std::string_view rest = std::string_view(buf_).substr(i);
             if (rest.empty() && !final) return d;
             if (!rest.empty() && rest[0] == '{') {
