@@ -14,18 +14,17 @@ struct Tables {
     fill_generic(t[0]);
     ok[0] = true;
 #if defined(__x86_64__)
-    if (isa_supported(CpuIsa::Avx2)) {
-      fill_generic(t[1]);
-      fill_avx2(t[1]);
-      t[1].isa = CpuIsa::Avx2;
-      ok[1] = true;
-    }
-    if (isa_supported(CpuIsa::Avx512)) {
-      fill_generic(t[2]);
-      fill_avx512(t[2]);
-      t[2].isa = CpuIsa::Avx512;
-      ok[2] = true;
-    }
+    // An ISA's table: the generic entries, overridden by its own.
+    auto add = [this](CpuIsa isa, void (*fill)(Table&)) {
+      if (!isa_supported(isa)) return;
+      Table& x = t[int(isa)];
+      fill_generic(x);
+      fill(x);
+      x.isa = isa;
+      ok[int(isa)] = true;
+    };
+    add(CpuIsa::Avx2, fill_avx2);
+    add(CpuIsa::Avx512, fill_avx512);
 #endif
   }
 };
