@@ -720,9 +720,7 @@ void Engine::thread_main(std::string path) {
     auto m = model::load_model(path, lo);
     if (!m.ok()) return fail(m.error().message);
     model_ = std::move(*m);
-    auto v = model::load_vocab(model_->file());
-    if (!v.ok()) return fail(v.error().message);
-    auto t = tokenizer::Tokenizer::create(std::move(*v));
+    auto t = model::load_tokenizer(model_->file());
     if (!t.ok()) return fail(t.error().message);
     tok_ = std::move(*t);
     info_ = info_from_model(*model_, *tok_, path);
@@ -753,9 +751,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const Engi
 Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::Model> m, const EngineOptions& opt) {
   auto e = std::unique_ptr<Engine>(new Engine());
   e->opt_ = opt;
-  auto v = model::load_vocab(m->file());
-  KILN_TRY(v);
-  auto t = tokenizer::Tokenizer::create(std::move(*v));
+  auto t = model::load_tokenizer(m->file());
   KILN_TRY(t);
   e->tok_ = std::move(*t);
   e->model_ = std::move(m);

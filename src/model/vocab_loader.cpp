@@ -120,4 +120,10 @@ Result<Vocab> load_vocab(const kiln::gguf::File& f) {
   return v;
 }
 
+Result<std::unique_ptr<kiln::tokenizer::Tokenizer>> load_tokenizer(const kiln::gguf::File& f) {
+  auto v = load_vocab(f);
+  KILN_TRY(v);
+  return kiln::tokenizer::Tokenizer::create(std::move(*v));
+}
+
 }  // namespace kiln::model

@@ -5,8 +5,11 @@
 // Must not: tokenize (that is tokenizer::Tokenizer) or read tensors.
 // Threading: a pure function of an immutable gguf::File.
 #pragma once
+#include <memory>
+
 #include "core/result.h"
 #include "gguf/reader.h"
+#include "tokenizer/tokenizer.h"
 #include "tokenizer/vocab.h"
 
 namespace kiln::model {
@@ -14,5 +17,7 @@ namespace kiln::model {
 // Errors name the file and key: missing tokenizer.ggml.tokens, wrong types, unknown model,
 // unsupported pre-tokenizer, array length mismatches.
 Result<kiln::tokenizer::Vocab> load_vocab(const kiln::gguf::File& file);
+// load_vocab + tokenizer::Tokenizer::create.
+Result<std::unique_ptr<kiln::tokenizer::Tokenizer>> load_tokenizer(const kiln::gguf::File& file);
 
 }  // namespace kiln::model
