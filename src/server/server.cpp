@@ -196,12 +196,23 @@ struct Server::Impl {
     return std::nullopt;
   }
 
-  chat::ApplyOptions apply_options() const {
+  // The body's chat request rendered by the template; nullopt once the error is answered.
+  std::optional<chat::Prompt> render_chat(const json& body, httplib::Response& res) {
+    auto creq = chat::parse_chat_request(body);
+    if (!creq.ok()) {
+      send_error(res, bad_request(creq.error().field, creq.error().message));
+      return std::nullopt;
+    }
     chat::ApplyOptions ao;
     ao.reasoning_preserve = opt.reasoning_preserve;
     ao.default_kwargs = opt.chat_template_kwargs;
     ao.reasoning_format = opt.reasoning_format;
-    return ao;
+    auto prompt = tmpl->apply(*creq, ao);
+    if (!prompt.ok()) {
+      send_error(res, bad_request("messages", "the chat template failed: " + prompt.error().message));
+      return std::nullopt;
+    }
+    return std::move(*prompt);
   }
 
   // ----------------------------------------------------------------------------------------------
@@ -453,10 +464,8 @@ struct Server::Impl {
     auto g = std::make_shared<Gen>();
     g->chat = true;
     if (auto e = parse_gen_params(body, Endpoint::Chat, info().n_vocab, g->gp)) return send_error(res, *e);
-    auto creq = chat::parse_chat_request(body);
-    if (!creq.ok()) return send_error(res, bad_request(creq.error().field, creq.error().message));
-    auto prompt = tmpl->apply(*creq, apply_options());
-    if (!prompt.ok()) return send_error(res, bad_request("messages", "the chat template failed: " + prompt.error().message));
+    auto prompt = render_chat(body, res);
+    if (!prompt) return;
     if (!prompt->image_urls.empty()) {
       std::string why = opt.mmproj.empty() ? "start the server with --mmproj" : "image input arrives with the vision issue";
       return send_error(res, bad_request("messages", "image input is not supported yet (" + why + ")"));
@@ -558,11 +567,7 @@ struct Server::Impl {
   void h_apply_template(const httplib::Request& req, httplib::Response& res) {
     json body;
     if (!parse_body(req, res, body)) return;
-    auto creq = chat::parse_chat_request(body);
-    if (!creq.ok()) return send_error(res, bad_request(creq.error().field, creq.error().message));
-    auto prompt = tmpl->apply(*creq, apply_options());
-    if (!prompt.ok()) return send_error(res, bad_request("messages", "the chat template failed: " + prompt.error().message));
-    send_json(res, {{"prompt", prompt->text}});
+    if (auto prompt = render_chat(body, res)) send_json(res, {{"prompt", prompt->text}});
   }
 
   json model_meta() const {
