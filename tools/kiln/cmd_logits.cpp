@@ -2,7 +2,7 @@
 // through a model and writes the logits of every position, for the oracle tests
 // (tests/py/test_model_*.py).
 //   kiln logits -m FILE (--tokens "1,2,3;4,5" | --prompt TEXT) -o out.npy|out.f32
-//               [-c CTX] [-t N] [-ctk T] [-ctv T] [--chunk N] [--delta-chunk N]
+//               [-c CTX] [-t N] [-ctk T] [-ctv T] [-fa on|off|auto] [--chunk N] [--delta-chunk N]
 // Sequences (separated by ';') are decoded together: each batch holds up to --chunk tokens of
 // every unfinished sequence (so prefill chunks of several sequences share a batch). Output rows
 // are all positions of sequence 0, then sequence 1, ...: float32 [n_rows, n_vocab].
@@ -64,7 +64,7 @@ Status write_out(const std::string& path, const std::vector<float>& data, int64_
 
 int cmd_logits(int argc, char** argv) {
   CLI::App app{"dump all-position logits (oracle tests)", "kiln logits"};
-  std::string model_path, tokens, prompt, out_path, ctk = "f16", ctv = "f16";
+  std::string model_path, tokens, prompt, out_path;
   int64_t ctx = 0, chunk = 512;
   int threads = 0, delta_chunk = 0;
   app.add_option("-m,--model", model_path, "GGUF model")->required();
@@ -73,12 +73,10 @@ int cmd_logits(int argc, char** argv) {
   app.add_option("-o,--output", out_path, "output .npy or raw .f32")->required();
   app.add_option("-c,--ctx-size", ctx, "context size (default: longest sequence)");
   app.add_option("-t,--threads", threads, "threads");
-  app.add_option("--cache-type-k", ctk, "K cache type");
-  app.add_option("--cache-type-v", ctv, "V cache type");
+  tools::ModelFlags flags;
+  flags.add(app, "K cache type", "V cache type");  // no --load-mode: always mmap
   app.add_option("--chunk", chunk, "tokens per sequence per batch");
   app.add_option("--delta-chunk", delta_chunk, "runs of >= N tokens use the chunked gated delta rule (0: never)");
-  std::string flash_attn = "auto";
-  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -86,11 +84,11 @@ int cmd_logits(int argc, char** argv) {
     std::fprintf(stderr, "kiln logits: %s\n", e.message.c_str());
     return 1;
   };
-  auto kt = tools::parse_cache_type(ctk, "-ctk");
-  if (!kt) return fail(kt.error());
-  auto vt = tools::parse_cache_type(ctv, "-ctv");
-  if (!vt) return fail(vt.error());
-  auto m = tools::load_model_cli(model_path, LoadMode::Mmap, false);
+  model::MemoryOptions mo;
+  model::ContextOptions co;
+  auto lm = flags.resolve(mo, co);
+  if (!lm) return fail(lm.error());
+  auto m = tools::load_model_cli(model_path, *lm, false);
   if (!m) return fail(m.error());
   std::vector<std::vector<int32_t>> seqs;
   if (!tokens.empty()) {
@@ -98,7 +96,7 @@ int cmd_logits(int argc, char** argv) {
     if (!s) return fail(s.error());
     seqs = std::move(*s);
   } else if (!prompt.empty()) {
-    auto tk = tools::load_tokenizer(**m);
+    auto tk = tools::load_tokenizer((*m)->file());
     if (!tk) return fail(tk.error());
     seqs.push_back((*tk)->encode(prompt));
   } else {
@@ -107,17 +105,10 @@ int cmd_logits(int argc, char** argv) {
   int64_t longest = 0, total = 0;
   for (auto& s : seqs) longest = std::max<int64_t>(longest, int64_t(s.size())), total += int64_t(s.size());
   if (chunk <= 0) return fail(err("--chunk must be positive"));
-  model::MemoryOptions mo;
   mo.n_ctx = ctx > 0 ? ctx : longest;
   mo.n_seq = int(seqs.size());
-  mo.type_k = *kt;
-  mo.type_v = *vt;
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
-  model::ContextOptions co;
-  auto fa = tools::parse_flash_attn(flash_attn);
-  if (!fa) return fail(fa.error());
-  co.flash_attn = *fa;
   co.n_batch = chunk * int64_t(seqs.size());
   co.n_threads = threads;
   co.delta_chunk_min = delta_chunk;

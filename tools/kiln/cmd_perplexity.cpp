@@ -3,7 +3,7 @@
 //   chunk start a fresh sequence (first token replaced by BOS when the vocabulary adds one), and
 //   score the second half: positions j in [ctx/2, ctx-1) predict token j+1.
 //   PPL = exp(mean NLL); the ± is llama.cpp's standard error estimate.
-//   kiln perplexity -m FILE -f TEXT [-c CTX] [--chunks N] [-b N] [-t N] [-ctk T] [-ctv T]
+//   kiln perplexity -m FILE -f TEXT [-c CTX] [--chunks N] [-b N] [-t N] [-ctk T] [-ctv T] [-fa on|off|auto]
 // Prints "[1]x.xxxx,[2]..." running estimates and "Final estimate: PPL = X +/- Y" on stdout.
 #include <CLI/CLI.hpp>
 
@@ -21,7 +21,7 @@ using namespace kiln;
 
 int cmd_perplexity(int argc, char** argv) {
   CLI::App app{"perplexity of a text file (like llama-perplexity)", "kiln perplexity"};
-  std::string model_path, text_path, ctk = "f16", ctv = "f16", load_mode = "mmap";
+  std::string model_path, text_path;
   int64_t ctx = 512, n_batch = 512;
   int threads = 0, max_chunks = -1;
   app.add_option("-m,--model", model_path, "GGUF model")->required();
@@ -30,22 +30,17 @@ int cmd_perplexity(int argc, char** argv) {
   app.add_option("--chunks", max_chunks, "score at most this many chunks (default: all)");
   app.add_option("-b,--batch-size", n_batch, "tokens per forward pass");
   app.add_option("-t,--threads", threads, "threads");
-  app.add_option("--cache-type-k", ctk, "K cache type (-ctk)");
-  app.add_option("--cache-type-v", ctv, "V cache type (-ctv)");
-  app.add_option("--load-mode", load_mode, "mmap, mlock or none");
-  std::string flash_attn = "auto";
-  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
+  tools::ModelFlags flags;
+  flags.add(app, "K cache type (-ctk)", "V cache type (-ctv)", "mmap, mlock or none");
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
   auto fail = [](const Error& e) {
     std::fprintf(stderr, "kiln perplexity: %s\n", e.message.c_str());
     return 1;
   };
-  auto kt = tools::parse_cache_type(ctk, "-ctk");
-  if (!kt) return fail(kt.error());
-  auto vt = tools::parse_cache_type(ctv, "-ctv");
-  if (!vt) return fail(vt.error());
-  auto lm = tools::parse_load_mode(load_mode);
+  model::MemoryOptions mo;
+  model::ContextOptions co;
+  auto lm = flags.resolve(mo, co);
   if (!lm) return fail(lm.error());
   if (ctx < 4) return fail(err("--ctx {} too small", ctx));
   std::ifstream in(text_path, std::ios::binary);
@@ -53,7 +48,7 @@ int cmd_perplexity(int argc, char** argv) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
-  auto tk = tools::load_tokenizer(**m);
+  auto tk = tools::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());
   const auto toks = (*tk)->encode(text);
   int64_t n_chunk = int64_t(toks.size()) / ctx;
@@ -62,16 +57,9 @@ int cmd_perplexity(int argc, char** argv) {
     return fail(err("{}: {} tokens, need at least --ctx {} tokens", text_path, toks.size(), ctx));
   std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %lld\n", toks.size(), (long long)n_chunk, (long long)ctx);
 
-  model::MemoryOptions mo;
   mo.n_ctx = ctx;
-  mo.type_k = *kt;
-  mo.type_v = *vt;
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
-  model::ContextOptions co;
-  auto fa = tools::parse_flash_attn(flash_attn);
-  if (!fa) return fail(fa.error());
-  co.flash_attn = *fa;
   co.n_batch = std::min(n_batch, ctx);
   co.n_threads = threads;
   co.delta_chunk_min = 64;

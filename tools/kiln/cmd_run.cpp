@@ -2,7 +2,7 @@
 // timing lines to stderr. `--chat` reads user turns from stdin and formats them with the model's
 // chat template (tokenizer.chat_template).
 //   kiln run -m FILE -p PROMPT [-n N] [--temp T] [--top-k K] [--seed S] [-c CTX] [-t N] [-b N]
-//            [-ctk T] [-ctv T] [--load-mode mmap|mlock|none] [--chat] [--ids-out FILE]
+//            [-ctk T] [-ctv T] [-fa on|off|auto] [--load-mode mmap|mlock|none] [--chat] [--ids-out FILE]
 // Sampling here is deliberately simple (greedy when --temp <= 0, else top-k + temperature); the
 // full sampler chain belongs to the engine.
 #include <CLI/CLI.hpp>
@@ -125,7 +125,7 @@ class Runner {
 
 int cmd_run(int argc, char** argv) {
   CLI::App app{"generate text from a prompt", "kiln run"};
-  std::string model_path, prompt, ctk = "f16", ctv = "f16", load_mode = "mmap", ids_out;
+  std::string model_path, prompt, ids_out;
   int n_predict = 128, threads = 0, top_k = 40;
   int64_t ctx = 4096, n_batch = 512;
   float temp = 0.8f;
@@ -140,13 +140,11 @@ int cmd_run(int argc, char** argv) {
   app.add_option("-c,--ctx-size", ctx, "context size");
   app.add_option("-b,--batch-size", n_batch, "prompt tokens per forward pass");
   app.add_option("-t,--threads", threads, "threads (default: all cores)");
-  app.add_option("--cache-type-k", ctk, "K cache type (-ctk): f16, q8_0, q4_0, f32");
-  app.add_option("--cache-type-v", ctv, "V cache type (-ctv)");
-  app.add_option("--load-mode", load_mode, "mmap, mlock or none (read into memory)");
+  tools::ModelFlags flags;
+  flags.add(app, "K cache type (-ctk): f16, q8_0, q4_0, f32", "V cache type (-ctv)",
+            "mmap, mlock or none (read into memory)");
   app.add_flag("--chat", chat, "interactive chat on stdin using the model's chat template");
   app.add_option("--ids-out", ids_out, "write the generated token ids (one per line) to this file");
-  std::string flash_attn = "auto";
-  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -154,27 +152,18 @@ int cmd_run(int argc, char** argv) {
     std::fprintf(stderr, "kiln run: %s\n", e.message.c_str());
     return 1;
   };
-  auto kt = tools::parse_cache_type(ctk, "-ctk");
-  if (!kt) return fail(kt.error());
-  auto vt = tools::parse_cache_type(ctv, "-ctv");
-  if (!vt) return fail(vt.error());
-  auto lm = tools::parse_load_mode(load_mode);
+  model::MemoryOptions mo;
+  model::ContextOptions co;
+  auto lm = flags.resolve(mo, co);
   if (!lm) return fail(lm.error());
   if (!chat && prompt.empty()) return fail(err("-p PROMPT is required (or --chat)"));
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
-  auto tk = tools::load_tokenizer(**m);
+  auto tk = tools::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());
-  model::MemoryOptions mo;
   mo.n_ctx = ctx;
-  mo.type_k = *kt;
-  mo.type_v = *vt;
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
-  model::ContextOptions co;
-  auto fa = tools::parse_flash_attn(flash_attn);
-  if (!fa) return fail(fa.error());
-  co.flash_attn = *fa;
   co.n_batch = std::max<int64_t>(1, std::min(n_batch, ctx));
   co.n_threads = threads;
   co.delta_chunk_min = 64;

@@ -9,9 +9,8 @@
 #include <sstream>
 
 #include "gguf/reader.h"
-#include "model/vocab_loader.h"
+#include "model_cli.h"
 #include "subcommand.h"
-#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -71,12 +70,7 @@ int cmd_tokenize(int argc, char** argv) {
     std::fprintf(stderr, "kiln tokenize: %s\n", f.error().message.c_str());
     return 1;
   }
-  auto v = kiln::model::load_vocab(**f);
-  if (!v) {
-    std::fprintf(stderr, "kiln tokenize: %s\n", v.error().message.c_str());
-    return 1;
-  }
-  auto tr = kiln::tokenizer::Tokenizer::create(std::move(*v));
+  auto tr = kiln::tools::load_tokenizer(**f);
   if (!tr) {
     std::fprintf(stderr, "kiln tokenize: %s\n", tr.error().message.c_str());
     return 1;
@@ -109,6 +103,13 @@ int cmd_tokenize(int argc, char** argv) {
   kiln::tokenizer::EncodeOptions opt;
   opt.parse_special = !no_parse_special;
   opt.add_special = add_bos == "auto";
+  auto encode = [&](const std::string& s) {
+    std::vector<TokenId> ids;
+    if (add_bos == "on" && tok.vocab().bos != kiln::tokenizer::kNoToken) ids.push_back(tok.vocab().bos);
+    auto body = tok.encode(s, opt);
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
+  };
 
   if (jsonl) {
     std::istringstream ls(text);
@@ -122,18 +123,11 @@ int cmd_tokenize(int argc, char** argv) {
         std::fprintf(stderr, "kiln tokenize: --jsonl line %zu is not a JSON string\n", lineno);
         return 1;
       }
-      std::vector<TokenId> out;
-      if (add_bos == "on" && tok.vocab().bos != kiln::tokenizer::kNoToken) out.push_back(tok.vocab().bos);
-      auto b = tok.encode(j.get<std::string>(), opt);
-      out.insert(out.end(), b.begin(), b.end());
-      std::cout << nlohmann::json(out).dump() << "\n";
+      std::cout << nlohmann::json(encode(j.get<std::string>())).dump() << "\n";
     }
     return 0;
   }
-  std::vector<TokenId> ids;
-  if (add_bos == "on" && tok.vocab().bos != kiln::tokenizer::kNoToken) ids.push_back(tok.vocab().bos);
-  auto body = tok.encode(text, opt);
-  ids.insert(ids.end(), body.begin(), body.end());
+  const std::vector<TokenId> ids = encode(text);
 
   if (bench) {
     double best = 1e30;

@@ -1,7 +1,9 @@
-// tools/kiln/model_cli.h — shared by `kiln run`, `kiln perplexity` and `kiln logits`: loading a
-// model with llama.cpp-like flags (load mode, progress, load time), cache-type parsing, and the
-// tokenizer for a model file.
+// tools/kiln/model_cli.h — shared by `kiln run`, `kiln perplexity` and `kiln logits`: their
+// llama.cpp-like model and cache flags (ModelFlags), loading a model (progress, load time), and the
+// tokenizer of a GGUF file. `kiln bench` and `kiln tokenize` use pieces of it.
 #pragma once
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -54,6 +56,36 @@ inline Result<LoadMode> parse_load_mode(const std::string& s) {
   return err("--load-mode {}: expected mmap, mlock or none", s);
 }
 
+// -ctk/-ctv, --load-mode and --flash-attn as `kiln run`, `kiln perplexity` and `kiln logits` take
+// them: add() registers them (the help texts are each command's; no load_mode_help: no
+// --load-mode), resolve() checks the values after parsing and puts them into the options.
+struct ModelFlags {
+  std::string ctk = "f16", ctv = "f16", load_mode = "mmap", flash_attn = "auto";
+
+  void add(CLI::App& app, const char* ctk_help, const char* ctv_help, const char* load_mode_help = nullptr) {
+    app.add_option("--cache-type-k", ctk, ctk_help);
+    app.add_option("--cache-type-v", ctv, ctv_help);
+    if (load_mode_help) app.add_option("--load-mode", load_mode, load_mode_help);
+    app.add_option("--flash-attn", flash_attn, kFlashAttnHelp);
+  }
+
+  // Fills mo.type_k/type_v and co.flash_attn; returns the load mode.
+  Result<LoadMode> resolve(model::MemoryOptions& mo, model::ContextOptions& co) const {
+    auto kt = parse_cache_type(ctk, "-ctk");
+    KILN_TRY(kt);
+    auto vt = parse_cache_type(ctv, "-ctv");
+    KILN_TRY(vt);
+    auto lm = parse_load_mode(load_mode);
+    KILN_TRY(lm);
+    auto fa = parse_flash_attn(flash_attn);
+    KILN_TRY(fa);
+    mo.type_k = *kt;
+    mo.type_v = *vt;
+    co.flash_attn = *fa;
+    return *lm;
+  }
+};
+
 // Loads with a progress bar on stderr (when show_progress) and prints the load time.
 inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& path, LoadMode mode,
                                                             bool show_progress) {
@@ -77,8 +109,8 @@ inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& p
   return m;
 }
 
-inline Result<std::unique_ptr<tokenizer::Tokenizer>> load_tokenizer(const model::Model& m) {
-  auto v = model::load_vocab(m.file());
+inline Result<std::unique_ptr<tokenizer::Tokenizer>> load_tokenizer(const gguf::File& f) {
+  auto v = model::load_vocab(f);
   KILN_TRY(v);
   return tokenizer::Tokenizer::create(std::move(*v));
 }
