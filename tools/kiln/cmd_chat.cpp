@@ -4,27 +4,18 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "chat/chat.h"
 #include "chat/jinja/jinja.h"
 #include "chat/output_parser.h"
+#include "read_file.h"
 #include "subcommand.h"
 
 namespace {
 
 using kiln::chat::ojson;
-
-bool read_file(const std::string& path, std::string& out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  out = ss.str();
-  return true;
-}
+using kiln::tools::read_file;
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kiln chat: %s\n", msg.c_str());

@@ -10,10 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 
 #include "model_cli.h"
+#include "read_file.h"
 #include "subcommand.h"
 
 namespace {
@@ -43,9 +42,8 @@ int cmd_perplexity(int argc, char** argv) {
   auto lm = flags.resolve(mo, co);
   if (!lm) return fail(lm.error());
   if (ctx < 4) return fail(err("--ctx {} too small", ctx));
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return fail(err("{}: cannot open", text_path));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  if (!tools::read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
   auto tk = tools::load_tokenizer((*m)->file());

@@ -3,16 +3,17 @@
 // contexts in one process and prints a JSON array of {"ok", "text" | "error"}.
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "chat/jinja/jinja.h"
+#include "read_file.h"
 #include "subcommand.h"
 
 namespace {
+
+using kiln::tools::read_file;
 
 const char* kUsage =
     "usage: kiln template render --template FILE (--context JSON_FILE | --batch JSON_FILE) [--now DATE]\n"
@@ -32,15 +33,6 @@ const char* kUsage =
     "\n"
     "exit status: 0 rendered (batch: always 0 once the inputs are read), 1 template or\n"
     "context error (message on stderr), 2 usage error.\n";
-
-bool read_file(const std::string& path, std::string& out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  out = ss.str();
-  return true;
-}
 
 int cmd_template(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {

@@ -4,12 +4,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "gguf/reader.h"
 #include "model_cli.h"
+#include "read_file.h"
 #include "subcommand.h"
 
 namespace {
@@ -49,14 +49,10 @@ int cmd_tokenize(int argc, char** argv) {
 
   std::string text;
   if (!file.empty()) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) {
+    if (!kiln::tools::read_file(file, text)) {
       std::fprintf(stderr, "kiln tokenize: cannot read %s\n", file.c_str());
       return 1;
     }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
   } else if (app.count("-p")) {
     text = prompt;
   } else {
