@@ -35,27 +35,7 @@ namespace {
 using namespace kiln;
 using Clock = std::chrono::steady_clock;
 
-Result<std::vector<int64_t>> parse_int_list(const std::vector<std::string>& vals, const char* flag, int64_t min) {
-  std::vector<int64_t> out;
-  for (const auto& v : vals) {
-    std::string item;
-    std::stringstream ss(v);
-    while (std::getline(ss, item, ',')) {
-      if (item.empty()) continue;
-      try {
-        size_t used = 0;
-        const long long x = std::stoll(item, &used);
-        if (used != item.size()) throw std::invalid_argument(item);
-        if (x < min) return err("{} {}: must be >= {}", flag, item, min);
-        out.push_back(x);
-      } catch (const std::exception&) {
-        return err("{} {}: not an integer", flag, item);
-      }
-    }
-  }
-  return out;
-}
-
+// The items of comma lists (each flag may be repeated), empty items dropped.
 std::vector<std::string> split_list(const std::vector<std::string>& vals) {
   std::vector<std::string> out;
   for (const auto& v : vals) {
@@ -63,6 +43,22 @@ std::vector<std::string> split_list(const std::vector<std::string>& vals) {
     std::stringstream ss(v);
     while (std::getline(ss, item, ','))
       if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Result<std::vector<int64_t>> parse_int_list(const std::vector<std::string>& vals, const char* flag, int64_t min) {
+  std::vector<int64_t> out;
+  for (const auto& item : split_list(vals)) {
+    try {
+      size_t used = 0;
+      const long long x = std::stoll(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      if (x < min) return err("{} {}: must be >= {}", flag, item, min);
+      out.push_back(x);
+    } catch (const std::exception&) {
+      return err("{} {}: not an integer", flag, item);
+    }
   }
   return out;
 }
