@@ -58,7 +58,7 @@ int cmd_perplexity(int argc, char** argv) {
   mo.n_ctx = ctx;
   auto mem = model::Memory::create((*m)->config(), mo);
   if (!mem) return fail(mem.error());
-  co.n_batch = std::min(n_batch, ctx);
+  co.n_batch = std::max<int64_t>(1, std::min(n_batch, ctx));  // -b <= 0: 1, as in kiln run
   co.n_threads = threads;
   co.delta_chunk_min = 64;
   model::Context cx(**m, co);
