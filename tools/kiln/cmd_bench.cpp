@@ -1,7 +1,7 @@
 // `kiln bench` — llama-bench-like throughput measurement of prompt processing (pp) and token
 // generation (tg) on the CPU, with the same flags and table so the numbers line up side by side:
 //   kiln bench -m FILE[,FILE] [-p 512] [-n 128] [-pg 512,128] [-r 5] [-t N] [-b 2048] [-ub 512]
-//              [-ctk f16] [-ctv f16] [--delta-chunk 0] [-o md|json|jsonl] [--no-warmup]
+//              [-ctk f16] [-ctv f16] [-fa on|off|auto] [--delta-chunk 0] [-o md|json|jsonl] [--no-warmup]
 // Every numeric/type flag takes a comma list (and may be repeated); all combinations are run.
 // Each model is loaded once. For every test, a warm-up run (not timed) precedes -r timed
 // repetitions; the sequence memory is cleared before each. Tokens are random ids (fixed seed).
@@ -309,7 +309,7 @@ int cmd_bench(int argc, char** argv) {
   std::vector<std::string> models, n_prompt = {"512"}, n_gen = {"128"}, pg, n_batch = {"2048"}, n_ubatch = {"512"},
                                    threads, ctk = {"f16"}, ctv = {"f16"}, delta_chunk = {"0"};
   int reps = 5;
-  std::string output = "md";
+  std::string output = "md", flash_attn = "auto";
   bool no_warmup = false, progress = false;
   app.add_option("-m,--model", models, "GGUF model file(s); comma list or repeated")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (pp tests; 0 = none)");
@@ -320,6 +320,7 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads (default: all cores)");
   app.add_option("--cache-type-k", ctk, "-ctk: K cache type (f32, f16, q8_0, q4_0)");
   app.add_option("--cache-type-v", ctv, "-ctv: V cache type");
+  app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   app.add_option("--delta-chunk", delta_chunk, "qwen35: runs of >= N tokens use the chunked gated delta rule (0: never)");
   app.add_option("-r,--repetitions", reps, "timed repetitions per test")->check(CLI::PositiveNumber);
   app.add_option("-o,--output", output, "md, json or jsonl")->check(CLI::IsMember({"md", "json", "jsonl"}));
@@ -332,6 +333,9 @@ int cmd_bench(int argc, char** argv) {
     std::fprintf(stderr, "kiln bench: %s\n", e.message.c_str());
     return 1;
   };
+  auto fa = tools::parse_flash_attn(flash_attn);
+  if (!fa) return fail(fa.error());
+  const bool fa_on = *fa;
   auto P = parse_int_list(n_prompt, "-p", 0);
   if (!P) return fail(P.error());
   auto N = parse_int_list(n_gen, "-n", 0);
@@ -392,6 +396,7 @@ int cmd_bench(int argc, char** argv) {
           co.n_batch = ub;
           co.n_threads = int(nt);
           co.delta_chunk_min = int(dc);
+          co.flash_attn = fa_on;
           const size_t heap0 = heap_in_use();
           model::Context cx(**m, co);
           size_t scratch = heap_in_use() - std::min(heap0, heap_in_use());

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "model/vocab_loader.h"
 #include "model_cli.h"
 #include "subcommand.h"
 
@@ -96,7 +97,7 @@ int cmd_logits(int argc, char** argv) {
     if (!s) return fail(s.error());
     seqs = std::move(*s);
   } else if (!prompt.empty()) {
-    auto tk = tools::load_tokenizer((*m)->file());
+    auto tk = model::load_tokenizer((*m)->file());
     if (!tk) return fail(tk.error());
     seqs.push_back((*tk)->encode(prompt));
   } else {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/vocab_loader.h"
 #include "model_cli.h"
 #include "read_file.h"
 #include "subcommand.h"
@@ -46,7 +47,7 @@ int cmd_perplexity(int argc, char** argv) {
   if (!tools::read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
-  auto tk = tools::load_tokenizer((*m)->file());
+  auto tk = model::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());
   const auto toks = (*tk)->encode(text);
   int64_t n_chunk = int64_t(toks.size()) / ctx;

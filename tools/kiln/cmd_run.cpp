@@ -16,6 +16,7 @@
 #include <random>
 
 #include "chat/chat.h"
+#include "model/vocab_loader.h"
 #include "model_cli.h"
 #include "subcommand.h"
 
@@ -159,7 +160,7 @@ int cmd_run(int argc, char** argv) {
   if (!chat && prompt.empty()) return fail(err("-p PROMPT is required (or --chat)"));
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
-  auto tk = tools::load_tokenizer((*m)->file());
+  auto tk = model::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());
   mo.n_ctx = ctx;
   auto mem = model::Memory::create((*m)->config(), mo);

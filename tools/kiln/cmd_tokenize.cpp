@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "gguf/reader.h"
+#include "model/vocab_loader.h"
 #include "model_cli.h"
 #include "read_file.h"
 #include "subcommand.h"
@@ -66,7 +67,7 @@ int cmd_tokenize(int argc, char** argv) {
     std::fprintf(stderr, "kiln tokenize: %s\n", f.error().message.c_str());
     return 1;
   }
-  auto tr = kiln::tools::load_tokenizer(**f);
+  auto tr = kiln::model::load_tokenizer(**f);
   if (!tr) {
     std::fprintf(stderr, "kiln tokenize: %s\n", tr.error().message.c_str());
     return 1;

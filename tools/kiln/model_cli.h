@@ -1,6 +1,6 @@
 // tools/kiln/model_cli.h — shared by `kiln run`, `kiln perplexity` and `kiln logits`: their
-// llama.cpp-like model and cache flags (ModelFlags), loading a model (progress, load time), and the
-// tokenizer of a GGUF file. `kiln bench` and `kiln tokenize` use pieces of it.
+// llama.cpp-like model and cache flags (ModelFlags), loading a model (progress, load time).
+// `kiln bench` uses pieces of it; the tokenizer of a file comes from model::load_tokenizer.
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -12,8 +12,6 @@
 #include "gguf/types.h"
 #include "model/context.h"
 #include "model/model.h"
-#include "model/vocab_loader.h"
-#include "tokenizer/tokenizer.h"
 
 namespace kiln::tools {
 
@@ -107,12 +105,6 @@ inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& p
                  double((*m)->info().weight_bytes) / (1024.0 * 1024.0), (*m)->info().load_ms);
   }
   return m;
-}
-
-inline Result<std::unique_ptr<tokenizer::Tokenizer>> load_tokenizer(const gguf::File& f) {
-  auto v = model::load_vocab(f);
-  KILN_TRY(v);
-  return tokenizer::Tokenizer::create(std::move(*v));
 }
 
 }  // namespace kiln::tools
