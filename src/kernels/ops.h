@@ -137,7 +137,8 @@ void get_rows(GgmlType t, const void* table, size_t row_stride, int64_t n_rows, 
 
 // y = x / sqrt(mean(x^2) + eps) * w (w: [ne0] or nullptr). y may alias x.
 void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool);
-// y = x / max(sqrt(sum(x^2)), eps) (sum in double). y may alias x.
+// y = x / sqrt(sum(x^2) + eps), in llama.cpp's arithmetic (build_gdn_l2_norm: rms_norm with eps/n,
+// then times 1/sqrt(n); squares summed in double). y may alias x.
 void l2_norm(CRows x, Rows y, float eps, ThreadPool& pool);
 void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool);
 // Row-wise softmax of scale * x, in place.
@@ -148,11 +149,14 @@ void silu(const float* x, float* y, int64_t n);
 void swiglu(const float* gate, const float* up, float* y, int64_t n);    // y = silu(gate) * up
 void sigmoid_mul(const float* x, const float* g, float* y, int64_t n);  // y = x * sigmoid(g)
 void sigmoid(const float* x, float* y, int64_t n);
-void softplus(const float* x, float* y, int64_t n);                     // log(1 + e^x), stable
+void softplus(const float* x, float* y, int64_t n);                     // ggml's logf(1 + expf(x)); x > 20: x
 void add(const float* a, const float* b, float* y, int64_t n);
 void mul(const float* a, const float* b, float* y, int64_t n);
 void scale(const float* x, float s, float* y, int64_t n);
 
+// F32 dot in ggml's AVX-512 order (tiny: tinyBLAS, one 16-lane chain, n % 16 == 0; else
+// ggml_vec_dot_f32); other hosts: the table's dot_f32.
+float dot_f32_ggml(const float* x, const float* y, int64_t n, bool tiny);
 // MoE routing: logits [n_expert, n_tok]; ids, weights: [k, n_tok]. Softmax over all experts, the
 // k largest (ties: lower id first) in descending order; renorm divides the k weights by their
 // sum; then every weight is multiplied by w_scale.

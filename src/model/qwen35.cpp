@@ -84,7 +84,8 @@ void delta_net(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem)
   }
   // Gated RMSNorm per head, then the output projection.
   s.rms_norm(s.dout.data(), L.ssm_norm, s.dout.data(), S, Hv * T);
-  kernels::silu(s.z.data(), s.z.data(), vd * T);
+  // silu per head row of S (ggml's row: its vector silu leaves a row's S % 16 tail to libm).
+  for (int64_t r = 0; r < Hv * T; ++r) kernels::silu(s.z.data() + r * S, s.z.data() + r * S, S);
   kernels::mul(s.dout.data(), s.z.data(), s.dout.data(), vd * T);
   s.matmul(L.ssm_out, s.dout.data(), T, s.tmp.data());
 }

@@ -73,6 +73,9 @@ struct Table {
   double (*ggml_softmax_exp)(const float* x, float max, float* y, int64_t n) = nullptr;
   void (*ggml_kqv)(const uint8_t* v, size_t pos_stride, const float* p, int64_t n, int64_t D, bool tiny, float* acc,
                    float* out) = nullptr;
+  // F32 dots in ggml's AVX-512 orders: tiny (tinyBLAS, n % 16 == 0) one 16-lane FMA chain, else
+  // ggml_vec_dot_f32 (the gated delta rule's dots, the MoE router and shared-expert gate).
+  float (*ggml_dot_f32)(const float* x, const float* y, int64_t n, bool tiny) = nullptr;
 };
 
 const Table& table();             // the current table

@@ -138,11 +138,15 @@ void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool) {
 
 void l2_norm(CRows x, Rows y, float eps, ThreadPool& pool) {
   const int64_t n = x.ne0;
+  // llama.cpp's build_gdn_l2_norm: rms_norm(x, eps/n) (float squares summed in double, as rms_norm
+  // above), then a scale by 1/sqrt(n): y = (x * r) * (1/sqrt(n)), r = 1/sqrt(mean + eps/n).
+  const float fn = float(n), eps_n = eps / fn, post = 1.0f / std::sqrt(fn);
   for_rows(x, y, pool, [&](const float* xr, float* yr) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * xr[i];
-    const float r = float(1.0 / std::max(std::sqrt(ss), double(eps)));
-    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r;
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
+    const float mean = float(sum / double(n));
+    const float r = 1.0f / std::sqrt(mean + eps_n);
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * r * post;
   });
 }
 
@@ -196,15 +200,57 @@ void swiglu(const float* gate, const float* up, float* y, int64_t n) { cpu::tabl
 void sigmoid_mul(const float* x, const float* g, float* y, int64_t n) { cpu::table().sigmoid_mul(x, g, y, n); }
 void sigmoid(const float* x, float* y, int64_t n) { cpu::table().sigmoid(x, y, n); }
 void softplus(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 20.f ? x[i] : std::log1p(std::exp(x[i]));
+  // ggml's softplus: logf(1 + expf(x)), x above 20 passed through.
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 20.f ? x[i] : std::log(1.0f + std::exp(x[i]));
 }
 void add(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i]; }
 void mul(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i]; }
 void scale(const float* x, float s, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s; }
 
+float dot_f32_ggml(const float* x, const float* y, int64_t n, bool tiny) {
+  const cpu::Table& T = cpu::table();
+  return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n, tiny) : T.dot_f32(x, y, n);
+}
+
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
   KILN_CHECK(k >= 1 && k <= n_expert && n_expert <= 4096, "topk_route: k {} vs n_expert {}", k, n_expert);
+  const cpu::Table& T = cpu::table();
+  if (T.ggml_softmax_exp) {
+    // llama.cpp's build_moe_ffn (softmax gating) in ggml's arithmetic: p = soft_max(logits) (vector
+    // exp, sum in double, times float(1/sum)); top k of p by argsort, descending (ties: lower id);
+    // w = p of those; renormalised by their sum (in double, rounded to float, clamped below at
+    // 2^-14) with a float division; scaled unless the scale is 0 or 1.
+    float p[4096];
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float* l = logits + t * n_expert;
+      float mx = -INFINITY;
+      for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, l[e]);
+      const float inv = float(1.0 / T.ggml_softmax_exp(l, mx, p, n_expert));
+      for (int64_t e = 0; e < n_expert; ++e) p[e] *= inv;
+      int32_t* id = ids + t * k;
+      float* wt = weights + t * k;
+      for (int i = 0; i < k; ++i) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < n_expert; ++e) {
+          bool taken = false;
+          for (int j = 0; j < i; ++j) taken |= id[j] == e;
+          if (!taken && (best < 0 || p[e] > p[best])) best = int32_t(e);
+        }
+        id[i] = best;
+        wt[i] = p[best];
+      }
+      if (renorm) {
+        double ws = 0;
+        for (int i = 0; i < k; ++i) ws += double(wt[i]);
+        const float wsum = std::max(float(ws), 6.103515625e-5f);
+        for (int i = 0; i < k; ++i) wt[i] = wt[i] / wsum;
+      }
+      if (w_scale != 0.0f && w_scale != 1.0f)
+        for (int i = 0; i < k; ++i) wt[i] *= w_scale;
+    }
+    return;
+  }
   for (int64_t t = 0; t < n_tok; ++t) {
     const float* l = logits + t * n_expert;
     float mx = -INFINITY;
@@ -478,8 +524,9 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
         float* yt = y + t * y_stride + c0;
         for (int c = 0; c < nc; ++c) {
           win[K - 1][c] = xt[c];  // read before the (possibly aliased) write below
+          // ggml's ssm_conv: a fused multiply-add per tap, oldest first, from 0.
           float s = 0;
-          for (int j = 0; j < K; ++j) s += wt[j][c] * win[j][c];
+          for (int j = 0; j < K; ++j) s = std::fma(win[j][c], wt[j][c], s);
           yt[c] = s;
           for (int j = 0; j < K - 1; ++j) win[j][c] = win[j + 1][c];
         }
@@ -496,6 +543,11 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
   const Table& T = cpu::table();
   const int64_t S = a.S;
   const float qscale = 1.0f / std::sqrt(float(S));
+  // ggml's gated_delta_net: its rows are independent, so scale / dot / fma-update / dot per row is
+  // its all-rows-per-phase order; the dots in ggml_vec_dot_f32's order where the table has it.
+  auto dot = [&T](const float* x, const float* y, int64_t n) {
+    return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n, false) : T.dot_f32(x, y, n);
+  };
   pool.parallel_for(a.Hv, [&](int64_t h0, int64_t h1, int) {
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t hk = h % a.Hk;
@@ -509,9 +561,9 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
         for (int64_t j = 0; j < S; ++j) {
           float* row = st + j * S;  // row j = column j of M: M[i][j] for all i
           T.scale(row, decay, S);
-          const float dj = (v[j] - T.dot_f32(row, k, S)) * beta;
+          const float dj = (v[j] - dot(row, k, S)) * beta;
           T.axpy(dj, k, row, S);
-          o[j] = T.dot_f32(row, q, S) * qscale;
+          o[j] = dot(row, q, S) * qscale;
         }
       }
     }
