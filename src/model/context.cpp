@@ -38,6 +38,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& p, const ContextOptions& o)
     wts.resize(sz(c.n_expert_used));
     xe.resize(sz(E));
     ye.resize(sz(E));
+    eout.resize(sz(E * c.n_expert_used));
     etok.resize(size_t(B));
     ewt.resize(size_t(B));
   }

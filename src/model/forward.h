@@ -62,6 +62,7 @@ struct Context::Impl {
   std::vector<float> wts;      // [k, T]
   std::vector<float> xe;       // gathered inputs [E, T]
   std::vector<float> ye;       // expert outputs [E, T]
+  std::vector<float> eout;     // weighted expert outputs by token and rank [E, k, T]
   std::vector<int32_t> etok;   // tokens routed to one expert
   std::vector<float> ewt;      // their weights
   // output
