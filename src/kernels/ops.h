@@ -157,6 +157,9 @@ void scale(const float* x, float s, float* y, int64_t n);
 // F32 dot in ggml's AVX-512 order (tiny: tinyBLAS, one 16-lane chain, n % 16 == 0; else
 // ggml_vec_dot_f32); other hosts: the table's dot_f32.
 float dot_f32_ggml(const float* x, const float* y, int64_t n, bool tiny);
+// out[r] = dot_f32_ggml(w + r*w_stride, x, n, tiny) for r < nr.
+void dot_f32_ggml_rows(const float* w, int64_t w_stride, int64_t nr, const float* x, int64_t n, bool tiny,
+                       float* out);
 // MoE routing: logits [n_expert, n_tok]; ids, weights: [k, n_tok]. Softmax over all experts, the
 // k largest (ties: lower id first) in descending order; renorm divides the k weights by their
 // sum; then every weight is multiplied by w_scale.

@@ -23,8 +23,7 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L) {
     const bool tiny = X % 4 == 0;
     s.pool.parallel_for(T, [&](int64_t t0, int64_t t1, int) {
       for (int64_t t = t0; t < t1; ++t)
-        for (int64_t e = 0; e < X; ++e)
-          s.router[size_t(t * X + e)] = kernels::dot_f32_ggml(w + e * E, s.cur.data() + t * E, E, tiny);
+        kernels::dot_f32_ggml_rows(w, E, X, s.cur.data() + t * E, E, tiny, s.router.data() + t * X);
     });
   } else {
     s.matmul(L.ffn_gate_inp, s.cur.data(), T, s.router.data());

@@ -1,9 +1,9 @@
 // The qwen35 / qwen35moe ops in ggml's order (llama.cpp's CPU backend on AVX-512 hosts):
-//  - AVX-512 table entries ggml_dot_f32 (tinyBLAS chain and ggml_vec_dot_f32 with GCC's in-order
-//    vectorized tail), silu (ggml_vec_silu_f32), sigmoid / sigmoid_mul (scalar libm expf);
-//  - l2_norm (build_gdn_l2_norm: rms_norm with eps/n, then a scale), softplus, conv1d_silu (ssm_conv:
-//    an fma per tap from 0), gated_delta_rule (ggml_gated_delta_net's token recurrence), topk_route
-//    (soft_max, argsort top-k, renormalisation).
+//  - AVX-512 table entries ggml_dot_f32 / ggml_dot_f32_rows (tinyBLAS chain and ggml_vec_dot_f32 with
+//    GCC's in-order vectorized tail), silu (ggml_vec_silu_f32), sigmoid / sigmoid_mul (scalar libm
+//    expf), ggml_conv_taps16 (through conv1d_silu: ssm_conv, an fma per tap from 0);
+//  - l2_norm (build_gdn_l2_norm: rms_norm with eps/n, then a scale), softplus, gated_delta_rule
+//    (ggml_gated_delta_net's token recurrence), topk_route (soft_max, argsort top-k, renormalisation).
 // Each is checked bit for bit against a scalar emulation of ggml's order (explicit lanes, std::fma
 // for every fused op) and for accuracy against a double-precision reference. This file is compiled
 // without -mfma: no implicit contraction happens here.
@@ -156,6 +156,25 @@ TEST(GgmlDeltaNet, DotF32AccuracyAndBitExact) {
         }
         ASSERT_LE(std::fabs(got - ref), 2e-7 * mag * std::sqrt(double(n)) + 1e-30) << "n " << n;
         EXPECT_EQ(bits(got), bits(dot_f32_ggml(x.data(), y.data(), n, tiny)));
+      }
+    }
+  }
+}
+
+// The router's many-rows form: each row as the single dot (rows four at a time in tinyBLAS order).
+TEST(GgmlDeltaNet, DotF32RowsEqualSingleDots) {
+  Avx512Table T;
+  REQUIRE_AVX512(T);
+  for (int64_t n : {32, 100, 256}) {
+    for (int64_t nr : {1, 4, 7, 60}) {
+      const int64_t ws = n + 3;
+      const auto w = randv(size_t(ws * nr), uint32_t(n + nr), -1.f, 1.f), x = randv(size_t(n), uint32_t(n), -1.f, 1.f);
+      for (bool tiny : {false, true}) {
+        std::vector<float> out(static_cast<size_t>(nr));
+        dot_f32_ggml_rows(w.data(), ws, nr, x.data(), n, tiny, out.data());
+        for (int64_t r = 0; r < nr; ++r)
+          ASSERT_EQ(bits(out[size_t(r)]), bits(dot_emul(w.data() + r * ws, x.data(), n, tiny)))
+              << "n " << n << " nr " << nr << " r " << r << " tiny " << tiny;
       }
     }
   }

@@ -76,6 +76,11 @@ struct Table {
   // F32 dots in ggml's AVX-512 orders: tiny (tinyBLAS, n % 16 == 0) one 16-lane FMA chain, else
   // ggml_vec_dot_f32 (the gated delta rule's dots, the MoE router and shared-expert gate).
   float (*ggml_dot_f32)(const float* x, const float* y, int64_t n, bool tiny) = nullptr;
+  // nr such dots of rows w + r*w_stride with one x (the MoE router).
+  void (*ggml_dot_f32_rows)(const float* w, int64_t w_stride, int64_t nr, const float* x, int64_t n, bool tiny,
+                            float* out) = nullptr;
+  // ggml's ssm_conv for 16 channels: y[c] = fma chain over taps j < K of win[j*16 + c] * w[j*16 + c], from 0.
+  void (*ggml_conv_taps16)(const float* win, const float* w, int K, float* y) = nullptr;
 };
 
 const Table& table();             // the current table

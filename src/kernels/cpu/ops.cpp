@@ -212,6 +212,13 @@ float dot_f32_ggml(const float* x, const float* y, int64_t n, bool tiny) {
   return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n, tiny) : T.dot_f32(x, y, n);
 }
 
+void dot_f32_ggml_rows(const float* w, int64_t w_stride, int64_t nr, const float* x, int64_t n, bool tiny,
+                       float* out) {
+  const cpu::Table& T = cpu::table();
+  if (T.ggml_dot_f32_rows) return T.ggml_dot_f32_rows(w, w_stride, nr, x, n, tiny, out);
+  for (int64_t r = 0; r < nr; ++r) out[r] = T.dot_f32(w + r * w_stride, x, n);
+}
+
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
   KILN_CHECK(k >= 1 && k <= n_expert && n_expert <= 4096, "topk_route: k {} vs n_expert {}", k, n_expert);
@@ -510,8 +517,9 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
   constexpr int kCB = 16;  // channels per inner block (one cache line of x per token)
   const int K = d_conv;
   const Table& T = cpu::table();
+  const auto taps16 = T.ggml_conv_taps16;  // AVX-512: ggml's ssm_conv (an fma per tap from 0)
   pool.parallel_for((C + kCB - 1) / kCB, [&](int64_t b0, int64_t b1, int) {
-    float win[8][kCB], wt[8][kCB];
+    alignas(64) float win[8][kCB] = {}, wt[8][kCB] = {}, acc[kCB];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t c0 = b * kCB;
       const int nc = int(std::min<int64_t>(kCB, C - c0));
@@ -522,14 +530,19 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
       for (int64_t t = 0; t < n_t; ++t) {
         const float* xt = x + t * x_stride + c0;
         float* yt = y + t * y_stride + c0;
-        for (int c = 0; c < nc; ++c) {
-          win[K - 1][c] = xt[c];  // read before the (possibly aliased) write below
-          // ggml's ssm_conv: a fused multiply-add per tap, oldest first, from 0.
-          float s = 0;
-          for (int j = 0; j < K; ++j) s = std::fma(win[j][c], wt[j][c], s);
-          yt[c] = s;
-          for (int j = 0; j < K - 1; ++j) win[j][c] = win[j + 1][c];
+        for (int c = 0; c < nc; ++c) win[K - 1][c] = xt[c];  // read before the (possibly aliased) write below
+        if (taps16) {
+          taps16(&win[0][0], &wt[0][0], K, acc);
+          std::memcpy(yt, acc, size_t(nc) * sizeof(float));
+        } else {
+          for (int c = 0; c < nc; ++c) {
+            float s = 0;
+            for (int j = 0; j < K; ++j) s += wt[j][c] * win[j][c];
+            yt[c] = s;
+          }
         }
+        for (int j = 0; j < K - 1; ++j)
+          for (int c = 0; c < nc; ++c) win[j][c] = win[j + 1][c];
         T.silu(yt, yt, nc);
       }
       for (int c = 0; c < nc; ++c)
