@@ -48,6 +48,8 @@ inline CRows crows3(const float* p, int64_t ne0, int64_t n1 = 1, int64_t n2 = 1)
 // Y[j, t] = sum_i W[i, j] * X[i, t], accumulated in F32 (m = 1 is the mat-vec).
 // wt: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS; k must be a
 // multiple of the type's block size. The fast paths quantize X to 8 bits per 32 elements.
+// On AVX-512 hosts F16 / BF16 weights take X rounded to F16 / BF16 first and every float weight type
+// sums in ggml's order (llamafile tinyBLAS / ggml_vec_dot), as llama.cpp's CPU backend does.
 bool matmul_supported(GgmlType wt);
 struct MatmulArgs {
   GgmlType wt = GgmlType::F32;

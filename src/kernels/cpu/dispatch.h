@@ -56,6 +56,13 @@ using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);  // y += 
 using ScaleFn = void (*)(float* y, float a, int64_t n);                  // y *= a
 using UnaryFn = void (*)(const float* x, float* y, int64_t n);
 using BinaryFn = void (*)(const float* a, const float* b, float* y, int64_t n);
+// ggml's F32/F16/BF16 mat-mul (AVX-512 tables only): y[c*y_stride + r] = (weight row at w + r*w_stride)
+// . (activation column at act + c*act_stride bytes) for r < nr <= 4, c < nc <= 4. The columns hold the
+// weight type's ggml vec_dot_type (F32, F16, BF16: see ggml_float_act). rows4: the weight has a
+// multiple of 4 rows; the kernel then takes llamafile's tinyBLAS order when k is a multiple of its
+// vector step, else ggml_vec_dot_* order (x86_kernels.inc).
+using FloatMmFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* act, size_t act_stride, int nc,
+                           bool rows4, float* y, int64_t y_stride);
 
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
@@ -73,6 +80,10 @@ struct Table {
   double (*ggml_softmax_exp)(const float* x, float max, float* y, int64_t n) = nullptr;
   void (*ggml_kqv)(const uint8_t* v, size_t pos_stride, const float* p, int64_t n, int64_t D, bool tiny, float* acc,
                    float* out) = nullptr;
+  // ggml's float mat-mul: by weight type (F32 F16 BF16). ggml_float_act rounds one X column of k
+  // floats to F16 / BF16 (nullptr for F32: X is used as it is).
+  FloatMmFn ggml_float_mm[kNumTypes] = {};
+  QuantizeActFn ggml_float_act[kNumTypes] = {};
 };
 
 const Table& table();             // the current table

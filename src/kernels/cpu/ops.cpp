@@ -22,7 +22,13 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 }  // namespace
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
-  if (is_float_type(wt) && m == 1) return 0;
+  if (is_float_type(wt)) {
+    // ggml's order (AVX-512 tables): X rounded to F16 / BF16 per column. Other tables: kRowTile
+    // converted weight rows per thread when m > 1. One call uses one of the two.
+    const size_t half = wt == GgmlType::F32 ? 0 : size_t(m) * align64(size_t(k) * 2);
+    const size_t tiles = m == 1 ? 0 : size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
+    return std::max(half, tiles);
+  }
   // Quantized activations for every column + kRowTile dequantized rows per thread (float path).
   return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
 }
@@ -39,6 +45,38 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   const auto* w = static_cast<const char*>(a.w);
   const int64_t k = a.k, m = a.m;
 
+  if (const cpu::FloatMmFn fmm = is_float_type(a.wt) ? T.ggml_float_mm[wi] : nullptr) {
+    // ggml's float mat-mul (AVX-512 tables): X in the weight type's ggml vec_dot_type, tinyBLAS's
+    // order for weights of 4k rows (llama.cpp's order for >= 2 columns, taken here for every column
+    // count: batch invariance), else ggml_vec_dot's. 4 rows x 4 columns per kernel call.
+    const cpu::QuantizeActFn conv = T.ggml_float_act[wi];
+    const uint8_t* act = reinterpret_cast<const uint8_t*>(a.x);
+    size_t as = size_t(a.x_stride) * sizeof(float);
+    if (conv) {
+      KILN_CHECK(ws != nullptr, "matmul: {} weights need a workspace", gguf::type_name(a.wt));
+      auto* buf = static_cast<uint8_t*>(ws);
+      as = align64(size_t(k) * 2);
+      auto conv_cols = [&](int64_t t0, int64_t t1, int) {
+        for (int64_t t = t0; t < t1; ++t) conv(a.x + t * a.x_stride, k, buf + size_t(t) * as);
+      };
+      if (m < 2 * pool.size()) conv_cols(0, m, 0);
+      else pool.parallel_for(m, conv_cols);
+      act = buf;
+    }
+    const bool rows4 = a.n % 4 == 0;
+    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+      for (int64_t jb = j0; jb < j1; jb += kRowTile) {
+        const int64_t je = std::min(j1, jb + kRowTile);
+        for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
+          const int nc = int(std::min<int64_t>(cpu::kMaxCols, m - t));
+          for (int64_t j = jb; j < je; j += 4)
+            fmm(k, w + size_t(j) * a.w_stride, a.w_stride, int(std::min<int64_t>(4, je - j)), act + size_t(t) * as, as, nc,
+                rows4, a.y + t * a.y_stride + j, a.y_stride);
+        }
+      }
+    }, 4);
+    return;
+  }
   if (is_float_type(a.wt) && m == 1) {
     const cpu::DotRowFn dot = T.dot_row[wi];
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
