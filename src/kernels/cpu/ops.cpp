@@ -63,7 +63,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       else pool.parallel_for(m, conv_cols);
       act = buf;
     }
-    const bool rows4 = a.n % 4 == 0;
+    const bool rows4 = a.n % 4 == 0 && !a.ggml_vec;
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
