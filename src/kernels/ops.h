@@ -102,6 +102,14 @@ struct AttnParams {
 };
 bool attention_ggml_supported(GgmlType k, GgmlType v, int64_t head_dim);
 
+// ---- Walsh-Hadamard rotation ------------------------------------------------------------------
+// Every n-element chunk of every row (n a power of two dividing ne0), in place: x <- H_n x / sqrt(n),
+// H_n the Sylvester-ordered Hadamard matrix (symmetric; the map is its own inverse). Formed as
+// llama.cpp's CPU fwht: x * (1/sqrtf(n)) first, then the butterflies (u+v, u-v) with spans 1, 2, 4...
+// llama.cpp rotates q and k this way when the K cache is quantized, v and the attention output when
+// the V cache is: the rotation spreads outliers before the 8/4-bit rounding.
+void hadamard(Rows x, int64_t n, ThreadPool& pool);
+
 // ---- gated delta rule (Qwen3.5 / Qwen3-Next linear attention) -------------------------------
 // Per v-head h (< Hv) with q/k head hk = h % Hk, and per token t, with S x S state M[i][j]
 // (i key index, j value index) stored ggml-style: state[h*S*S + j*S + i]:

@@ -84,6 +84,12 @@ struct Table {
   // floats to F16 / BF16 (nullptr for F32: X is used as it is).
   FloatMmFn ggml_float_mm[kNumTypes] = {};
   QuantizeActFn ggml_float_act[kNumTypes] = {};
+  // ggml's flash attention (AVX-512 tables only): the 64 scores of one query against a key tile stored
+  // transposed, kt[d*64 + j]: s[j] = one FMA chain over d of q[d]*kt[d*64+j] (simd_gemm's order).
+  void (*ggml_fa_scores)(const float* q, const float* kt, int64_t D, float* s) = nullptr;
+  // F16 accumulators (x86 tables): y = f16(fma(f32(x), a, f32(y))); y = f16(f32(y) * a). n % 16 == 0.
+  void (*mad_f16)(uint16_t* y, const uint16_t* x, float a, int64_t n) = nullptr;
+  void (*scale_f16)(uint16_t* y, float a, int64_t n) = nullptr;
 };
 
 const Table& table();             // the current table
