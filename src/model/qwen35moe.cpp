@@ -45,12 +45,22 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L) {
   s.matmul(L.ffn_up_shexp, s.cur.data(), T, s.fb.data());
   s.swiglu(Fs, T);
   s.matmul(L.ffn_down_shexp, s.fa.data(), T, s.ye.data());
-  const float* gw = L.ffn_gate_inp_shexp.f32();
+  // The gate logit is llama.cpp's mul_mat of a one-row F32 weight (ggml_vec_dot_f32's order on
+  // AVX-512 hosts); s.router (n_expert x T, consumed by the routing above) holds the T logits.
+  kernels::MatmulArgs ga;
+  ga.wt = GgmlType::F32;
+  ga.w = L.ffn_gate_inp_shexp.data;
+  ga.w_stride = size_t(E) * sizeof(float);
+  ga.k = E;
+  ga.n = 1;
+  ga.m = T;
+  ga.x = s.cur.data();
+  ga.x_stride = E;
+  ga.y = s.router.data();
+  ga.y_stride = 1;
+  kernels::matmul(ga, s.ws.p, s.pool);
   for (int64_t t = 0; t < T; ++t) {
-    const float* xt = s.cur.data() + t * E;
-    float dot = 0;
-    for (int64_t d = 0; d < E; ++d) dot += gw[d] * xt[d];
-    const float gsh = 1.0f / (1.0f + std::exp(-dot));
+    const float gsh = 1.0f / (1.0f + std::exp(-s.router[size_t(t)]));
     float* dst = s.tmp.data() + t * E;
     const float* src = s.ye.data() + t * E;
     for (int64_t d = 0; d < E; ++d) dst[d] += gsh * src[d];
