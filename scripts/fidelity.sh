@@ -17,16 +17,16 @@ tail -n 1 "$out" >&2
 .venv/bin/python - "$log" "$out" <<'PY'
 import json, re, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("| arch | weights | KV | positions | top-1 | mean KL | max abs Δ | llama.cpp self-noise (KL / top-1) | limits (KL / top-1) |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("| arch | weights | KV | positions | bit-identical | top-1 | mean KL | max abs Δ | llama.cpp self-noise (KL / top-1) | limits (KL / top-1) |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for r in rows:
     w = r["weights"] + (f" (chunked Δ-rule {r['delta_chunk']})" if r.get("delta_chunk") else "")
     noise = f"{r['noise_kl']:.2e} / {100 * r['noise_top1']:.1f}%" if "noise_kl" in r else "–"
-    print(f"| {r['arch']} | {w} | {r['kv']} | {r['positions']} | {100 * r['top1']:.1f}% | {r['kl']:.2e} | "
+    print(f"| {r['arch']} | {w} | {r['kv']} | {r['positions']} | {100 * r['identical']:.0f}% | {100 * r['top1']:.1f}% | {r['kl']:.2e} | "
           f"{r['max_abs']:.3g} | {noise} | {r['kl_limit']:.2e} / {100 * r['top1_limit']:.1f}% |")
 text = open(sys.argv[2]).read()
 print()
-for pat in (r"FIDELITY_PPL .*", r"FIDELITY_SMOL .*"):
+for pat in (r"FIDELITY_PPL .*", r"FIDELITY_SMOL\S* .*"):
     for m in re.findall(pat, text):
         print("- " + m.split(" ", 1)[1])
 for m in re.findall(r"(test_greedy\S+) (PASSED|FAILED|XFAIL|XPASS)", text):

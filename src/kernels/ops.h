@@ -48,6 +48,8 @@ inline CRows crows3(const float* p, int64_t ne0, int64_t n1 = 1, int64_t n2 = 1)
 // Y[j, t] = sum_i W[i, j] * X[i, t], accumulated in F32 (m = 1 is the mat-vec).
 // wt: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS; k must be a
 // multiple of the type's block size. The fast paths quantize X to 8 bits per 32 elements.
+// On AVX-512 hosts F16 / BF16 weights take X rounded to F16 / BF16 first and every float weight type
+// sums in ggml's order (llamafile tinyBLAS / ggml_vec_dot), as llama.cpp's CPU backend does.
 bool matmul_supported(GgmlType wt);
 struct MatmulArgs {
   GgmlType wt = GgmlType::F32;
@@ -58,6 +60,9 @@ struct MatmulArgs {
   int64_t x_stride = 0;  // floats between columns of X (>= k when m > 1)
   float* y = nullptr;
   int64_t y_stride = 0;  // floats between columns of Y (>= n when m > 1)
+  // F32/F16/BF16 weights on AVX-512: sum in ggml_vec_dot's order even where tinyBLAS's would apply
+  // (llama.cpp's mul_mat_id, the MoE expert product, never goes through tinyBLAS).
+  bool ggml_vec = false;
 };
 
 // ---- rope ------------------------------------------------------------------------------------
@@ -96,6 +101,14 @@ struct AttnParams {
   AttnOrder order = AttnOrder::Streaming;
 };
 bool attention_ggml_supported(GgmlType k, GgmlType v, int64_t head_dim);
+
+// ---- Walsh-Hadamard rotation ------------------------------------------------------------------
+// Every n-element chunk of every row (n a power of two dividing ne0), in place: x <- H_n x / sqrt(n),
+// H_n the Sylvester-ordered Hadamard matrix (symmetric; the map is its own inverse). Formed as
+// llama.cpp's CPU fwht: x * (1/sqrtf(n)) first, then the butterflies (u+v, u-v) with spans 1, 2, 4...
+// llama.cpp rotates q and k this way when the K cache is quantized, v and the attention output when
+// the V cache is: the rotation spreads outliers before the 8/4-bit rounding.
+void hadamard(Rows x, int64_t n, ThreadPool& pool);
 
 // ---- gated delta rule (Qwen3.5 / Qwen3-Next linear attention) -------------------------------
 // Per v-head h (< Hv) with q/k head hk = h % Hk, and per token t, with S x S state M[i][j]
@@ -154,12 +167,6 @@ void add(const float* a, const float* b, float* y, int64_t n);
 void mul(const float* a, const float* b, float* y, int64_t n);
 void scale(const float* x, float s, float* y, int64_t n);
 
-// F32 dot in ggml's AVX-512 order (tiny: tinyBLAS, one 16-lane chain, n % 16 == 0; else
-// ggml_vec_dot_f32); other hosts: the table's dot_f32.
-float dot_f32_ggml(const float* x, const float* y, int64_t n, bool tiny);
-// out[r] = dot_f32_ggml(w + r*w_stride, x, n, tiny) for r < nr.
-void dot_f32_ggml_rows(const float* w, int64_t w_stride, int64_t nr, const float* x, int64_t n, bool tiny,
-                       float* out);
 // MoE routing: logits [n_expert, n_tok]; ids, weights: [k, n_tok]. Softmax over all experts, the
 // k largest (ties: lower id first) in descending order; renorm divides the k weights by their
 // sum; then every weight is multiplied by w_scale.

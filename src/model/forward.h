@@ -97,6 +97,6 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L);                          
 
 // Shared attention core: q rows (head h of token t at q + t*q_tok + h*q_head), k/v [D*Hkv, T]
 // (already normed and roped); stores k/v into the sequence caches and writes s.att [D*Hq, T].
-void attend(Context::Impl& s, int64_t il, Memory& mem, const float* qp, int64_t q_head, int64_t q_tok);
+void attend(Context::Impl& s, int64_t il, Memory& mem, float* qp, int64_t q_head, int64_t q_tok);
 
 }  // namespace kiln::model

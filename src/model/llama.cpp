@@ -11,7 +11,7 @@
 
 namespace kiln::model {
 
-void attend(Context::Impl& s, int64_t il, Memory& mem, const float* qp, int64_t q_head, int64_t q_tok) {
+void attend(Context::Impl& s, int64_t il, Memory& mem, float* qp, int64_t q_head, int64_t q_tok) {
   const ModelConfig& c = s.c;
   const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv, kvw = D * Hkv;
   const auto& mo = mem.options();
@@ -20,6 +20,19 @@ void attend(Context::Impl& s, int64_t il, Memory& mem, const float* qp, int64_t 
   ap.n_head = Hq;
   ap.n_head_kv = Hkv;
   ap.scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(D));
+  // Quantized caches: llama.cpp's Walsh-Hadamard rotation (kernels::hadamard). K: q and k rotated
+  // by the largest power-of-two chunk (>= 64) dividing head_dim; V: v and, after attention, the
+  // output rotated (back) in chunks of 64. head_dim not a multiple of 64: no rotation.
+  const auto quantized = [](gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_0; };
+  const int64_t n_tok = s.T;
+  const bool rot_k = quantized(mo.type_k) && D % 64 == 0, rot_v = quantized(mo.type_v) && D % 64 == 0;
+  if (rot_k) {
+    int64_t nr = 64;
+    while (D % (2 * nr) == 0) nr *= 2;
+    kernels::hadamard(kernels::Rows{qp, D, Hq, n_tok, q_head, q_tok}, nr, s.pool);
+    kernels::hadamard(kernels::rows3(s.k.data(), D, Hkv, n_tok), nr, s.pool);
+  }
+  if (rot_v) kernels::hadamard(kernels::rows3(s.v.data(), D, Hkv, n_tok), 64, s.pool);
   for (const Run& r : s.runs) {
     // -fa off: ggml's rule, tinyBLAS sums for a batch of >= 2 tokens, vec_dot sums for one.
     if (!s.opt.flash_attn) ap.order = r.n >= 2 ? kernels::AttnOrder::GgmlTiny : kernels::AttnOrder::GgmlVec;
@@ -35,6 +48,7 @@ void attend(Context::Impl& s, int64_t il, Memory& mem, const float* qp, int64_t 
     kernels::attention(kernels::CRows(qp + r.t0 * q_tok, D, Hq, r.n, q_head, q_tok), pos, kv, vv, ap,
                        kernels::Rows{s.att.data() + r.t0 * D * Hq, D, Hq, r.n, D, D * Hq}, s.pool);
   }
+  if (rot_v) kernels::hadamard(kernels::rows3(s.att.data(), D, Hq, n_tok), 64, s.pool);
 }
 
 void dense_attention(Context::Impl& s, const LayerWeights& L, int64_t il, Memory& mem) {

@@ -15,19 +15,9 @@ namespace kiln::model {
 void moe_ffn(Context::Impl& s, const LayerWeights& L) {
   const ModelConfig& c = s.c;
   const int64_t T = s.T, E = c.n_embd, X = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, Fs = c.n_ff_shexp;
-  // Router logits. F32 router weights: ggml's mul_mat order, per logit, for every column count (llama.cpp
-  // uses tinyBLAS, one 16-lane chain, for prefill batches when n_expert % 4 == 0, else ggml_vec_dot_f32;
-  // we follow the prefill order for decode too, so a token's logits never depend on its batch).
-  if (L.ffn_gate_inp.type == gguf::GgmlType::F32) {
-    const float* w = L.ffn_gate_inp.f32();
-    const bool tiny = X % 4 == 0;
-    s.pool.parallel_for(T, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t)
-        kernels::dot_f32_ggml_rows(w, E, X, s.cur.data() + t * E, E, tiny, s.router.data() + t * X);
-    });
-  } else {
-    s.matmul(L.ffn_gate_inp, s.cur.data(), T, s.router.data());
-  }
+  // Router logits: on AVX-512 hosts an F32 router is ggml's mat-mul order (tinyBLAS when n_expert % 4
+  // == 0, for every column count; see kernels::matmul).
+  s.matmul(L.ffn_gate_inp, s.cur.data(), T, s.router.data());
   kernels::topk_route(s.router.data(), X, T, int(K), c.expert_weights_norm, c.expert_weights_scale, s.ids.data(),
                       s.wts.data());
   // Expert e's outputs land in eout at slot t*K + j (j: the expert's rank for token t), weighted; the
@@ -63,16 +53,28 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L) {
       for (int64_t d = 0; d < E; ++d) dst[d] += src[d];
     }
   }
-  // Shared expert with its scalar sigmoid gate (ggml: a one-row mul_mat, hence ggml_vec_dot_f32;
-  // sigmoid; the product; then added to the routed sum).
+  // Shared expert with its scalar sigmoid gate (ggml: a one-row mul_mat, sigmoid, the product, then
+  // added to the routed sum).
   s.matmul(L.ffn_gate_shexp, s.cur.data(), T, s.fa.data());
   s.matmul(L.ffn_up_shexp, s.cur.data(), T, s.fb.data());
   s.swiglu(Fs, T);
   s.matmul(L.ffn_down_shexp, s.fa.data(), T, s.ye.data());
-  const float* gw = L.ffn_gate_inp_shexp.f32();
+  // The gate logit is llama.cpp's mul_mat of a one-row F32 weight (ggml_vec_dot_f32's order on
+  // AVX-512 hosts); s.router (n_expert x T, consumed by the routing above) holds the T logits.
+  kernels::MatmulArgs ga;
+  ga.wt = GgmlType::F32;
+  ga.w = L.ffn_gate_inp_shexp.data;
+  ga.w_stride = size_t(E) * sizeof(float);
+  ga.k = E;
+  ga.n = 1;
+  ga.m = T;
+  ga.x = s.cur.data();
+  ga.x_stride = E;
+  ga.y = s.router.data();
+  ga.y_stride = 1;
+  kernels::matmul(ga, s.ws.p, s.pool);
   for (int64_t t = 0; t < T; ++t) {
-    const float dot = kernels::dot_f32_ggml(gw, s.cur.data() + t * E, E, false);
-    const float gsh = 1.0f / (1.0f + std::exp(-dot));
+    const float gsh = 1.0f / (1.0f + std::exp(-s.router[size_t(t)]));
     float* dst = s.tmp.data() + t * E;
     const float* src = s.ye.data() + t * E;
     for (int64_t d = 0; d < E; ++d) dst[d] += src[d] * gsh;

@@ -1,6 +1,5 @@
 // The qwen35 / qwen35moe ops in ggml's order (llama.cpp's CPU backend on AVX-512 hosts):
-//  - AVX-512 table entries ggml_dot_f32 / ggml_dot_f32_rows (tinyBLAS chain and ggml_vec_dot_f32 with
-//    GCC's in-order vectorized tail), silu (ggml_vec_silu_f32), sigmoid / sigmoid_mul (scalar libm
+//  - AVX-512 table entries ggml_dot_f32 (ggml_vec_dot_f32 with GCC's in-order vectorized tail), silu (ggml_vec_silu_f32), sigmoid / sigmoid_mul (scalar libm
 //    expf), ggml_conv_taps16 (through conv1d_silu: ssm_conv, an fma per tap from 0);
 //  - l2_norm (build_gdn_l2_norm: rms_norm with eps/n, then a scale), softplus, gated_delta_rule
 //    (ggml_gated_delta_net's token recurrence), topk_route (soft_max, argsort top-k, renormalisation).
@@ -56,14 +55,8 @@ float exp_emul(float x) {
 
 // ggml_vec_dot_f32 as compiled for AVX-512: n / 64 steps of four 16-lane fma chains, folded
 // (0+2, 1+3, 0+1) and reduced; then the rest r: its first r & ~7 products rounded and added one at a
-// time, the last < 8 with an fma each. tiny (n % 16 == 0): one 16-lane chain, reduced.
-float dot_emul(const float* x, const float* y, int64_t n, bool tiny) {
-  if (tiny && n % 16 == 0) {
-    float acc[16] = {};
-    for (int64_t l = 0; l < n; l += 16)
-      for (int i = 0; i < 16; ++i) acc[i] = std::fma(x[l + i], y[l + i], acc[i]);
-    return reduce16(acc);
-  }
+// time, the last < 8 with an fma each.
+float dot_emul(const float* x, const float* y, int64_t n) {
   const int64_t np = n & ~int64_t(63);
   float s = 0.f;
   if (np > 0) {
@@ -101,13 +94,13 @@ struct Avx512Table {
   Avx512Table() {
     if (set_isa(CpuIsa::Avx512)) t = &cpu::table();
   }
-  bool ok() const { return t && t->ggml_dot_f32 && t->ggml_softmax_exp; }
+  bool ok() const { return t && t->ggml_dot_f32 && t->ggml_softmax_exp && t->ggml_conv_taps16; }
 };
 #define REQUIRE_AVX512(T)                                                                                  \
   if ((T).ok()) {                                                                                          \
   } else                                                                                                   \
-    GTEST_SKIP() << "no AVX-512: the ggml-order entries (ggml_dot_f32, ggml_softmax_exp, AVX-512 silu / " \
-                    "sigmoid) exist only on AVX-512 hosts"
+    GTEST_SKIP() << "no AVX-512: the ggml-order entries (ggml_dot_f32, ggml_conv_taps16, ggml_softmax_exp, AVX-512 " \
+                    "silu / sigmoid) exist only on AVX-512 hosts"
 
 // ggml_gated_delta_net (scalar g, K = 1) for one v-head, phase by phase as ggml writes it:
 // scale all of M, then all deltas, then all rank-1 updates, then all outputs. M is stored
@@ -125,11 +118,11 @@ void delta_emul(const DeltaArgs& a) {
       const float* v = a.v + t * a.v_stride + h * S;
       const float beta = a.beta[t * a.Hv + h], decay = std::exp(a.g[t * a.Hv + h]);
       for (int64_t i = 0; i < S * S; ++i) M[i] = M[i] * decay;
-      for (int64_t j = 0; j < S; ++j) delta[size_t(j)] = (v[j] - dot_emul(M + j * S, k, S, false)) * beta;
+      for (int64_t j = 0; j < S; ++j) delta[size_t(j)] = (v[j] - dot_emul(M + j * S, k, S)) * beta;
       for (int64_t j = 0; j < S; ++j)
         for (int64_t i = 0; i < S; ++i) M[j * S + i] = std::fma(k[i], delta[size_t(j)], M[j * S + i]);
       float* o = a.out + t * a.out_stride + h * S;
-      for (int64_t j = 0; j < S; ++j) o[j] = dot_emul(M + j * S, q, S, false) * scale;
+      for (int64_t j = 0; j < S; ++j) o[j] = dot_emul(M + j * S, q, S) * scale;
     }
   }
 }
@@ -142,40 +135,18 @@ TEST(GgmlDeltaNet, DotF32AccuracyAndBitExact) {
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> d(-2.f, 2.f);
   for (int64_t n : {1, 4, 7, 8, 15, 16, 24, 31, 32, 33, 63, 64, 100, 128, 200, 256, 1000}) {
-    for (bool tiny : {false, true}) {
-      for (int rep = 0; rep < 20; ++rep) {
-        std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
-        for (auto& v : x) v = d(rng);
-        for (auto& v : y) v = d(rng);
-        const float got = T.t->ggml_dot_f32(x.data(), y.data(), n, tiny);
-        ASSERT_EQ(bits(got), bits(dot_emul(x.data(), y.data(), n, tiny))) << "n " << n << " tiny " << tiny;
-        double ref = 0, mag = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          ref += double(x[size_t(i)]) * y[size_t(i)];
-          mag += std::fabs(double(x[size_t(i)]) * y[size_t(i)]);
-        }
-        ASSERT_LE(std::fabs(got - ref), 2e-7 * mag * std::sqrt(double(n)) + 1e-30) << "n " << n;
-        EXPECT_EQ(bits(got), bits(dot_f32_ggml(x.data(), y.data(), n, tiny)));
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+      for (auto& v : x) v = d(rng);
+      for (auto& v : y) v = d(rng);
+      const float got = T.t->ggml_dot_f32(x.data(), y.data(), n);
+      ASSERT_EQ(bits(got), bits(dot_emul(x.data(), y.data(), n))) << "n " << n;
+      double ref = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ref += double(x[size_t(i)]) * y[size_t(i)];
+        mag += std::fabs(double(x[size_t(i)]) * y[size_t(i)]);
       }
-    }
-  }
-}
-
-// The router's many-rows form: each row as the single dot (rows four at a time in tinyBLAS order).
-TEST(GgmlDeltaNet, DotF32RowsEqualSingleDots) {
-  Avx512Table T;
-  REQUIRE_AVX512(T);
-  for (int64_t n : {32, 100, 256}) {
-    for (int64_t nr : {1, 4, 7, 60}) {
-      const int64_t ws = n + 3;
-      const auto w = randv(size_t(ws * nr), uint32_t(n + nr), -1.f, 1.f), x = randv(size_t(n), uint32_t(n), -1.f, 1.f);
-      for (bool tiny : {false, true}) {
-        std::vector<float> out(static_cast<size_t>(nr));
-        dot_f32_ggml_rows(w.data(), ws, nr, x.data(), n, tiny, out.data());
-        for (int64_t r = 0; r < nr; ++r)
-          ASSERT_EQ(bits(out[size_t(r)]), bits(dot_emul(w.data() + r * ws, x.data(), n, tiny)))
-              << "n " << n << " nr " << nr << " r " << r << " tiny " << tiny;
-      }
+      ASSERT_LE(std::fabs(got - ref), 2e-7 * mag * std::sqrt(double(n)) + 1e-30) << "n " << n;
     }
   }
 }
@@ -193,7 +164,7 @@ TEST(GgmlDeltaNet, DotF32TailIsNotAnFmaChain) {
     for (auto& v : y) v = d(rng);
     float f = 0;
     for (int i = 0; i < 32; ++i) f = std::fma(x[size_t(i)], y[size_t(i)], f);
-    differ += bits(f) != bits(T.t->ggml_dot_f32(x.data(), y.data(), 32, false));
+    differ += bits(f) != bits(T.t->ggml_dot_f32(x.data(), y.data(), 32));
   }
   EXPECT_GT(differ, 0);
 }

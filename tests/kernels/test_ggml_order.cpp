@@ -19,6 +19,7 @@
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "tensor/blocks.h"
+#include "tensor/quant.h"
 
 using namespace kiln;
 using namespace kiln::kernels;
@@ -649,4 +650,244 @@ TEST(GgmlOrder, LegacyOneChainDotsBitExact) {
     }
   }
   if (tested == 0) GTEST_SKIP() << "no AVX2 / AVX-512: the integer legacy dots exist only in the x86 tables";
+}
+
+// ---- flash attention (llama.cpp's CPU flash_attn_ext orders) --------------------------------------
+
+namespace {
+// One cache of n_kv positions x n_head_kv heads of type t, filled through kv_store.
+struct FaCache {
+  std::vector<uint8_t> data;
+  KvView view;
+};
+FaCache fa_cache(GgmlType t, int64_t D, int64_t Hkv, int64_t n_kv, std::mt19937& rng) {
+  FaCache c;
+  const size_t rs = tensor::row_size(t, D), pos_stride = rs * size_t(Hkv) + 16;
+  c.data.assign(pos_stride * size_t(n_kv), 0);
+  std::uniform_real_distribution<float> d(-1.5f, 1.5f);
+  std::vector<float> x(static_cast<size_t>(D * Hkv * n_kv));
+  for (auto& v : x) v = d(rng);
+  std::vector<int32_t> pos(static_cast<size_t>(n_kv));
+  for (int64_t i = 0; i < n_kv; ++i) pos[size_t(i)] = int32_t(i);
+  kv_store(t, crows3(x.data(), D, Hkv, n_kv), pos.data(), c.data.data(), pos_stride, rs);
+  c.view = {t, c.data.data(), pos_stride, rs, n_kv};
+  return c;
+}
+const uint8_t* fa_row(const KvView& v, int64_t j, int64_t hk) {
+  return static_cast<const uint8_t*>(v.data) + size_t(j) * v.pos_stride + size_t(hk) * v.head_stride;
+}
+std::vector<float> fa_row_f32(const KvView& v, int64_t j, int64_t hk, int64_t D) {
+  std::vector<float> r(static_cast<size_t>(D));
+  tensor::dequantize_row(v.type, fa_row(v, j, hk), r.data(), D);
+  return r;
+}
+
+// ggml_compute_forward_flash_attn_ext_tiled for one query row (F16/F32 K and V): 64-key tiles, each
+// score one FMA chain over d, ggml's soft_max per tile, acc += p * v one FMA per key.
+void fa_tiled_emul(const float* q, const KvView& kv, const KvView& vv, int64_t hk, int64_t n, int64_t D, float scale,
+                   float* out) {
+  float M = -INFINITY, S = 0;
+  std::vector<float> acc(static_cast<size_t>(D), 0.f);
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    float s[64], p[64];
+    for (int jj = 0; jj < 64; ++jj) {
+      if (j0 + jj >= n) { s[jj] = -INFINITY; continue; }
+      const auto k = fa_row_f32(kv, j0 + jj, hk, D);
+      float a = 0;
+      for (int64_t d = 0; d < D; ++d) a = std::fma(k[size_t(d)], q[d], a);
+      s[jj] = a * scale;
+    }
+    float tmax = -INFINITY;
+    for (float v : s) tmax = std::max(tmax, v);
+    const float mnew = std::max(M, tmax);
+    if (mnew > M) {
+      const float ms = std::exp(M - mnew);
+      for (auto& a : acc) a *= ms;
+      S *= ms;
+    }
+    M = mnew;
+    S = float(double(S) + softmax_exp_emul(s, mnew, p, 64));
+    for (int jj = 0; jj < 64 && j0 + jj < n; ++jj) {
+      const auto v = fa_row_f32(vv, j0 + jj, hk, D);
+      for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = std::fma(p[jj], v[size_t(d)], acc[size_t(d)]);
+    }
+  }
+  const float inv = 1.0f / S;
+  for (int64_t d = 0; d < D; ++d) out[d] = acc[size_t(d)] * inv;
+}
+
+// ggml_compute_forward_flash_attn_ext_f16_one_chunk for one query row (quantized K): q in K's dot
+// type, online softmax key by key, F16 accumulator for F16 V. The dots themselves are the table's
+// (checked on their own by LegacyOneChainDotsBitExact / DotF16AccuracyAndBitExact).
+void fa_per_key_emul(const cpu::Table& T, const float* q, const KvView& kv, const KvView& vv, int64_t hk, int64_t n,
+                     int64_t D, float scale, float* out) {
+  std::vector<uint8_t> qq(tensor::row_size(GgmlType::Q8_0, D) + size_t(2 * D));
+  std::vector<uint16_t> qh(static_cast<size_t>(D));
+  if (kv.type == GgmlType::F16)
+    for (int64_t i = 0; i < D; ++i) qh[size_t(i)] = f2h(q[i]);
+  else
+    T.quantize_act[cpu::type_index(GgmlType::Q8_0)](q, D, qq.data());
+  float M = -INFINITY, S = 0;
+  std::vector<float> acc(static_cast<size_t>(D), 0.f);
+  std::vector<uint16_t> acc16(static_cast<size_t>(D), 0);
+  for (int64_t j = 0; j < n; ++j) {
+    float s;
+    if (kv.type == GgmlType::F16)
+      s = dot_f16_emul(reinterpret_cast<const uint16_t*>(fa_row(kv, j, hk)), qh.data(), D, false);
+    else
+      T.vec_dot_q8[cpu::type_index(kv.type)](D, fa_row(kv, j, hk), qq.data(), 0, 1, &s);
+    s *= scale;
+    float ms = 1, vs = 1;
+    if (s > M) {
+      ms = std::exp(M - s);
+      M = s;
+      for (int64_t d = 0; d < D; ++d) {
+        acc[size_t(d)] *= ms;
+        acc16[size_t(d)] = f2h(h2f(acc16[size_t(d)]) * ms);
+      }
+    } else {
+      vs = std::exp(s - M);
+    }
+    if (vv.type == GgmlType::F16) {
+      const auto* v = reinterpret_cast<const uint16_t*>(fa_row(vv, j, hk));
+      for (int64_t d = 0; d < D; ++d) acc16[size_t(d)] = f2h(std::fma(h2f(v[d]), vs, h2f(acc16[size_t(d)])));
+    } else {
+      const auto v = fa_row_f32(vv, j, hk, D);
+      for (int64_t d = 0; d < D; ++d) acc[size_t(d)] = std::fma(v[size_t(d)], vs, acc[size_t(d)]);
+    }
+    S = std::fma(S, ms, vs);
+  }
+  const float inv = 1.0f / S;
+  for (int64_t d = 0; d < D; ++d) out[d] = (vv.type == GgmlType::F16 ? h2f(acc16[size_t(d)]) : acc[size_t(d)]) * inv;
+}
+
+// Softmax attention of one query row in double, on the cache's dequantized rows (q optionally
+// rounded first, as the per-key order does).
+void fa_double(const float* q, const KvView& kv, const KvView& vv, int64_t hk, int64_t n, int64_t D, float scale,
+               double* out) {
+  std::vector<double> s(static_cast<size_t>(n));
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto k = fa_row_f32(kv, j, hk, D);
+    double a = 0;
+    for (int64_t d = 0; d < D; ++d) a += double(k[size_t(d)]) * q[d];
+    s[size_t(j)] = a * scale;
+    mx = std::max(mx, s[size_t(j)]);
+  }
+  double sum = 0;
+  for (auto& v : s) sum += (v = std::exp(v - mx));
+  for (int64_t d = 0; d < D; ++d) out[d] = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const auto v = fa_row_f32(vv, j, hk, D);
+    for (int64_t d = 0; d < D; ++d) out[d] += s[size_t(j)] / sum * v[size_t(d)];
+  }
+}
+}  // namespace
+
+TEST(GgmlOrder, FlashAttentionOrdersBitExact) {
+  Avx512Table T;
+  REQUIRE_AVX512(T);
+  ASSERT_NE(T.t->ggml_fa_scores, nullptr);
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  struct Case { GgmlType k, v; int64_t D, Hq, Hkv, n_kv; std::vector<int32_t> pos; };
+  const Case cases[] = {
+      {GgmlType::F16, GgmlType::F16, 64, 4, 2, 200, {0, 1, 63, 64, 65, 130, 199}},  // tiled, partial tiles
+      {GgmlType::F32, GgmlType::F32, 128, 2, 1, 100, {0, 99}},                      // tiled, F32 cache
+      {GgmlType::F16, GgmlType::F16, 32, 24, 2, 256, {255, 3}},                      // tiled, 12 heads > 8-head group
+      {GgmlType::Q8_0, GgmlType::Q8_0, 64, 4, 2, 150, {0, 17, 149}},                 // per key, F32 accumulator
+      {GgmlType::Q4_0, GgmlType::Q4_0, 128, 2, 2, 90, {5, 89}},
+      {GgmlType::Q8_0, GgmlType::F16, 64, 4, 1, 120, {0, 50, 119}},                  // per key, F16 accumulator
+      {GgmlType::F16, GgmlType::Q4_0, 64, 2, 1, 70, {69}},                           // per key, F16 keys
+  };
+  for (const auto& c : cases) {
+    const FaCache kc = fa_cache(c.k, c.D, c.Hkv, c.n_kv, rng), vc = fa_cache(c.v, c.D, c.Hkv, c.n_kv, rng);
+    const int64_t nt = int64_t(c.pos.size()), group = c.Hq / c.Hkv;
+    std::uniform_real_distribution<float> dq(-2.f, 2.f);
+    std::vector<float> q(size_t(c.D * c.Hq * nt));
+    for (auto& v : q) v = dq(rng);
+    const AttnParams p{c.D, c.Hq, c.Hkv, 1.f / std::sqrt(float(c.D))};
+    std::vector<float> got(q.size(), NAN);
+    std::vector<uint8_t> ws(attention_workspace(p, pool.size()));
+    attention(crows3(q.data(), c.D, c.Hq, nt), c.pos.data(), kc.view, vc.view, p, rows3(got.data(), c.D, c.Hq, nt),
+              ws.data(), pool);
+    const bool tiled = c.k == c.v && (c.k == GgmlType::F16 || c.k == GgmlType::F32);
+    double err = 0, ref2 = 0;
+    for (int64_t t = 0; t < nt; ++t)
+      for (int64_t h = 0; h < c.Hq; ++h) {
+        const float* qr = q.data() + (t * c.Hq + h) * c.D;
+        const int64_t n = c.pos[size_t(t)] + 1;
+        std::vector<float> want(size_t(c.D));
+        if (tiled) fa_tiled_emul(qr, kc.view, vc.view, h / group, n, c.D, p.scale, want.data());
+        else fa_per_key_emul(*T.t, qr, kc.view, vc.view, h / group, n, c.D, p.scale, want.data());
+        std::vector<double> exact(size_t(c.D));
+        fa_double(qr, kc.view, vc.view, h / group, n, c.D, p.scale, exact.data());
+        for (int64_t d = 0; d < c.D; ++d) {
+          const float g = got[size_t((t * c.Hq + h) * c.D + d)];
+          ASSERT_EQ(bits(g), bits(want[size_t(d)])) << gguf::type_name(c.k) << "/" << gguf::type_name(c.v) << " D " << c.D << " t "
+                                                    << t << " h " << h << " d " << d;
+          err += (g - exact[size_t(d)]) * (g - exact[size_t(d)]);
+          ref2 += exact[size_t(d)] * exact[size_t(d)];
+        }
+      }
+    // Accuracy against the exact softmax on the same cache rows (q unrounded): F32 paths at float
+    // noise; q rounded to Q8_0 / F16 and an F16 accumulator cost ~1e-5 / ~1e-6 relative energy.
+    const double tol = tiled ? 1e-10 : c.v == GgmlType::F16 || c.k != GgmlType::F16 ? 3e-5 : 1e-6;
+    EXPECT_LE(err / ref2, tol) << gguf::type_name(c.k) << "/" << gguf::type_name(c.v) << " D " << c.D;
+  }
+}
+
+// ---- Walsh-Hadamard rotation ------------------------------------------------------------------------
+
+namespace {
+// H_2m [a; b] = [H_m a + H_m b; H_m a - H_m b], on x already scaled by 1/sqrt(n).
+void fwht_recursive(float* x, int64_t n) {
+  if (n == 1) return;
+  const int64_t h = n / 2;
+  fwht_recursive(x, h);
+  fwht_recursive(x + h, h);
+  for (int64_t i = 0; i < h; ++i) {
+    const float u = x[i], v = x[i + h];
+    x[i] = u + v;
+    x[i + h] = u - v;
+  }
+}
+}  // namespace
+
+TEST(GgmlOrder, HadamardBitExactOrthonormalInvolution) {
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-3.f, 3.f);
+  for (int64_t n : {64, 128, 256}) {
+    const int64_t ne0 = 2 * n, n1 = 3, n2 = 2, s1 = ne0 + 8, s2 = 3 * s1 + 4;  // strided rows, 2 chunks each
+    std::vector<float> x(static_cast<size_t>(s2 * n2)), y;
+    for (auto& v : x) v = d(rng);
+    y = x;
+    hadamard(Rows{y.data(), ne0, n1, n2, s1, s2}, n, pool);
+    // Sylvester H_n in double: H[i][j] = (-1)^popcount(i & j) / sqrt(n).
+    double err = 0, ref2 = 0;
+    for (int64_t t = 0; t < n2; ++t)
+      for (int64_t h = 0; h < n1; ++h)
+        for (int64_t c = 0; c < ne0; c += n) {
+          const float* xr = x.data() + t * s2 + h * s1 + c;
+          const float* yr = y.data() + t * s2 + h * s1 + c;
+          std::vector<float> e(xr, xr + n);
+          const float sc = 1.0f / std::sqrt(float(n));
+          for (auto& v : e) v *= sc;
+          fwht_recursive(e.data(), n);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(bits(yr[i]), bits(e[size_t(i)])) << "n " << n << " i " << i;
+            double r = 0;
+            for (int64_t j = 0; j < n; ++j) r += (__builtin_popcountll(uint64_t(i & j)) & 1 ? -1.0 : 1.0) * xr[j];
+            r /= std::sqrt(double(n));
+            err += (yr[i] - r) * (yr[i] - r);
+            ref2 += r * r;
+          }
+        }
+    EXPECT_LE(err / ref2, 1e-12) << "n " << n;
+    // Padding between rows is untouched; applying the rotation twice gives the input back.
+    EXPECT_EQ(bits(y[size_t(ne0)]), bits(x[size_t(ne0)]));
+    hadamard(Rows{y.data(), ne0, n1, n2, s1, s2}, n, pool);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(y[i], x[i], 1e-5f * (1 + std::fabs(x[i])));
+  }
 }

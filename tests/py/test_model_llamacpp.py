@@ -5,18 +5,17 @@ the IQ4_XS mix) x KV-cache types (F16, Q8_0, Q4_0; llama.cpp with flash attentio
 files from `kiln gguf gen`, >= 1000 positions per configuration (4 sequences of 256 random tokens,
 decoded by kiln as one multi-sequence batch stream in prefill chunks of 64).
 
-Criteria:
-- F32 weights with F16 KV (no activation quantization on either side): top-1 agreement >= 99.5% and
-  mean KL(llama.cpp || kiln) <= 1e-3 (measured: KL ~1e-9, top-1 100%).
-- everything else: llama.cpp rounds the *activations* it multiplies (F16 weights: activations to
-  F16; BF16: to BF16; quantized weights: Q8_0 with an fp16 scale or Q8_K per 256; quantized KV: Q to
-  Q8_0) where kiln keeps F32 or uses per-32 float scales, so the two outputs carry independent
-  rounding noise, which these tiny random models amplify enormously (llama.cpp's own Q4_K file vs its
-  F32 file: top-1 20-90%). The noise scale is measured as llama.cpp(this file/KV) vs llama.cpp(F32
-  file, F16 KV): (noise_kl, noise_top1). Two independent roundings of equal size give about twice
-  that KL, so kiln must satisfy KL <= max(1e-3, 2.5 * noise_kl) and
-  top-1 >= min(99.5%, 1 - 2.5 * (1 - noise_top1)): kiln's rounding is no larger than llama.cpp's.
-  (Exactness of the quantized paths on a real model: tests/py/test_model_smollm2.py.)
+Criteria (the issue's bounds: top-1 agreement >= 99.5% and mean KL(llama.cpp || kiln) <= 1e-3):
+- kiln's kernels follow the arithmetic of llama.cpp 0.3.36's CPU backend on AVX-512 hosts
+  (docs/fidelity.md): activation rounding, dot and mat-mul orders, flash attention, the Hadamard
+  rotation of quantized caches. Every configuration in ggml_exact() is held to the issue's bounds
+  there (most are bit-identical).
+- F32 weights with an F16 cache hold them on every host (neither engine rounds activations).
+- The rest, and everything on hosts without AVX-512, keep limits relative to llama.cpp's own
+  rounding noise: these tiny random models amplify any 1-ulp difference through the 8-bit
+  activation roundings (llama.cpp's own Q4_K file vs its F32 file: top-1 15-90%). The noise scale is
+  llama.cpp(this file/KV) vs llama.cpp(F32 file, F16 KV): (noise_kl, noise_top1); kiln must satisfy
+  KL <= max(1e-3, 2.5 * noise_kl) and top-1 >= min(99.5%, 1 - 2.5 * (1 - noise_top1)).
 The measured numbers are printed (and collected by scripts/fidelity.sh into docs/fidelity.md).
 """
 import json
@@ -25,6 +24,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from ggml_host import avx512_host
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -45,7 +45,11 @@ CONFIGS = [(a, w, "f16", 0) for a in ARCHS for w in WEIGHTS] + \
           [(a, "F32", "f16", 16) for a in ("qwen35", "qwen35moe")] + \
           [(a, "F32", kv, 0) for a in ARCHS for kv in ("q8_0", "q4_0")] + \
           [(a, "Q4_K", "q8_0", 0) for a in ARCHS]
-EXACT = {"F32"}
+
+
+def ggml_exact(arch, wt, kv):
+    """Configurations whose every op kiln computes as llama.cpp's AVX-512 CPU backend does."""
+    return wt == "F32" or (wt in ("F16", "BF16", "Q8_0") and arch in ("llama", "qwen3"))
 
 
 def log_softmax(x):
@@ -122,8 +126,10 @@ def test_logits_match_llamacpp(kiln_bin, files, work_dir, arch, wt, kv, dchunk):
                       ["--delta-chunk", str(dchunk)])
     assert got.shape == ref.shape and ref.shape[0] >= 1000
     top1, kl, maxd = compare(ref, got)
-    rec = {"arch": arch, "weights": wt, "kv": kv, "delta_chunk": dchunk, "positions": ref.shape[0], "top1": top1, "kl": kl, "max_abs": maxd}
-    if wt in EXACT and kv == "f16":
+    identical = float((np.abs(ref - got).max(1) == 0).mean())
+    rec = {"arch": arch, "weights": wt, "kv": kv, "delta_chunk": dchunk, "positions": ref.shape[0], "top1": top1, "kl": kl,
+           "max_abs": maxd, "identical": identical}
+    if (wt == "F32" and kv == "f16") or (avx512_host() and ggml_exact(arch, wt, kv)):
         rec.update(kl_limit=1e-3, top1_limit=0.995)
     else:
         base = llama_logits(files(arch, "F32"), seqs, "f16")

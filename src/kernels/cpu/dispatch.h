@@ -56,6 +56,13 @@ using AxpyFn = void (*)(float a, const float* x, float* y, int64_t n);  // y += 
 using ScaleFn = void (*)(float* y, float a, int64_t n);                  // y *= a
 using UnaryFn = void (*)(const float* x, float* y, int64_t n);
 using BinaryFn = void (*)(const float* a, const float* b, float* y, int64_t n);
+// ggml's F32/F16/BF16 mat-mul (AVX-512 tables only): y[c*y_stride + r] = (weight row at w + r*w_stride)
+// . (activation column at act + c*act_stride bytes) for r < nr <= 4, c < nc <= 4. The columns hold the
+// weight type's ggml vec_dot_type (F32, F16, BF16: see ggml_float_act). rows4: the weight has a
+// multiple of 4 rows; the kernel then takes llamafile's tinyBLAS order when k is a multiple of its
+// vector step, else ggml_vec_dot_* order (x86_kernels.inc).
+using FloatMmFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* act, size_t act_stride, int nc,
+                           bool rows4, float* y, int64_t y_stride);
 
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
@@ -73,14 +80,20 @@ struct Table {
   double (*ggml_softmax_exp)(const float* x, float max, float* y, int64_t n) = nullptr;
   void (*ggml_kqv)(const uint8_t* v, size_t pos_stride, const float* p, int64_t n, int64_t D, bool tiny, float* acc,
                    float* out) = nullptr;
-  // F32 dots in ggml's AVX-512 orders: tiny (tinyBLAS, n % 16 == 0) one 16-lane FMA chain, else
-  // ggml_vec_dot_f32 (the gated delta rule's dots, the MoE router and shared-expert gate).
-  float (*ggml_dot_f32)(const float* x, const float* y, int64_t n, bool tiny) = nullptr;
-  // nr such dots of rows w + r*w_stride with one x (the MoE router).
-  void (*ggml_dot_f32_rows)(const float* w, int64_t w_stride, int64_t nr, const float* x, int64_t n, bool tiny,
-                            float* out) = nullptr;
+  // ggml_vec_dot_f32's AVX-512 order (the gated delta rule's dots).
+  float (*ggml_dot_f32)(const float* x, const float* y, int64_t n) = nullptr;
   // ggml's ssm_conv for 16 channels: y[c] = fma chain over taps j < K of win[j*16 + c] * w[j*16 + c], from 0.
   void (*ggml_conv_taps16)(const float* win, const float* w, int K, float* y) = nullptr;
+  // ggml's float mat-mul: by weight type (F32 F16 BF16). ggml_float_act rounds one X column of k
+  // floats to F16 / BF16 (nullptr for F32: X is used as it is).
+  FloatMmFn ggml_float_mm[kNumTypes] = {};
+  QuantizeActFn ggml_float_act[kNumTypes] = {};
+  // ggml's flash attention (AVX-512 tables only): the 64 scores of one query against a key tile stored
+  // transposed, kt[d*64 + j]: s[j] = one FMA chain over d of q[d]*kt[d*64+j] (simd_gemm's order).
+  void (*ggml_fa_scores)(const float* q, const float* kt, int64_t D, float* s) = nullptr;
+  // F16 accumulators (x86 tables): y = f16(fma(f32(x), a, f32(y))); y = f16(f32(y) * a). n % 16 == 0.
+  void (*mad_f16)(uint16_t* y, const uint16_t* x, float a, int64_t n) = nullptr;
+  void (*scale_f16)(uint16_t* y, float a, int64_t n) = nullptr;
 };
 
 const Table& table();             // the current table

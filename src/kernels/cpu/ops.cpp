@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "core/check.h"
@@ -22,7 +23,13 @@ bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16
 }  // namespace
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
-  if (is_float_type(wt) && m == 1) return 0;
+  if (is_float_type(wt)) {
+    // ggml's order (AVX-512 tables): X rounded to F16 / BF16 per column. Other tables: kRowTile
+    // converted weight rows per thread when m > 1. One call uses one of the two.
+    const size_t half = wt == GgmlType::F32 ? 0 : size_t(m) * align64(size_t(k) * 2);
+    const size_t tiles = m == 1 ? 0 : size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
+    return std::max(half, tiles);
+  }
   // Quantized activations for every column + kRowTile dequantized rows per thread (float path).
   return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
 }
@@ -39,6 +46,38 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   const auto* w = static_cast<const char*>(a.w);
   const int64_t k = a.k, m = a.m;
 
+  if (const cpu::FloatMmFn fmm = is_float_type(a.wt) ? T.ggml_float_mm[wi] : nullptr) {
+    // ggml's float mat-mul (AVX-512 tables): X in the weight type's ggml vec_dot_type, tinyBLAS's
+    // order for weights of 4k rows (llama.cpp's order for >= 2 columns, taken here for every column
+    // count: batch invariance), else ggml_vec_dot's. 4 rows x 4 columns per kernel call.
+    const cpu::QuantizeActFn conv = T.ggml_float_act[wi];
+    const uint8_t* act = reinterpret_cast<const uint8_t*>(a.x);
+    size_t as = size_t(a.x_stride) * sizeof(float);
+    if (conv) {
+      KILN_CHECK(ws != nullptr, "matmul: {} weights need a workspace", gguf::type_name(a.wt));
+      auto* buf = static_cast<uint8_t*>(ws);
+      as = align64(size_t(k) * 2);
+      auto conv_cols = [&](int64_t t0, int64_t t1, int) {
+        for (int64_t t = t0; t < t1; ++t) conv(a.x + t * a.x_stride, k, buf + size_t(t) * as);
+      };
+      if (m < 2 * pool.size()) conv_cols(0, m, 0);
+      else pool.parallel_for(m, conv_cols);
+      act = buf;
+    }
+    const bool rows4 = a.n % 4 == 0 && !a.ggml_vec;
+    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+      for (int64_t jb = j0; jb < j1; jb += kRowTile) {
+        const int64_t je = std::min(j1, jb + kRowTile);
+        for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
+          const int nc = int(std::min<int64_t>(cpu::kMaxCols, m - t));
+          for (int64_t j = jb; j < je; j += 4)
+            fmm(k, w + size_t(j) * a.w_stride, a.w_stride, int(std::min<int64_t>(4, je - j)), act + size_t(t) * as, as, nc,
+                rows4, a.y + t * a.y_stride + j, a.y_stride);
+        }
+      }
+    }, 4);
+    return;
+  }
   if (is_float_type(a.wt) && m == 1) {
     const cpu::DotRowFn dot = T.dot_row[wi];
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
@@ -207,18 +246,6 @@ void add(const float* a, const float* b, float* y, int64_t n) { for (int64_t i =
 void mul(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i]; }
 void scale(const float* x, float s, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s; }
 
-float dot_f32_ggml(const float* x, const float* y, int64_t n, bool tiny) {
-  const cpu::Table& T = cpu::table();
-  return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n, tiny) : T.dot_f32(x, y, n);
-}
-
-void dot_f32_ggml_rows(const float* w, int64_t w_stride, int64_t nr, const float* x, int64_t n, bool tiny,
-                       float* out) {
-  const cpu::Table& T = cpu::table();
-  if (T.ggml_dot_f32_rows) return T.ggml_dot_f32_rows(w, w_stride, nr, x, n, tiny, out);
-  for (int64_t r = 0; r < nr; ++r) out[r] = T.dot_f32(w + r * w_stride, x, n);
-}
-
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
   KILN_CHECK(k >= 1 && k <= n_expert && n_expert <= 4096, "topk_route: k {} vs n_expert {}", k, n_expert);
@@ -283,8 +310,38 @@ void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, boo
   }
 }
 
+void hadamard(Rows x, int64_t n, ThreadPool& pool) {
+  KILN_CHECK(n > 0 && (n & (n - 1)) == 0 && x.ne0 % n == 0, "hadamard: chunk {} of rows of {}", n, x.ne0);
+  const float sc = 1.0f / std::sqrt(float(n));
+  pool.parallel_for(x.n_rows(), [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* row = x.row(r % x.n1, r / x.n1);
+      for (int64_t c = 0; c < x.ne0; c += n) {
+        float* y = row + c;
+        for (int64_t i = 0; i < n; ++i) y[i] *= sc;
+        for (int64_t len = 1; len < n; len <<= 1)
+          for (int64_t i = 0; i < n; i += 2 * len)
+            for (int64_t j = i; j < i + len; ++j) {
+              const float u = y[j], v = y[j + len];
+              y[j] = u + v;
+              y[j + len] = u - v;
+            }
+      }
+    }
+  });
+}
+
 void kv_store(GgmlType type, CRows x, const int32_t* pos, void* dst, size_t pos_stride, size_t head_stride) {
-  ref::kv_store(type, x, pos, dst, pos_stride, head_stride);
+  // Q8_0 rows as ggml's CPU backend writes them (its SIMD quantize_row_q8_0, which rounds differently
+  // from the reference quantizer); the other types through the reference conversion, as ggml does.
+  const cpu::QuantizeActFn q8 = cpu::table().quantize_act[cpu::type_index(GgmlType::Q8_0)];
+  if (type != GgmlType::Q8_0 || !q8 || x.ne0 % 32 != 0) {
+    ref::kv_store(type, x, pos, dst, pos_stride, head_stride);
+    return;
+  }
+  for (int64_t t = 0; t < x.n2; ++t)
+    for (int64_t h = 0; h < x.n1; ++h)
+      q8(x.row(h, t), x.ne0, static_cast<char*>(dst) + size_t(pos[t]) * pos_stride + size_t(h) * head_stride);
 }
 
 namespace {
@@ -298,21 +355,54 @@ struct AttnState {
   alignas(64) float acc[kAttnG][512];
 };
 
-// Attends heads h0..h0+ng-1 (kv-head hk) of token t over keys [j_begin, j_end) into st.
-void attend_range(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
-                  const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq, int64_t D, float scale,
-                  AttnState& st) {
-  alignas(64) float kr[512], vr[512];
-  float sc[kAttnG][kAttnBk];
+// How attend_range forms its sums. Tiled and PerKey are llama.cpp's CPU flash attention
+// (ggml_compute_forward_flash_attn_ext) operation for operation, on the AVX-512 tables:
+//  - Tiled (F16 or F32 K and V, llama.cpp's path for batches of >= 64 tokens): keys in tiles of 64 at
+//    absolute positions; per tile the 64 scores as one FMA chain over d each (F32 q, keys widened),
+//    times scale; M' = max(M, tile max), on a new maximum acc and S scaled by exp(M - M');
+//    probabilities by ggml's soft_max (its exp, 16-lane sums in double) added to S; acc += p * v as
+//    one FMA per key in key order; out = acc * (1/S).
+//  - PerKey (quantized K, or K and V of different types; llama.cpp's path for every batch size then):
+//    q rounded to the K row's dot type (Q8_0 for Q8_0/Q4_0 keys, F16 for F16 keys), the score by that
+//    type's ggml dot, then the online softmax one key at a time (exp by expf, S = S*ms + vs) with the
+//    accumulator in F16 when V is F16 (ggml_vec_mad_f16), else in F32 on the dequantized V row.
+// llama.cpp switches to other orders for batches of < 64 tokens with F16 K/V (F16 accumulation) and
+// for single tokens with >= 512 keys (a thread-count-dependent split); kiln keeps one order for every
+// batch, so its results stay batch-invariant, and equal llama.cpp's prefill bit for bit.
+//  - Streaming (other hosts, head_dim % 16 != 0): kiln's online softmax in F32 with its own dots.
+enum class FaOrder { Streaming, Tiled, PerKey };
+
+FaOrder fa_order(const Table& T, GgmlType kt, GgmlType vt, int64_t D) {
+  if (!T.ggml_fa_scores || !T.ggml_softmax_exp || D % 16 != 0) return FaOrder::Streaming;
+  const auto is = [](GgmlType t, std::initializer_list<GgmlType> l) { return std::find(l.begin(), l.end(), t) != l.end(); };
+  if (kt == vt && is(kt, {GgmlType::F16, GgmlType::F32})) return FaOrder::Tiled;
+  if (is(kt, {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}) && is(vt, {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}))
+    return FaOrder::PerKey;
+  return FaOrder::Streaming;
+}
+
+const char* kv_row(const KvView& kv, int64_t j, int64_t hk) {
+  return static_cast<const char*>(kv.data) + size_t(j) * kv.pos_stride + size_t(hk) * kv.head_stride;
+}
+
+void attend_reset(AttnState& st, int ng, int64_t D) {
   for (int g = 0; g < ng; ++g) {
     st.m[g] = -INFINITY;
     st.l[g] = 0;
     std::fill(st.acc[g], st.acc[g] + D, 0.f);
   }
+}
+
+void attend_streaming(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
+                      const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq, int64_t D,
+                      float scale, AttnState& st) {
+  alignas(64) float kr[512], vr[512];
+  float sc[kAttnG][kAttnBk];
+  attend_reset(st, ng, D);
   for (int64_t j0 = j_begin; j0 < j_end; j0 += kAttnBk) {
     const int nb = int(std::min<int64_t>(kAttnBk, j_end - j0));
     for (int jj = 0; jj < nb; ++jj) {
-      kdeq(static_cast<const char*>(kv_k.data) + size_t(j0 + jj) * kv_k.pos_stride + size_t(hk) * kv_k.head_stride, kr, D);
+      kdeq(kv_row(kv_k, j0 + jj, hk), kr, D);
       for (int g = 0; g < ng; ++g) sc[g][jj] = T.dot_f32(q.row(h0 + g, t), kr, D) * scale;
     }
     for (int g = 0; g < ng; ++g) {
@@ -330,9 +420,109 @@ void attend_range(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_
       }
     }
     for (int jj = 0; jj < nb; ++jj) {
-      vdeq(static_cast<const char*>(kv_v.data) + size_t(j0 + jj) * kv_v.pos_stride + size_t(hk) * kv_v.head_stride, vr, D);
+      vdeq(kv_row(kv_v, j0 + jj, hk), vr, D);
       for (int g = 0; g < ng; ++g) T.axpy(sc[g][jj], vr, st.acc[g], D);
     }
+  }
+}
+
+static_assert(kAttnBk == 64, "the tiled order is ggml's 64-key tile");
+void attend_tiled(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
+                  const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq, int64_t D, float scale,
+                  AttnState& st) {
+  alignas(64) float kt[512 * kAttnBk];  // [D][64]: the key tile, transposed
+  alignas(64) float kr[512], vr[512];
+  alignas(64) float p[kAttnG][kAttnBk];
+  attend_reset(st, ng, D);
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kAttnBk) {
+    const int nb = int(std::min<int64_t>(kAttnBk, j_end - j0));
+    for (int jj = 0; jj < nb; ++jj) {
+      kdeq(kv_row(kv_k, j0 + jj, hk), kr, D);
+      for (int64_t d = 0; d < D; ++d) kt[d * kAttnBk + jj] = kr[d];
+    }
+    for (int g = 0; g < ng; ++g) {
+      alignas(64) float sc[kAttnBk];
+      T.ggml_fa_scores(q.row(h0 + g, t), kt, D, sc);
+      float tmax = -INFINITY;
+      for (int jj = 0; jj < kAttnBk; ++jj) {
+        sc[jj] = jj < nb ? sc[jj] * scale : -INFINITY;  // keys past the query: masked, probability 0
+        tmax = std::max(tmax, sc[jj]);
+      }
+      const float mnew = std::fmax(st.m[g], tmax);
+      if (mnew > st.m[g]) {
+        const float ms = std::exp(st.m[g] - mnew);
+        T.scale(st.acc[g], ms, D);
+        st.l[g] *= ms;
+      }
+      st.m[g] = mnew;
+      st.l[g] = float(double(st.l[g]) + T.ggml_softmax_exp(sc, mnew, p[g], kAttnBk));
+    }
+    for (int jj = 0; jj < nb; ++jj) {
+      vdeq(kv_row(kv_v, j0 + jj, hk), vr, D);
+      for (int g = 0; g < ng; ++g) T.axpy(p[g][jj], vr, st.acc[g], D);
+    }
+  }
+}
+
+void attend_per_key(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
+                    const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn vdeq, int64_t D, float scale, AttnState& st) {
+  constexpr int kQBytes = 512 / 32 * 34;  // Q8_0 of 512 elements; >= 512 F16
+  alignas(64) uint8_t qk[kAttnG][kQBytes];  // q in the key row's dot type
+  alignas(64) uint16_t acc16[kAttnG][512];  // F16 accumulators (F16 V)
+  alignas(64) float vr[512];
+  const bool k_f16 = kv_k.type == GgmlType::F16, v_f16 = kv_v.type == GgmlType::F16;
+  const cpu::VecDotQ8Fn kdot = k_f16 ? nullptr : T.vec_dot_q8[cpu::type_index(kv_k.type)];
+  KILN_CHECK(k_f16 || (kdot && T.quantize_act[cpu::type_index(GgmlType::Q8_0)]), "attention: no dot for K type");
+  attend_reset(st, ng, D);
+  for (int g = 0; g < ng; ++g) {
+    const float* qr = q.row(h0 + g, t);
+    if (k_f16) {
+      auto* qh = reinterpret_cast<uint16_t*>(qk[g]);
+      for (int64_t i = 0; i < D; ++i) qh[i] = f32_to_fp16(qr[i]);
+    } else {
+      T.quantize_act[cpu::type_index(GgmlType::Q8_0)](qr, D, qk[g]);
+    }
+    if (v_f16) std::fill(acc16[g], acc16[g] + D, uint16_t(0));
+  }
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const char* krow = kv_row(kv_k, j, hk);
+    const char* vrow = kv_row(kv_v, j, hk);
+    if (!v_f16) vdeq(vrow, vr, D);
+    for (int g = 0; g < ng; ++g) {
+      float s;
+      if (k_f16)
+        s = T.ggml_dot_f16(reinterpret_cast<const uint16_t*>(krow), reinterpret_cast<const uint16_t*>(qk[g]), D, false);
+      else
+        kdot(D, krow, qk[g], 0, 1, &s);
+      s *= scale;
+      float ms = 1.f, vs = 1.f;
+      if (s > st.m[g]) {
+        ms = std::exp(st.m[g] - s);
+        st.m[g] = s;
+        if (v_f16) T.scale_f16(acc16[g], ms, D);
+        else T.scale(st.acc[g], ms, D);
+      } else {
+        vs = std::exp(s - st.m[g]);
+      }
+      if (v_f16) T.mad_f16(acc16[g], reinterpret_cast<const uint16_t*>(vrow), vs, D);
+      else T.axpy(vs, vr, st.acc[g], D);
+      st.l[g] = std::fma(st.l[g], ms, vs);
+    }
+  }
+  if (v_f16)
+    for (int g = 0; g < ng; ++g)
+      for (int64_t i = 0; i < D; ++i) st.acc[g][i] = fp16_to_f32(acc16[g][i]);
+}
+
+// Attends heads h0..h0+ng-1 (kv-head hk) of token t over keys [j_begin, j_end) into st.
+void attend_range(const Table& T, FaOrder order, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin,
+                  int64_t j_end, const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq, int64_t D,
+                  float scale, AttnState& st) {
+  switch (order) {
+    case FaOrder::Tiled: return attend_tiled(T, q, t, h0, ng, hk, j_begin, j_end, kv_k, kv_v, kdeq, vdeq, D, scale, st);
+    case FaOrder::PerKey: return attend_per_key(T, q, t, h0, ng, hk, j_begin, j_end, kv_k, kv_v, vdeq, D, scale, st);
+    case FaOrder::Streaming:
+      return attend_streaming(T, q, t, h0, ng, hk, j_begin, j_end, kv_k, kv_v, kdeq, vdeq, D, scale, st);
   }
 }
 
@@ -429,6 +619,7 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
   const Table& T = cpu::table();
   const cpu::ToF32Fn kdeq = T.to_f32[cpu::type_index(kv_k.type)], vdeq = T.to_f32[cpu::type_index(kv_v.type)];
   KILN_CHECK(kdeq && vdeq, "attention: unsupported cache types");
+  const FaOrder order = fa_order(T, kv_k.type, kv_v.type, D);
   const int64_t group = p.n_head / p.n_head_kv;
   const int64_t n_gchunks = (group + kAttnG - 1) / kAttnG;
   const int64_t n_items = q.n2 * p.n_head_kv * n_gchunks;
@@ -466,7 +657,7 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
         for (int64_t c = 0; c * kAttnChunk < n; ++c) {
           int64_t jb, je;
           chunk_range(n, c, jb, je);
-          attend_range(T, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, c == 0 ? run : part);
+          attend_range(T, order, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, c == 0 ? run : part);
           if (c > 0) fold_state(T, run, part, ng, D, false);
         }
         write_out(run, t, h0, ng);
@@ -491,7 +682,7 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
         if (c * kAttnChunk >= n) continue;
         int64_t jb, je;
         chunk_range(n, c, jb, je);
-        attend_range(T, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, *slot(n_items + u));
+        attend_range(T, order, q, t, h0, ng, hk, jb, je, kv_k, kv_v, kdeq, vdeq, D, p.scale, *slot(n_items + u));
       }
     }, 1);
     for (int64_t it = 0; it < n_items; ++it) {
@@ -559,7 +750,7 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
   // ggml's gated_delta_net: its rows are independent, so scale / dot / fma-update / dot per row is
   // its all-rows-per-phase order; the dots in ggml_vec_dot_f32's order where the table has it.
   auto dot = [&T](const float* x, const float* y, int64_t n) {
-    return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n, false) : T.dot_f32(x, y, n);
+    return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n) : T.dot_f32(x, y, n);
   };
   pool.parallel_for(a.Hv, [&](int64_t h0, int64_t h1, int) {
     for (int64_t h = h0; h < h1; ++h) {
