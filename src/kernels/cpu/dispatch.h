@@ -61,6 +61,9 @@ struct Table {
   CpuIsa isa = CpuIsa::Scalar;
   QuantizeActFn quantize_act[kNumTypes] = {};  // indexed by activation type
   VecDotQ8Fn vec_dot_q8[kNumTypes] = {};  // nullptr: dequantize the row and use dot_f32
+  // Replaces vec_dot_q8 for a weight matrix whose row count is not a multiple of 8: llama.cpp
+  // repacks only such multiples and runs another kernel (another order) on the rest. nullptr: none.
+  VecDotQ8Fn vec_dot_q8_rows_not8[kNumTypes] = {};
   DotRowFn dot_row[kNumTypes] = {};       // F32 / F16 / BF16 only
   ToF32Fn to_f32[kNumTypes] = {};         // every matmul_supported type
   DotF32Fn dot_f32 = nullptr;
