@@ -1,9 +1,12 @@
 // The AVX-512 table's K-quant / IQ4_XS dots (x86_kernels.inc, KOrder::Tiled and KOrder::Repack)
 // against scalar emulations of the float order of llama.cpp's CPU mat-muls for these types:
 //  - Q3_K Q5_K Q6_K IQ4_XS: ggml's tiled mat-mul (ggml-cpu/tiled, AVX512-VNNI microkernel):
-//    per super-block t = float(sumi) * d_w (- dmin_w * float(summ), fused for Q5_K), acc = fma(t, d_x, acc);
-//  - Q4_K: ggml's repacked gemm (q4_K_8x8_q8_K, AVX-512 path): per pair of 32-element sub-blocks
-//    acc = fma(float(S), d_w*d_x, acc), accm = fma(float(M), dmin_w*d_x, accm); result acc - accm.
+//    per super-block t = float(sumi) * d_w (- dmin_w * float(summ), fused, for the types with minima),
+//    acc = fma(t, d_x, acc);
+//  - Q4_K / Q2_K: ggml's repacked gemms (q4_K_8x8_q8_K / q2_K_8x8_q8_K, AVX-512 path): per group of
+//    64 (Q4_K: a pair of 32-element sub-blocks) / 128 (Q2_K: 8 sub-blocks of 16) elements
+//    acc = fma(float(S), d_w*d_x, acc), accm = fma(float(M), dmin_w*d_x, accm); result acc - accm;
+//    matrices whose row count is not a multiple of 8 are not repacked: the tiled order.
 // The emulations decode the weight blocks from their documented layouts (tensor/blocks.h) into
 // integer weights, scales and minima, so they share no code with the kernels. Each kernel is checked
 // (1) bit for bit against its emulation for 1..4 columns and (2) against a double reference; a
@@ -45,6 +48,7 @@ struct KBlock {
 
 size_t block_bytes(GgmlType t) {
   switch (t) {
+    case GgmlType::Q2_K: return sizeof(tensor::BlockQ2_K);
     case GgmlType::Q3_K: return sizeof(tensor::BlockQ3_K);
     case GgmlType::Q4_K: return sizeof(tensor::BlockQ4_K);
     case GgmlType::Q5_K: return sizeof(tensor::BlockQ5_K);
@@ -56,6 +60,17 @@ size_t block_bytes(GgmlType t) {
 KBlock decode(GgmlType t, const uint8_t* b) {
   KBlock r{};
   switch (t) {
+    case GgmlType::Q2_K: {  // scales[16] qs[64] d dmin
+      r.sub = 16;
+      r.d = h2f(ld16(b + 80));
+      r.dmin = h2f(ld16(b + 82));
+      for (int i = 0; i < 256; ++i) r.q[i] = (b[16 + 32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+      for (int s = 0; s < 16; ++s) {
+        r.sc[s] = b[s] & 15;
+        r.mn[s] = b[s] >> 4;
+      }
+      break;
+    }
     case GgmlType::Q3_K: {  // hmask[32] qs[64] scales[12] d
       r.sub = 16;
       r.d = h2f(ld16(b + 108));
@@ -145,14 +160,18 @@ float emul(GgmlType t, Order o, int64_t k, const uint8_t* w, const uint8_t* act,
     if (o == Order::Tiled) {
       const float tt = std::fma(-kb.dmin, float(summ), float(sumi) * kb.d);
       acc = std::fma(tt, dx, acc);
-    } else if (o == Order::Repack) {  // 32-element sub-blocks in pairs
-      for (int p = 0; p < 4; ++p) {
-        const int S = kb.sc[2 * p] * isum[2 * p] + kb.sc[2 * p + 1] * isum[2 * p + 1];
-        const int M = kb.mn[2 * p] * xsum[2 * p] + kb.mn[2 * p + 1] * xsum[2 * p + 1];
+    } else if (o == Order::Repack) {  // groups of 64 (Q4_K) / 128 (Q2_K) elements
+      const int per = (t == GgmlType::Q2_K ? 128 : 64) / kb.sub;  // sub-blocks per group
+      for (int g = 0; g < nsub / per; ++g) {
+        int S = 0, M = 0;
+        for (int sb = g * per; sb < (g + 1) * per; ++sb) {
+          S += kb.sc[sb] * isum[sb];
+          M += kb.mn[sb] * xsum[sb];
+        }
         acc = std::fma(float(S), kb.d * dx, acc);
         accm = std::fma(float(M), kb.dmin * dx, accm);
       }
-    } else {  // ggml's Q4_K gemv: one step per super-block
+    } else {  // ggml's Q4_K / Q2_K gemv: one step per super-block
       acc = std::fma(float(sumi), kb.d * dx, acc);
       accm = std::fma(float(summ), kb.dmin * dx, accm);
     }
@@ -166,7 +185,8 @@ struct TypeCase {
   GgmlType t;
   Order o;
 };
-constexpr TypeCase kCases[] = {{GgmlType::Q3_K, Order::Tiled},
+constexpr TypeCase kCases[] = {{GgmlType::Q2_K, Order::Repack},
+                               {GgmlType::Q3_K, Order::Tiled},
                                {GgmlType::Q4_K, Order::Repack},
                                {GgmlType::Q5_K, Order::Tiled},
                                {GgmlType::Q6_K, Order::Tiled},
@@ -183,6 +203,7 @@ std::vector<uint8_t> random_row(GgmlType t, int64_t k, std::mt19937& rng) {
     uint8_t* b = &w[size_t(i) * bb];
     const uint16_t d = f2h(ds(rng)), dmin = f2h(dm(rng));
     switch (t) {
+      case GgmlType::Q2_K: std::memcpy(b + 80, &d, 2); std::memcpy(b + 82, &dmin, 2); break;
       case GgmlType::Q3_K: std::memcpy(b + 108, &d, 2); break;
       case GgmlType::Q6_K: std::memcpy(b + 208, &d, 2); break;
       case GgmlType::Q4_K: case GgmlType::Q5_K: std::memcpy(b, &d, 2); std::memcpy(b + 2, &dmin, 2); break;
@@ -208,8 +229,8 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
   for (const TypeCase& tc : kCases) {
     const cpu::VecDotQ8Fn vd = T.vec_dot_q8[cpu::type_index(tc.t)];
     ASSERT_NE(vd, nullptr) << gguf::type_name(tc.t);
-    // Q4_K matrices of other row counts: the tiled order (checked through matmul below).
-    EXPECT_EQ(T.vec_dot_q8_rows_not8[cpu::type_index(tc.t)] != nullptr, tc.t == GgmlType::Q4_K);
+    // Repacked types' matrices of other row counts: the tiled order (checked through matmul below).
+    EXPECT_EQ(T.vec_dot_q8_rows_not8[cpu::type_index(tc.t)] != nullptr, tc.o == Order::Repack);
     std::mt19937 rng(uint32_t(int(tc.t)) * 7919u);
     for (int64_t k : {256, 512, 768, 2048, 4096}) {
       for (int rep = 0; rep < 8; ++rep) {
@@ -241,8 +262,8 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
 }
 
 // Through kernels::matmul: every column of a batch gets the bits of the emulated order, whatever the
-// batch size (1, 3, 4, 9 columns: the kernel groups of 4 and their remainders). A Q4_K matrix whose
-// row count is not a multiple of 8 is not repacked by ggml: it takes the tiled order.
+// batch size (1, 3, 4, 9 columns: the kernel groups of 4 and their remainders). A Q4_K / Q2_K matrix
+// whose row count is not a multiple of 8 is not repacked by ggml: it takes the tiled order.
 TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
   KILN_REQUIRE_AVX512();
   ThreadPool pool(2);
@@ -250,7 +271,7 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
   for (const TypeCase& tc : kCases) {
     for (const int64_t n : {24, 12}) {
-      const Order order = n % 8 != 0 && tc.t == GgmlType::Q4_K ? Order::Tiled : tc.o;
+      const Order order = n % 8 != 0 && tc.o == Order::Repack ? Order::Tiled : tc.o;
       std::mt19937 rng(uint32_t(int(tc.t)) * 104729u + uint32_t(n));
       const int64_t k = 512;
       std::vector<uint8_t> w;
@@ -295,7 +316,7 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
 // notice a kernel that summed in another order (e.g. Q4_K in the gemv's per-super-block steps, or
 // the tiled types in the repacked gemm's pair steps).
 TEST(GgmlKQuant, OrdersDiffer) {
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K}) {
+  for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::Q5_K}) {
     std::mt19937 rng(uint32_t(int(t)) * 31u);
     const int64_t k = 2048;
     AlignedWs col(cpu::act_bytes(GgmlType::Q8_K, k));
