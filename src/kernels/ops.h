@@ -58,6 +58,7 @@ struct MatmulArgs {
   int64_t x_stride = 0;  // floats between columns of X (>= k when m > 1)
   float* y = nullptr;
   int64_t y_stride = 0;  // floats between columns of Y (>= n when m > 1)
+  bool expert = false;   // W is one expert of a stacked expert tensor (picks llama.cpp's MUL_MAT_ID order)
 };
 
 // ---- rope ------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ void Context::Impl::matmul(const Weight& w, const float* xin, int64_t mcols, flo
   a.x_stride = x_stride ? x_stride : a.k;
   a.y = y;
   a.y_stride = y_stride ? y_stride : a.n;
+  a.expert = w.ne[2] > 1;
   kernels::matmul(a, ws.p, pool);
 }
 

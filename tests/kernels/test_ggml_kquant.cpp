@@ -6,7 +6,8 @@
 //  - Q4_K / Q2_K: ggml's repacked gemms (q4_K_8x8_q8_K / q2_K_8x8_q8_K, AVX-512 path): per group of
 //    64 (Q4_K: a pair of 32-element sub-blocks) / 128 (Q2_K: 8 sub-blocks of 16) elements
 //    acc = fma(float(S), d_w*d_x, acc), accm = fma(float(M), dmin_w*d_x, accm); result acc - accm;
-//    matrices whose row count is not a multiple of 8 are not repacked: the tiled order.
+//    matrices whose row count is not a multiple of 8 are not repacked: the tiled order; one expert of
+//    a stacked Q4_K expert tensor (llama.cpp's MUL_MAT_ID): the gemv's one step per super-block.
 // The emulations decode the weight blocks from their documented layouts (tensor/blocks.h) into
 // integer weights, scales and minima, so they share no code with the kernels. Each kernel is checked
 // (1) bit for bit against its emulation for 1..4 columns and (2) against a double reference; a
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/fp16.h"
@@ -263,15 +265,19 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
 
 // Through kernels::matmul: every column of a batch gets the bits of the emulated order, whatever the
 // batch size (1, 3, 4, 9 columns: the kernel groups of 4 and their remainders). A Q4_K / Q2_K matrix
-// whose row count is not a multiple of 8 is not repacked by ggml: it takes the tiled order.
+// whose row count is not a multiple of 8 is not repacked by ggml: it takes the tiled order. One
+// expert of a stacked Q4_K expert tensor (MatmulArgs::expert, llama.cpp's MUL_MAT_ID) takes the
+// repacked gemv's order.
 TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
   KILN_REQUIRE_AVX512();
   ThreadPool pool(2);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
   for (const TypeCase& tc : kCases) {
-    for (const int64_t n : {24, 12}) {
-      const Order order = n % 8 != 0 && tc.o == Order::Repack ? Order::Tiled : tc.o;
+    for (const auto& [n, expert] : {std::pair<int64_t, bool>{24, false}, {12, false}, {24, true}, {12, true}}) {
+      const Order order = n % 8 != 0 && tc.o == Order::Repack ? Order::Tiled
+                          : expert && tc.t == GgmlType::Q4_K  ? Order::Gemv
+                                                               : tc.o;
       std::mt19937 rng(uint32_t(int(tc.t)) * 104729u + uint32_t(n));
       const int64_t k = 512;
       std::vector<uint8_t> w;
@@ -295,6 +301,7 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
         args.x_stride = k;
         args.y = y.data();
         args.y_stride = n;
+        args.expert = expert;
         matmul(args, ws.p, pool);
         AlignedWs col(cpu::act_bytes(GgmlType::Q8_K, k));
         for (int64_t t = 0; t < m; ++t) {
@@ -304,7 +311,8 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
             const float want =
                 emul(tc.t, order, k, w.data() + size_t(j) * wstride, static_cast<uint8_t*>(col.p), &ref, &mag);
             ASSERT_EQ(bits(y[size_t(t * n + j)]), bits(want))
-                << gguf::type_name(tc.t) << " n " << n << " m " << m << " t " << t << " j " << j;
+                << gguf::type_name(tc.t) << " n " << n << " expert " << expert << " m " << m << " t " << t
+                << " j " << j;
           }
         }
       }

@@ -52,6 +52,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   // float weights: at is F32, no qa. A weight's row count picks the kernel, never the batch.
   cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;
   if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
+  else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
