@@ -60,9 +60,9 @@ struct MatmulArgs {
   int64_t x_stride = 0;  // floats between columns of X (>= k when m > 1)
   float* y = nullptr;
   int64_t y_stride = 0;  // floats between columns of Y (>= n when m > 1)
-  // F32/F16/BF16 weights on AVX-512: sum in ggml_vec_dot's order even where tinyBLAS's would apply
-  // (llama.cpp's mul_mat_id, the MoE expert product, never goes through tinyBLAS).
-  bool ggml_vec = false;
+  // W is one expert of a stacked expert tensor: llama.cpp's MUL_MAT_ID orders on AVX-512 (float
+  // weights: ggml_vec_dot's order even where tinyBLAS's would apply; K-quants: the per-block gemv).
+  bool expert = false;
 };
 
 // ---- rope ------------------------------------------------------------------------------------

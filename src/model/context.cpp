@@ -75,7 +75,7 @@ void Context::Impl::matmul(const Weight& w, const float* xin, int64_t mcols, flo
   a.x_stride = x_stride ? x_stride : a.k;
   a.y = y;
   a.y_stride = y_stride ? y_stride : a.n;
-  a.ggml_vec = w.ne[2] > 1;  // an expert of a stacked MoE tensor: llama.cpp's mul_mat_id (vec_dot order)
+  a.expert = w.ne[2] > 1;  // an expert of a stacked MoE tensor: llama.cpp's mul_mat_id orders
   kernels::matmul(a, ws.p, pool);
 }
 

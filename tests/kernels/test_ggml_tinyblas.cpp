@@ -135,7 +135,7 @@ struct Case {
 
 // Runs matmul (AVX-512 table) for m columns at 1 and 2 threads and checks every output against the
 // emulation (bit for bit) and the double product of the rounded operands (NMSE <= 1e-10).
-void check_case(const Case& c, int64_t m, bool expect_tiny, bool ggml_vec = false) {
+void check_case(const Case& c, int64_t m, bool expect_tiny, bool expert = false) {
   const int64_t k = c.k, n = c.n;
   const size_t rs = tensor::row_size(c.t, k), stride = rs + 64;
   std::vector<uint8_t> w(stride * size_t(n), 0xCD);
@@ -169,7 +169,7 @@ void check_case(const Case& c, int64_t m, bool expect_tiny, bool ggml_vec = fals
   for (ThreadPool* pool : {&p1, &p2}) {
     std::vector<float> got(size_t(ys * m), 0.f);
     MatmulArgs a{c.t, w.data(), stride, k, n, m, x.data(), xs, got.data(), ys};
-    a.ggml_vec = ggml_vec;
+    a.expert = expert;
     matmul(a, ws.p, *pool);
     for (int64_t col = 0; col < m; ++col)
       for (int64_t j = 0; j < n; ++j) {
@@ -239,7 +239,7 @@ TEST(GgmlTinyBlas, VecDotOrderBitExact) {
     for (int64_t k : {200, 72, 1000, 40})  // k % 16 != 0 with rows % 4 == 0
       for (int64_t m : {1, 2}) check_case(Case{t, k, 8}, m, false);
   }
-  // MoE experts (MatmulArgs::ggml_vec, llama.cpp's mul_mat_id): vec_dot order whatever the shape.
+  // MoE experts (MatmulArgs::expert, llama.cpp's mul_mat_id): vec_dot order whatever the shape.
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
     for (int64_t m : {1, 2, 5}) check_case(Case{t, 256, 24}, m, false, true);
   // BF16 with vdpbf16ps: k a multiple of 16 but not 32 leaves tinyBLAS (step 32).

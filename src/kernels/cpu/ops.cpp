@@ -64,7 +64,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       else pool.parallel_for(m, conv_cols);
       act = buf;
     }
-    const bool rows4 = a.n % 4 == 0 && !a.ggml_vec;
+    const bool rows4 = a.n % 4 == 0 && !a.expert;
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
@@ -88,7 +88,10 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   KILN_CHECK(ws != nullptr, "matmul: {} weights with m = {} need a workspace", gguf::type_name(a.wt), m);
   const GgmlType at = cpu::act_type(a.wt);
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
-  const cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;  // float weights: at is F32, no qa
+  // float weights: at is F32, no qa. A weight's row count picks the kernel, never the batch.
+  cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;
+  if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
+  else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
