@@ -610,7 +610,10 @@ TEST(GgmlOrder, LegacyOneChainDotsBitExact) {
     for (const auto& ty : types) {
       const GgmlType at = cpu::act_type(ty.t);
       const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
-      const cpu::VecDotQ8Fn vd = T.vec_dot_q8[cpu::type_index(ty.t)];
+      // AVX-512: Q4_0 / IQ4_NL matrices of 8k rows take ggml's repacked order (test_ggml_repack.cpp);
+      // the one chain is their entry for other row counts.
+      const cpu::VecDotQ8Fn not8 = T.vec_dot_q8_rows_not8[cpu::type_index(ty.t)];
+      const cpu::VecDotQ8Fn vd = not8 ? not8 : T.vec_dot_q8[cpu::type_index(ty.t)];
       if (!qa || !vd) continue;
       ASSERT_EQ(ty.q81, at == GgmlType::Q8_1);
       std::mt19937 rng(uint32_t(int(ty.t) * 31 + int(isa)));
