@@ -9,7 +9,8 @@
 // The emulations decode the blocks from their documented layouts (tensor/blocks.h), sharing no code
 // with the kernels. Each kernel is checked bit for bit against its emulation for 1..4 columns and
 // against a double reference; matmul is checked for every column count (batch invariance) and both
-// row-count classes; a last test shows the two orders differ on these operands.
+// row-count classes (one column: also the 4-row decode kernel, Table::vec_dot_q8_r4); a last test
+// shows the two orders differ on these operands.
 // This file is compiled without -mfma: every fused operation is an explicit std::fma.
 #include <cmath>
 #include <cstring>
@@ -131,6 +132,15 @@ TEST(GgmlRepack, DotsBitExactAndAccurate) {
             for (size_t e = 0; e < x.size(); e += 37) x[e] *= 40.f;
             qa(x.data(), k, a0 + size_t(c) * ab);
           }
+          if (o == Order::Repack) {  // the 4-row decode kernel: row r's nc = 1 bits (rows: w, w, w, w)
+            const cpu::VecDotQ8R4Fn r4 = T.vec_dot_q8_r4[cpu::type_index(t)];
+            ASSERT_NE(r4, nullptr);
+            float out[4];
+            r4(k, w.data(), 0, a0, out);
+            double ref, mag;
+            const float want = emul(t, o, k, w.data(), a0, &ref, &mag);
+            for (int r = 0; r < 4; ++r) ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(t) << " k " << k;
+          }
           for (int nc = 1; nc <= kNc; ++nc) {
             float out[cpu::kMaxCols];
             vd(k, w.data(), a0, ab, nc, out);
@@ -159,7 +169,8 @@ TEST(GgmlRepack, MatmulColumnsFollowTheRepackedOrder) {
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
   for (GgmlType t : kTypes) {
-    for (const auto& [n, expert] : {std::pair<int64_t, bool>{24, false}, {12, false}, {24, true}, {12, true}}) {
+    for (const auto& [n, expert] :
+         {std::pair<int64_t, bool>{24, false}, {12, false}, {24, true}, {12, true}, {40, false}}) {
       const Order order = n % 8 == 0 ? Order::Repack : Order::OneChain;
       std::mt19937 rng(uint32_t(int(t)) * 104729u + uint32_t(n));
       const int64_t k = 128;
