@@ -721,7 +721,7 @@ void fa_tiled_emul(const float* q, const KvView& kv, const KvView& vv, int64_t h
 
 // ggml_compute_forward_flash_attn_ext_f16_one_chunk for one query row (quantized K): q in K's dot
 // type, online softmax key by key, F16 accumulator for F16 V. The dots themselves are the table's
-// (checked on their own by LegacyOneChainDotsBitExact / DotF16AccuracyAndBitExact).
+// one-chain entries (checked on their own by LegacyOneChainDotsBitExact / DotF16AccuracyAndBitExact).
 void fa_per_key_emul(const cpu::Table& T, const float* q, const KvView& kv, const KvView& vv, int64_t hk, int64_t n,
                      int64_t D, float scale, float* out) {
   std::vector<uint8_t> qq(tensor::row_size(GgmlType::Q8_0, D) + size_t(2 * D));
@@ -737,8 +737,10 @@ void fa_per_key_emul(const cpu::Table& T, const float* q, const KvView& kv, cons
     float s;
     if (kv.type == GgmlType::F16)
       s = dot_f16_emul(reinterpret_cast<const uint16_t*>(fa_row(kv, j, hk)), qh.data(), D, false);
-    else
-      T.vec_dot_q8[cpu::type_index(kv.type)](D, fa_row(kv, j, hk), qq.data(), 0, 1, &s);
+    else  // ggml_vec_dot's one chain (the cache is not repacked): rows_not8 where the table has one
+      (T.vec_dot_q8_rows_not8[cpu::type_index(kv.type)] ? T.vec_dot_q8_rows_not8[cpu::type_index(kv.type)]
+                                                        : T.vec_dot_q8[cpu::type_index(kv.type)])(D, fa_row(kv, j, hk),
+                                                                                                 qq.data(), 0, 1, &s);
     s *= scale;
     float ms = 1, vs = 1;
     if (s > M) {

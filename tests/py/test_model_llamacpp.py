@@ -38,6 +38,7 @@ WEIGHTS = {  # name -> kiln gguf gen args
     "BF16": ["--type", "BF16"],
     "Q8_0": ["--type", "Q8_0"],
     "Q4_K": ["--type", "Q4_K"],
+    "Q4_0": ["--type", "Q4_0"],
     "IQ4_XS-mix": ["--mix", "iq4_xs"],
 }
 # (arch, weights, kv, delta_chunk): delta_chunk > 0 runs kiln's chunked gated-delta prefill.
@@ -49,7 +50,8 @@ CONFIGS = [(a, w, "f16", 0) for a in ARCHS for w in WEIGHTS] + \
 
 def ggml_exact(arch, wt, kv):
     """Configurations whose every op kiln computes as llama.cpp's AVX-512 CPU backend does."""
-    return wt in ("F32", "F16", "BF16", "Q8_0")
+    # Q4_0 and the IQ4_XS mix (IQ4_NL ssm_out in qwen35/qwen35moe): ggml's repacked 8x8 order.
+    return wt in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "IQ4_XS-mix")
 
 
 def log_softmax(x):

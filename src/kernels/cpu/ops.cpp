@@ -481,7 +481,10 @@ void attend_per_key(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int6
   alignas(64) uint16_t acc16[kAttnG][512];  // F16 accumulators (F16 V)
   alignas(64) float vr[512];
   const bool k_f16 = kv_k.type == GgmlType::F16, v_f16 = kv_v.type == GgmlType::F16;
-  const cpu::VecDotQ8Fn kdot = k_f16 ? nullptr : T.vec_dot_q8[cpu::type_index(kv_k.type)];
+  // ggml_vec_dot's order (llama.cpp never repacks the cache): for Q4_0 on AVX-512 that is the
+  // rows_not8 entry, vec_dot_q8 being the repacked weights' order there.
+  const int ki = cpu::type_index(kv_k.type);
+  const cpu::VecDotQ8Fn kdot = k_f16 ? nullptr : T.vec_dot_q8_rows_not8[ki] ? T.vec_dot_q8_rows_not8[ki] : T.vec_dot_q8[ki];
   KILN_CHECK(k_f16 || (kdot && T.quantize_act[cpu::type_index(GgmlType::Q8_0)]), "attention: no dot for K type");
   attend_reset(st, ng, D);
   for (int g = 0; g < ng; ++g) {
