@@ -610,7 +610,10 @@ TEST(GgmlOrder, LegacyOneChainDotsBitExact) {
     for (const auto& ty : types) {
       const GgmlType at = cpu::act_type(ty.t);
       const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
-      const cpu::VecDotQ8Fn vd = T.vec_dot_q8[cpu::type_index(ty.t)];
+      // AVX-512: Q4_0 / IQ4_NL matrices of 8k rows take ggml's repacked order (test_ggml_repack.cpp);
+      // the one chain is their entry for other row counts.
+      const cpu::VecDotQ8Fn not8 = T.vec_dot_q8_rows_not8[cpu::type_index(ty.t)];
+      const cpu::VecDotQ8Fn vd = not8 ? not8 : T.vec_dot_q8[cpu::type_index(ty.t)];
       if (!qa || !vd) continue;
       ASSERT_EQ(ty.q81, at == GgmlType::Q8_1);
       std::mt19937 rng(uint32_t(int(ty.t) * 31 + int(isa)));
@@ -718,7 +721,7 @@ void fa_tiled_emul(const float* q, const KvView& kv, const KvView& vv, int64_t h
 
 // ggml_compute_forward_flash_attn_ext_f16_one_chunk for one query row (quantized K): q in K's dot
 // type, online softmax key by key, F16 accumulator for F16 V. The dots themselves are the table's
-// (checked on their own by LegacyOneChainDotsBitExact / DotF16AccuracyAndBitExact).
+// one-chain entries (checked on their own by LegacyOneChainDotsBitExact / DotF16AccuracyAndBitExact).
 void fa_per_key_emul(const cpu::Table& T, const float* q, const KvView& kv, const KvView& vv, int64_t hk, int64_t n,
                      int64_t D, float scale, float* out) {
   std::vector<uint8_t> qq(tensor::row_size(GgmlType::Q8_0, D) + size_t(2 * D));
@@ -734,8 +737,10 @@ void fa_per_key_emul(const cpu::Table& T, const float* q, const KvView& kv, cons
     float s;
     if (kv.type == GgmlType::F16)
       s = dot_f16_emul(reinterpret_cast<const uint16_t*>(fa_row(kv, j, hk)), qh.data(), D, false);
-    else
-      T.vec_dot_q8[cpu::type_index(kv.type)](D, fa_row(kv, j, hk), qq.data(), 0, 1, &s);
+    else  // ggml_vec_dot's one chain (the cache is not repacked): rows_not8 where the table has one
+      (T.vec_dot_q8_rows_not8[cpu::type_index(kv.type)] ? T.vec_dot_q8_rows_not8[cpu::type_index(kv.type)]
+                                                        : T.vec_dot_q8[cpu::type_index(kv.type)])(D, fa_row(kv, j, hk),
+                                                                                                 qq.data(), 0, 1, &s);
     s *= scale;
     float ms = 1, vs = 1;
     if (s > M) {

@@ -1,6 +1,6 @@
 """kiln's forward passes checked against llama.cpp (llama-cpp-python) on the same GGUF files.
 
-Every architecture (llama, qwen3, qwen35, qwen35moe) x weight types (F32, F16, BF16, Q8_0, Q4_K,
+Every architecture (llama, qwen3, qwen35, qwen35moe) x weight types (F32, F16, BF16, Q8_0, Q4_0, Q4_K,
 the IQ4_XS mix) x KV-cache types (F16, Q8_0, Q4_0; llama.cpp with flash attention) on random-weight
 files from `kiln gguf gen`, >= 1000 positions per configuration (4 sequences of 256 random tokens,
 decoded by kiln as one multi-sequence batch stream in prefill chunks of 64).
@@ -8,10 +8,10 @@ decoded by kiln as one multi-sequence batch stream in prefill chunks of 64).
 Criteria (the issue's bounds: top-1 agreement >= 99.5% and mean KL(llama.cpp || kiln) <= 1e-3):
 - kiln's kernels follow the arithmetic of llama.cpp 0.3.36's CPU backend on AVX-512 hosts
   (docs/fidelity.md): activation rounding, dot and mat-mul orders, flash attention, the Hadamard
-  rotation of quantized caches. Every configuration in ggml_exact() is held to the issue's bounds
-  there (most are bit-identical).
+  rotation of quantized caches. Every configuration is held to the issue's bounds there (all are
+  bit-identical but kiln's own chunked delta-rule prefill, which is at float noise).
 - F32 weights with an F16 cache hold them on every host (neither engine rounds activations).
-- The rest, and everything on hosts without AVX-512, keep limits relative to llama.cpp's own
+- On hosts without AVX-512 (other ggml code paths, not reproduced) the rest keep limits relative to llama.cpp's own
   rounding noise: these tiny random models amplify any 1-ulp difference through the 8-bit
   activation roundings (llama.cpp's own Q4_K file vs its F32 file: top-1 15-90%). The noise scale is
   llama.cpp(this file/KV) vs llama.cpp(F32 file, F16 KV): (noise_kl, noise_top1); kiln must satisfy
@@ -38,6 +38,7 @@ WEIGHTS = {  # name -> kiln gguf gen args
     "BF16": ["--type", "BF16"],
     "Q8_0": ["--type", "Q8_0"],
     "Q4_K": ["--type", "Q4_K"],
+    "Q4_0": ["--type", "Q4_0"],
     "IQ4_XS-mix": ["--mix", "iq4_xs"],
 }
 # (arch, weights, kv, delta_chunk): delta_chunk > 0 runs kiln's chunked gated-delta prefill.
@@ -46,12 +47,6 @@ CONFIGS = [(a, w, "f16", 0) for a in ARCHS for w in WEIGHTS] + \
           [(a, "F32", kv, 0) for a in ARCHS for kv in ("q8_0", "q4_0")] + \
           [(a, "Q4_K", "q8_0", 0) for a in ARCHS]
 
-
-def ggml_exact(arch, wt, kv):
-    """Configurations whose every op kiln computes as llama.cpp's AVX-512 CPU backend does."""
-    if wt == "IQ4_XS-mix":  # the hybrids' mix falls back to IQ4_NL (ssm_out, k = 128), repacked by llama.cpp
-        return arch in ("llama", "qwen3")
-    return wt in ("F32", "F16", "BF16", "Q8_0", "Q4_K")
 
 
 def log_softmax(x):
@@ -131,7 +126,7 @@ def test_logits_match_llamacpp(kiln_bin, files, work_dir, arch, wt, kv, dchunk):
     identical = float((np.abs(ref - got).max(1) == 0).mean())
     rec = {"arch": arch, "weights": wt, "kv": kv, "delta_chunk": dchunk, "positions": ref.shape[0], "top1": top1, "kl": kl,
            "max_abs": maxd, "identical": identical}
-    if (wt == "F32" and kv == "f16") or (avx512_host() and ggml_exact(arch, wt, kv)):
+    if (wt == "F32" and kv == "f16") or avx512_host():
         rec.update(kl_limit=1e-3, top1_limit=0.995)
     else:
         base = llama_logits(files(arch, "F32"), seqs, "f16")

@@ -92,6 +92,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;
   if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
   else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
+  const cpu::VecDotQ8R4Fn r4 = vd && vd == T.vec_dot_q8[wi] ? T.vec_dot_q8_r4[wi] : nullptr;
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
@@ -108,7 +109,13 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           const int nc = int(std::min<int64_t>(cpu::kMaxCols, m - t));
           const uint8_t* at = act + size_t(t) * ab;
           float out[cpu::kMaxCols];
-          for (int64_t j = jb; j < je; ++j) {
+          int64_t j = jb;
+          if (nc == 1 && r4)  // 4 rows at once, each with vd's bits
+            for (; j + 4 <= je; j += 4) {
+              r4(k, w + size_t(j) * a.w_stride, a.w_stride, at, out);
+              for (int r = 0; r < 4; ++r) a.y[t * a.y_stride + j + r] = out[r];
+            }
+          for (; j < je; ++j) {
             vd(k, w + size_t(j) * a.w_stride, at, ab, nc, out);
             for (int c = 0; c < nc; ++c) a.y[(t + c) * a.y_stride + j] = out[c];
           }
@@ -474,7 +481,10 @@ void attend_per_key(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int6
   alignas(64) uint16_t acc16[kAttnG][512];  // F16 accumulators (F16 V)
   alignas(64) float vr[512];
   const bool k_f16 = kv_k.type == GgmlType::F16, v_f16 = kv_v.type == GgmlType::F16;
-  const cpu::VecDotQ8Fn kdot = k_f16 ? nullptr : T.vec_dot_q8[cpu::type_index(kv_k.type)];
+  // ggml_vec_dot's order (llama.cpp never repacks the cache): for Q4_0 on AVX-512 that is the
+  // rows_not8 entry, vec_dot_q8 being the repacked weights' order there.
+  const int ki = cpu::type_index(kv_k.type);
+  const cpu::VecDotQ8Fn kdot = k_f16 ? nullptr : T.vec_dot_q8_rows_not8[ki] ? T.vec_dot_q8_rows_not8[ki] : T.vec_dot_q8[ki];
   KILN_CHECK(k_f16 || (kdot && T.quantize_act[cpu::type_index(GgmlType::Q8_0)]), "attention: no dot for K type");
   attend_reset(st, ng, D);
   for (int g = 0; g < ng; ++g) {
