@@ -256,6 +256,22 @@ void add(const float* a, const float* b, float* y, int64_t n) { for (int64_t i =
 void mul(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i]; }
 void scale(const float* x, float s, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s; }
 
+namespace {
+// id[0..k) = the k largest scores, largest first (ties: lower index): k passes of argmax over the
+// not-yet-chosen (k is small: 8-10 of 64-512).
+void select_topk(const float* score, int64_t n, int k, int32_t* id) {
+  for (int i = 0; i < k; ++i) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < n; ++e) {
+      bool taken = false;
+      for (int j = 0; j < i; ++j) taken |= id[j] == e;
+      if (!taken && (best < 0 || score[e] > score[best])) best = int32_t(e);
+    }
+    id[i] = best;
+  }
+}
+}  // namespace
+
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
   KILN_CHECK(k >= 1 && k <= n_expert && n_expert <= 4096, "topk_route: k {} vs n_expert {}", k, n_expert);
@@ -274,16 +290,8 @@ void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, boo
       for (int64_t e = 0; e < n_expert; ++e) p[e] *= inv;
       int32_t* id = ids + t * k;
       float* wt = weights + t * k;
-      for (int i = 0; i < k; ++i) {
-        int32_t best = -1;
-        for (int64_t e = 0; e < n_expert; ++e) {
-          bool taken = false;
-          for (int j = 0; j < i; ++j) taken |= id[j] == e;
-          if (!taken && (best < 0 || p[e] > p[best])) best = int32_t(e);
-        }
-        id[i] = best;
-        wt[i] = p[best];
-      }
+      select_topk(p, n_expert, k, id);
+      for (int i = 0; i < k; ++i) wt[i] = p[id[i]];
       if (renorm) {
         double ws = 0;
         for (int i = 0; i < k; ++i) ws += double(wt[i]);
@@ -301,19 +309,12 @@ void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, boo
     for (int64_t e = 0; e < n_expert; ++e) mx = std::max(mx, l[e]);
     float sum = 0;
     for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(l[e] - mx);
-    // Selection: k passes of argmax over the not-yet-chosen (k is small: 8-10 of 64-512).
     int32_t* id = ids + t * k;
     float* wt = weights + t * k;
+    select_topk(l, n_expert, k, id);
     float ksum = 0;
     for (int i = 0; i < k; ++i) {
-      int32_t best = -1;
-      for (int64_t e = 0; e < n_expert; ++e) {
-        bool taken = false;
-        for (int j = 0; j < i; ++j) taken |= id[j] == e;
-        if (!taken && (best < 0 || l[e] > l[best])) best = int32_t(e);
-      }
-      id[i] = best;
-      wt[i] = std::exp(l[best] - mx) / sum;
+      wt[i] = std::exp(l[id[i]] - mx) / sum;
       ksum += wt[i];
     }
     for (int i = 0; i < k; ++i) wt[i] = (renorm ? wt[i] / ksum : wt[i]) * w_scale;
