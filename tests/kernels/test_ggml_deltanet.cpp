@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "ggml_emul.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 
@@ -22,63 +23,7 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// GCC's _mm512_reduce_add_ps: upper 256 + lower 256, upper 128 + lower 128, lanes {2,3} + {0,1},
-// then lane 0 + lane 1.
-float reduce16(const float* v) {
-  float t[8], u[4];
-  for (int i = 0; i < 8; ++i) t[i] = v[i + 8] + v[i];
-  for (int i = 0; i < 4; ++i) u[i] = t[i + 4] + t[i];
-  const float w0 = u[0] + u[2], w1 = u[1] + u[3];
-  return w0 + w1;
-}
-
-// ggml_v_expf (AVX-512), one lane.
-float exp_emul(float x) {
-  const float shift = 0x1.8p23f;
-  const float n = std::fma(x, 0x1.715476p+0f, shift) - shift;
-  const float hi = std::fma(-n, 0x1.62e4p-1f, x);
-  const float b = std::fma(-n, 0x1.7f7d1cp-20f, hi);
-  const float b2 = b * b;
-  const float c45 = std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f);
-  const float c23 = std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f);
-  const float c01 = std::fma(0x1.ffffecp-1f, b, 1.0f);
-  const float poly = std::fma(std::fma(c45, b2, c23), b2, c01);
-  if (std::fabs(n) > 192.f) return n <= 0.f ? 0.f : INFINITY;
-  return std::ldexp(poly, int(n));
-}
-
-// ggml_vec_dot_f32 as compiled for AVX-512: n / 64 steps of four 16-lane fma chains, folded
-// (0+2, 1+3, 0+1) and reduced; then the rest r: its first r & ~7 products rounded and added one at a
-// time, the last < 8 with an fma each.
-float dot_emul(const float* x, const float* y, int64_t n) {
-  const int64_t np = n & ~int64_t(63);
-  float s = 0.f;
-  if (np > 0) {
-    float c[4][16] = {};
-    for (int64_t i = 0; i < np; i += 64)
-      for (int j = 0; j < 4; ++j)
-        for (int l = 0; l < 16; ++l) c[j][l] = std::fma(x[i + 16 * j + l], y[i + 16 * j + l], c[j][l]);
-    float f[16];
-    for (int l = 0; l < 16; ++l) {
-      const float a = c[0][l] + c[2][l], b = c[1][l] + c[3][l];
-      f[l] = a + b;
-    }
-    s = reduce16(f);
-  }
-  const int64_t r = n - np, plain = r & ~int64_t(7);
-  for (int64_t i = 0; i < plain; ++i) {
-    const float p = x[np + i] * y[np + i];
-    s = s + p;
-  }
-  for (int64_t i = plain; i < r; ++i) s = std::fma(x[np + i], y[np + i], s);
-  return s;
-}
+// reduce16, exp_emul, vec_dot_f32_emul (ggml_vec_dot_f32's order), bits: ggml_emul.h.
 
 float silu_lane(float x) { return x / (1.f + exp_emul(0.f - x)); }
 void silu_emul(const float* x, float* y, int64_t n) {
@@ -118,11 +63,11 @@ void delta_emul(const DeltaArgs& a) {
       const float* v = a.v + t * a.v_stride + h * S;
       const float beta = a.beta[t * a.Hv + h], decay = std::exp(a.g[t * a.Hv + h]);
       for (int64_t i = 0; i < S * S; ++i) M[i] = M[i] * decay;
-      for (int64_t j = 0; j < S; ++j) delta[size_t(j)] = (v[j] - dot_emul(M + j * S, k, S)) * beta;
+      for (int64_t j = 0; j < S; ++j) delta[size_t(j)] = (v[j] - vec_dot_f32_emul(M + j * S, k, S)) * beta;
       for (int64_t j = 0; j < S; ++j)
         for (int64_t i = 0; i < S; ++i) M[j * S + i] = std::fma(k[i], delta[size_t(j)], M[j * S + i]);
       float* o = a.out + t * a.out_stride + h * S;
-      for (int64_t j = 0; j < S; ++j) o[j] = dot_emul(M + j * S, q, S) * scale;
+      for (int64_t j = 0; j < S; ++j) o[j] = vec_dot_f32_emul(M + j * S, q, S) * scale;
     }
   }
 }
@@ -140,7 +85,7 @@ TEST(GgmlDeltaNet, DotF32AccuracyAndBitExact) {
       for (auto& v : x) v = d(rng);
       for (auto& v : y) v = d(rng);
       const float got = T.t->ggml_dot_f32(x.data(), y.data(), n);
-      ASSERT_EQ(bits(got), bits(dot_emul(x.data(), y.data(), n))) << "n " << n;
+      ASSERT_EQ(bits(got), bits(vec_dot_f32_emul(x.data(), y.data(), n))) << "n " << n;
       double ref = 0, mag = 0;
       for (int64_t i = 0; i < n; ++i) {
         ref += double(x[size_t(i)]) * y[size_t(i)];
@@ -211,11 +156,8 @@ TEST(GgmlDeltaNet, L2NormAndSoftplusBitExact) {
       l2_norm(crows3(x.data(), n, rows), rows3(y.data(), n, rows), eps, pool);
       for (int64_t r = 0; r < rows; ++r) {
         const float* xr = x.data() + r * n;
-        double sum = 0, sumd = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          sum += double(xr[i] * xr[i]);
-          sumd += double(xr[i]) * xr[i];
-        }
+        double sumd;
+        const double sum = sum_sq_emul(xr, n, &sumd);
         const float mean = float(sum / double(n));
         const float s = 1.0f / std::sqrt(mean + eps / float(n)), post = 1.0f / std::sqrt(float(n));
         for (int64_t i = 0; i < n; ++i) {

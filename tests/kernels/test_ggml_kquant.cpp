@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/fp16.h"
+#include "ggml_emul.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "tensor/blocks.h"
@@ -31,14 +32,7 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-uint32_t bits(float f) { return f32_to_bits(f); }
-float h2f(uint16_t h) { return fp16_to_f32(h); }
-uint16_t f2h(float f) { return f32_to_fp16(f); }
-uint16_t ld16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+// bits, h2f, f2h, ld16: ggml_emul.h.
 
 // One super-block decoded: element i's value is d * sc[i / sub] * q[i] - dmin * mn[i / sub].
 struct KBlock {
@@ -215,16 +209,15 @@ std::vector<uint8_t> random_row(GgmlType t, int64_t k, std::mt19937& rng) {
   return w;
 }
 
-#define KILN_REQUIRE_AVX512()                                                                        \
-  IsaGuard guard;                                                                                    \
-  if (!set_isa(CpuIsa::Avx512))                                                                      \
-    GTEST_SKIP() << "no AVX-512: llama.cpp's K-quant orders are reproduced only in the AVX-512 table " \
-                    "(the AVX2 and scalar tables keep kiln's order)";
+// The reason a host without AVX-512 skips these tests.
+constexpr const char* kNoAvx512 =
+    "llama.cpp's K-quant orders are reproduced only in the AVX-512 table "
+    "(the AVX2 and scalar tables keep kiln's order)";
 
 }  // namespace
 
 TEST(GgmlKQuant, DotsBitExactAndAccurate) {
-  KILN_REQUIRE_AVX512();
+  KILN_REQUIRE_AVX512(kNoAvx512);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
   ASSERT_NE(qa, nullptr);
@@ -238,15 +231,14 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
       for (int rep = 0; rep < 8; ++rep) {
         const auto w = random_row(tc.t, k, rng);
         constexpr int kNc = 4;
-        const size_t ab = cpu::act_bytes(GgmlType::Q8_K, k) + 64;
-        std::vector<uint8_t> act(ab * kNc + 64);
-        uint8_t* a0 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act.data()) + 63) & ~uintptr_t(63));
-        for (int c = 0; c < kNc; ++c) {
+        const ActColumns act(qa, GgmlType::Q8_K, k, kNc, [&](int c) {
           // Mixed magnitudes so that terms of very different size meet in the float chain.
           auto x = randv(size_t(k), uint32_t(k * 131 + rep * 7 + c), -1.f, 1.f);
           for (size_t e = 0; e < x.size(); e += 97) x[e] *= 40.f;
-          qa(x.data(), k, a0 + size_t(c) * ab);
-        }
+          return x;
+        });
+        const size_t ab = act.stride;
+        const uint8_t* a0 = act.col(0);
         for (int nc = 1; nc <= kNc; ++nc) {
           float out[cpu::kMaxCols];
           vd(k, w.data(), a0, ab, nc, out);
@@ -269,7 +261,7 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
 // expert of a stacked Q4_K expert tensor (MatmulArgs::expert, llama.cpp's MUL_MAT_ID) takes the
 // repacked gemv's order.
 TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
-  KILN_REQUIRE_AVX512();
+  KILN_REQUIRE_AVX512(kNoAvx512);
   ThreadPool pool(2);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
@@ -289,20 +281,7 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
       for (int64_t m : {1, 3, 4, 9}) {
         const auto x = randv(size_t(k * m), uint32_t(m * 17 + int(tc.t)), -3.f, 3.f);
         std::vector<float> y(size_t(n * m));
-        AlignedWs ws(matmul_workspace(tc.t, k, m, pool.size()));
-        MatmulArgs args;
-        args.wt = tc.t;
-        args.w = w.data();
-        args.w_stride = wstride;
-        args.k = k;
-        args.n = n;
-        args.m = m;
-        args.x = x.data();
-        args.x_stride = k;
-        args.y = y.data();
-        args.y_stride = n;
-        args.expert = expert;
-        matmul(args, ws.p, pool);
+        run_matmul(matmul_args(tc.t, w.data(), wstride, k, n, m, x.data(), k, y.data(), n, expert), pool);
         AlignedWs col(cpu::act_bytes(GgmlType::Q8_K, k));
         for (int64_t t = 0; t < m; ++t) {
           qa(x.data() + t * k, k, col.p);

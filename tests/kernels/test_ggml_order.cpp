@@ -1,4 +1,5 @@
-// The "ggml order" kernels (commit e8cf6da) against plain scalar references written here:
+// The "ggml order" kernels (commit e8cf6da) against plain scalar references written here
+// (the ones other test_ggml_*.cpp share are in ggml_emul.h):
 //  - the AVX-512 table entries ggml_dot_f16 / ggml_softmax_exp / ggml_kqv / swiglu (x86_kernels.inc,
 //    KILN_AVX512) and attention with AttnOrder::GgmlVec / GgmlTiny (llama.cpp's non-flash attention);
 //  - rms_norm and rope (ggml's scalar arithmetic) and the one-chain legacy integer dots (legacy_nc).
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/fp16.h"
+#include "ggml_emul.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "tensor/blocks.h"
@@ -29,37 +31,7 @@ namespace {
 
 // ---- scalar emulations of ggml's AVX-512 arithmetic ----------------------------------------------
 
-// GCC's _mm512_reduce_add_ps: upper 256 + lower 256, upper 128 + lower 128, then lanes {2,3} + {0,1},
-// then lane 0 + lane 1.
-float reduce16(const float* v) {
-  float t[8], u[4];
-  for (int i = 0; i < 8; ++i) t[i] = v[i + 8] + v[i];
-  for (int i = 0; i < 4; ++i) u[i] = t[i + 4] + t[i];
-  const float w0 = u[0] + u[2], w1 = u[1] + u[3];
-  return w0 + w1;
-}
-// ggml's hsum_float_8 (kiln's hsum): upper 128 + lower 128, lanes {2,3} + {0,1}, lane 0 + lane 1.
-float reduce8(const float* v) {
-  float u[4];
-  for (int i = 0; i < 4; ++i) u[i] = v[i] + v[i + 4];
-  const float w0 = u[0] + u[2], w1 = u[1] + u[3];
-  return w0 + w1;
-}
-
-// exp_ggml512, one lane.
-float exp_emul(float x) {
-  const float shift = 0x1.8p23f;
-  const float n = std::fma(x, 0x1.715476p+0f, shift) - shift;
-  const float hi = std::fma(-n, 0x1.62e4p-1f, x);
-  const float b = std::fma(-n, 0x1.7f7d1cp-20f, hi);
-  const float b2 = b * b;
-  const float c45 = std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f);
-  const float c23 = std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f);
-  const float c01 = std::fma(0x1.ffffecp-1f, b, 1.0f);
-  const float poly = std::fma(std::fma(c45, b2, c23), b2, c01);
-  if (std::fabs(n) > 192.f) return n <= 0.f ? 0.f : INFINITY;
-  return std::ldexp(poly, int(n));  // vscalefps: poly * 2^n, one rounding
-}
+// reduce16, reduce8, exp_emul, bits, h2f, f2h: ggml_emul.h.
 
 double softmax_exp_emul(const float* x, float max, float* y, int64_t n) {
   double sum = 0;
@@ -82,8 +54,6 @@ void swiglu_emul(const float* a, const float* b, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
 }
 
-float h2f(uint16_t h) { return fp16_to_f32(h); }
-uint16_t f2h(float f) { return f32_to_fp16(f); }
 float f16_round(float f) { return h2f(f2h(f)); }
 
 // dot_f16_ggml512. tiny (and n % 16 == 0): lane l accumulates l, l+16, ...; otherwise four chains
@@ -95,19 +65,9 @@ float dot_f16_emul(const uint16_t* x, const uint16_t* y, int64_t n, bool tiny) {
       for (int i = 0; i < 16; ++i) acc[i] = std::fma(h2f(x[l + i]), h2f(y[l + i]), acc[i]);
     return reduce16(acc);
   }
-  float s[4][16] = {};
-  const int64_t np = n & ~int64_t(63);
-  for (int64_t i = 0; i < np; i += 64)
-    for (int j = 0; j < 4; ++j)
-      for (int l = 0; l < 16; ++l) s[j][l] = std::fma(h2f(x[i + 16 * j + l]), h2f(y[i + 16 * j + l]), s[j][l]);
-  float f[16];
-  for (int l = 0; l < 16; ++l) {
-    const float a = s[0][l] + s[2][l], b = s[1][l] + s[3][l];
-    f[l] = a + b;
-  }
-  double sum = double(reduce16(f));
-  for (int64_t i = np; i < n; ++i) sum += double(h2f(x[i]) * h2f(y[i]));
-  return float(sum);
+  std::vector<float> xf(static_cast<size_t>(n)), yf(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) xf[size_t(i)] = h2f(x[i]), yf[size_t(i)] = h2f(y[i]);
+  return vec_dot_f16_emul(xf.data(), yf.data(), n);
 }
 
 // kqv_ggml512: position j -> lane j % 16 of chain (j / 16) % 4 (vec) or chain 0 (tiny); p == 0 skipped.
@@ -131,7 +91,6 @@ void kqv_emul(const uint8_t* v, size_t pos_stride, const float* p, int64_t n, in
 }
 
 // ---- helpers ---------------------------------------------------------------------------------
-uint32_t bits(float f) { return f32_to_bits(f); }
 // ulp of the float nearest to v (subnormal spacing 2^-149 at the bottom).
 double ulp_of(double v) {
   const float f = std::fabs(float(v));
@@ -449,11 +408,8 @@ TEST(GgmlOrder, RmsNormBitExact) {
         rms_norm(crows3(yi.data(), n, rows), with_w ? w.data() : nullptr, rows3(yi.data(), n, rows), eps, pool);
         for (int64_t r = 0; r < rows; ++r) {
           const float* xr = x.data() + r * n;
-          double sum = 0, sumd = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            sum += double(xr[i] * xr[i]);
-            sumd += double(xr[i]) * xr[i];
-          }
+          double sumd;
+          const double sum = sum_sq_emul(xr, n, &sumd);
           const float mean = float(sum / double(n));
           const float s = 1.0f / std::sqrt(mean + eps);
           const double sd = 1.0 / std::sqrt(sumd / double(n) + double(eps));
@@ -629,13 +585,10 @@ TEST(GgmlOrder, LegacyOneChainDotsBitExact) {
           if (ty.q81) std::memcpy(&w[size_t(i) * ty.bytes + 2], &m, 2);
         }
         const int nc = 4;
-        const size_t ab = cpu::act_bytes(at, k) + 64;  // stride between columns
-        std::vector<uint8_t> act(ab * nc + 64);
-        uint8_t* a0 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act.data()) + 63) & ~uintptr_t(63));
-        for (int c = 0; c < nc; ++c) {
-          const auto x = randv(size_t(k), uint32_t(k * 10 + c + int(ty.t)), -2.f, 2.f);
-          qa(x.data(), k, a0 + size_t(c) * ab);
-        }
+        const ActColumns act(qa, at, k, nc,
+                             [&](int c) { return randv(size_t(k), uint32_t(k * 10 + c + int(ty.t)), -2.f, 2.f); });
+        const size_t ab = act.stride;  // stride between columns
+        const uint8_t* a0 = act.col(0);
         for (int ncols = 1; ncols <= nc; ++ncols) {
           float out[cpu::kMaxCols];
           vd(k, w.data(), a0, ab, ncols, out);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/fp16.h"
+#include "ggml_emul.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "tensor/blocks.h"
@@ -30,14 +31,7 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-uint32_t bits(float f) { return f32_to_bits(f); }
-float h2f(uint16_t h) { return fp16_to_f32(h); }
-uint16_t f2h(float f) { return f32_to_fp16(f); }
-uint16_t ld16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+// bits, h2f, f2h, ld16: ggml_emul.h.
 
 constexpr size_t kWBlock = 18;  // Q4_0 / IQ4_NL: fp16 d, 16 bytes of nibbles (element i < 16: low nibble of byte i)
 constexpr size_t kABlock = 34;  // Q8_0 activation block: fp16 d, 32 int8
@@ -80,10 +74,7 @@ float emul(GgmlType t, Order o, int64_t k, const uint8_t* w, const uint8_t* act,
   *ref = r;
   *mag = mg;
   if (o == Order::Repack) return acc;
-  // hsum_float_8: upper 128 + lower 128, lanes {2,3} + {0,1}, lane 0 + lane 1.
-  float h[4];
-  for (int l = 0; l < 4; ++l) h[l] = lane[l] + lane[l + 4];
-  return (h[0] + h[2]) + (h[1] + h[3]);
+  return reduce8(lane);  // hsum_float_8
 }
 
 // A random weight row: random nibbles, sane fp16 scales.
@@ -101,16 +92,15 @@ std::vector<uint8_t> random_row(int64_t k, std::mt19937& rng) {
 
 constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::IQ4_NL};
 
-#define KILN_REQUIRE_AVX512()                                                                           \
-  IsaGuard guard;                                                                                       \
-  if (!set_isa(CpuIsa::Avx512))                                                                         \
-    GTEST_SKIP() << "no AVX-512: llama.cpp's repacked Q4_0 / IQ4_NL order is reproduced only in the "     \
-                    "AVX-512 table (the AVX2 and scalar tables keep ggml_vec_dot's / kiln's order)";
+// The reason a host without AVX-512 skips these tests.
+constexpr const char* kNoAvx512 =
+    "llama.cpp's repacked Q4_0 / IQ4_NL order is reproduced only in the "
+    "AVX-512 table (the AVX2 and scalar tables keep ggml_vec_dot's / kiln's order)";
 
 }  // namespace
 
 TEST(GgmlRepack, DotsBitExactAndAccurate) {
-  KILN_REQUIRE_AVX512();
+  KILN_REQUIRE_AVX512(kNoAvx512);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
   ASSERT_NE(qa, nullptr);
@@ -123,15 +113,14 @@ TEST(GgmlRepack, DotsBitExactAndAccurate) {
         for (int rep = 0; rep < 8; ++rep) {
           const auto w = random_row(k, rng);
           constexpr int kNc = 4;
-          const size_t ab = cpu::act_bytes(GgmlType::Q8_0, k) + 64;
-          std::vector<uint8_t> act(ab * kNc + 64);
-          uint8_t* a0 = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act.data()) + 63) & ~uintptr_t(63));
-          for (int c = 0; c < kNc; ++c) {
+          const ActColumns act(qa, GgmlType::Q8_0, k, kNc, [&](int c) {
             // Mixed magnitudes so that terms of very different size meet in the float chain.
             auto x = randv(size_t(k), uint32_t(k * 131 + rep * 7 + c), -1.f, 1.f);
             for (size_t e = 0; e < x.size(); e += 37) x[e] *= 40.f;
-            qa(x.data(), k, a0 + size_t(c) * ab);
-          }
+            return x;
+          });
+          const size_t ab = act.stride;
+          const uint8_t* a0 = act.col(0);
           if (o == Order::Repack) {  // the 4-row decode kernel: row r's nc = 1 bits (rows: w, w, w, w)
             const cpu::VecDotQ8R4Fn r4 = T.vec_dot_q8_r4[cpu::type_index(t)];
             ASSERT_NE(r4, nullptr);
@@ -164,7 +153,7 @@ TEST(GgmlRepack, DotsBitExactAndAccurate) {
 // order), for plain and expert weights (the repack's MUL_MAT_ID: the gemv per routed row). A matrix
 // whose row count is not a multiple of 8 is not repacked by ggml: the one-chain order.
 TEST(GgmlRepack, MatmulColumnsFollowTheRepackedOrder) {
-  KILN_REQUIRE_AVX512();
+  KILN_REQUIRE_AVX512(kNoAvx512);
   ThreadPool pool(2);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
@@ -183,20 +172,7 @@ TEST(GgmlRepack, MatmulColumnsFollowTheRepackedOrder) {
       for (int64_t m : {1, 3, 4, 9}) {
         const auto x = randv(size_t(k * m), uint32_t(m * 17 + int(t)), -3.f, 3.f);
         std::vector<float> y(size_t(n * m));
-        AlignedWs ws(matmul_workspace(t, k, m, pool.size()));
-        MatmulArgs args;
-        args.wt = t;
-        args.w = w.data();
-        args.w_stride = wstride;
-        args.k = k;
-        args.n = n;
-        args.m = m;
-        args.x = x.data();
-        args.x_stride = k;
-        args.y = y.data();
-        args.y_stride = n;
-        args.expert = expert;
-        matmul(args, ws.p, pool);
+        run_matmul(matmul_args(t, w.data(), wstride, k, n, m, x.data(), k, y.data(), n, expert), pool);
         AlignedWs col(cpu::act_bytes(GgmlType::Q8_0, k));
         for (int64_t c = 0; c < m; ++c) {
           qa(x.data() + c * k, k, col.p);

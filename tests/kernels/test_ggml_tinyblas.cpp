@@ -1,5 +1,5 @@
 // ggml's F32 / F16 / BF16 weight mat-mul on the AVX-512 table (x86_kernels.inc float_mm_ggml512,
-// reached through kernels::matmul) against scalar emulations written here:
+// reached through kernels::matmul) against scalar emulations (here and in ggml_emul.h):
 //  - X rounded to the weight type's ggml vec_dot_type (F16 / BF16, nearest even; F32 as is);
 //  - llamafile tinyBLAS's order when the weight has a multiple of 4 rows and k is a multiple of its
 //    vector step (16; 32 for BF16 through vdpbf16ps), for every column count;
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/fp16.h"
+#include "ggml_emul.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "tensor/quant.h"
@@ -27,14 +28,7 @@ namespace {
 
 bool bf16_dp() { return cpu_features().avx512bf16; }
 
-// GCC's _mm512_reduce_add_ps: upper 256 + lower 256, upper 128 + lower 128, lanes {2,3} + {0,1},
-// lane 0 + lane 1.
-float reduce16(const float* v) {
-  float t[8], u[4];
-  for (int i = 0; i < 8; ++i) t[i] = v[i + 8] + v[i];
-  for (int i = 0; i < 4; ++i) u[i] = t[i + 4] + t[i];
-  return (u[0] + u[2]) + (u[1] + u[3]);
-}
+// reduce16, vec_dot_f32_emul and vec_dot_f16_emul (ggml_vec_dot_f32 / _f16's orders): ggml_emul.h.
 
 // vdpbf16ps, one lane: acc + odd product (rounded), + even product (rounded); denormal inputs read
 // as zero, denormal results flushed (probed on the hardware: 3.2M random lanes, normal and tiny).
@@ -67,39 +61,6 @@ float tiny_emul(GgmlType t, const float* w, const float* x, int64_t k) {
   return reduce16(acc);
 }
 
-// ggml_vec_dot_f32 (GCC 12 -O3 -march=native, disassembled): 4 chains x 16 lanes over steps of 64,
-// folded (0+2, 1+3, 0+1), reduced; tail: whole 16s then a whole 8 multiplied and added in order, the
-// last n % 8 as scalar FMAs.
-float vec_f32_emul(const float* w, const float* x, int64_t n) {
-  float s[4][16] = {};
-  const int64_t np = n & ~int64_t(63);
-  for (int64_t i = 0; i < np; i += 64)
-    for (int j = 0; j < 4; ++j)
-      for (int l = 0; l < 16; ++l) s[j][l] = std::fma(w[i + 16 * j + l], x[i + 16 * j + l], s[j][l]);
-  float f[16];
-  for (int l = 0; l < 16; ++l) f[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
-  float sum = reduce16(f);
-  int64_t i = np;
-  for (; n - i >= 16; i += 16)
-    for (int l = 0; l < 16; ++l) sum += w[i + l] * x[i + l];
-  if (n - i >= 8)
-    for (int l = 0; l < 8; ++l, ++i) sum += w[i] * x[i];
-  for (; i < n; ++i) sum = std::fma(w[i], x[i], sum);
-  return sum;
-}
-// ggml_vec_dot_f16: the same chains and fold, the reduction and the n % 64 tail summed in double.
-float vec_f16_emul(const float* w, const float* x, int64_t n) {
-  float s[4][16] = {};
-  const int64_t np = n & ~int64_t(63);
-  for (int64_t i = 0; i < np; i += 64)
-    for (int j = 0; j < 4; ++j)
-      for (int l = 0; l < 16; ++l) s[j][l] = std::fma(w[i + 16 * j + l], x[i + 16 * j + l], s[j][l]);
-  float f[16];
-  for (int l = 0; l < 16; ++l) f[l] = (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]);
-  double sum = double(reduce16(f));
-  for (int64_t i = np; i < n; ++i) sum += double(w[i] * x[i]);
-  return float(sum);
-}
 // ggml_vec_dot_bf16: AVX512_BF16: two vdpbf16ps chains over steps of 64; else two FMA chains over
 // steps of 32. Each reduced, summed in double, the tail added in double.
 float vec_bf16_emul(const float* w, const float* x, int64_t n) {
@@ -125,7 +86,7 @@ float vec_bf16_emul(const float* w, const float* x, int64_t n) {
 }
 
 float vec_emul(GgmlType t, const float* w, const float* x, int64_t n) {
-  return t == GgmlType::F32 ? vec_f32_emul(w, x, n) : t == GgmlType::F16 ? vec_f16_emul(w, x, n) : vec_bf16_emul(w, x, n);
+  return t == GgmlType::F32 ? vec_dot_f32_emul(w, x, n) : t == GgmlType::F16 ? vec_dot_f16_emul(w, x, n) : vec_bf16_emul(w, x, n);
 }
 
 struct Case {
@@ -137,16 +98,11 @@ struct Case {
 // emulation (bit for bit) and the double product of the rounded operands (NMSE <= 1e-10).
 void check_case(const Case& c, int64_t m, bool expect_tiny, bool expert = false) {
   const int64_t k = c.k, n = c.n;
-  const size_t rs = tensor::row_size(c.t, k), stride = rs + 64;
-  std::vector<uint8_t> w(stride * size_t(n), 0xCD);
+  const size_t stride = tensor::row_size(c.t, k) + 64;
   const auto f = randv(size_t(k * n), uint32_t(k * 13 + n), -1.f, 1.f);
+  const auto w = weight_rows(c.t, f.data(), k, n, stride, 0xCD);
   std::vector<float> wf(size_t(k * n));  // the stored weights as floats
-  for (int64_t j = 0; j < n; ++j) {
-    uint8_t* row = w.data() + stride * size_t(j);
-    if (c.t == GgmlType::F32) std::memcpy(row, f.data() + k * j, size_t(k) * 4);
-    else tensor::quantize_row(c.t, f.data() + k * j, row, k);
-    tensor::dequantize_row(c.t, row, wf.data() + k * j, k);
-  }
+  for (int64_t j = 0; j < n; ++j) tensor::dequantize_row(c.t, w.data() + stride * size_t(j), wf.data() + k * j, k);
   const int64_t xs = k + 5, ys = n + 3;
   auto x = randv(size_t(xs * m), uint32_t(m * 7 + k), -2.f, 2.f);
   // Large-magnitude spread: a few entries far from the rest make the summation order visible.
@@ -168,9 +124,7 @@ void check_case(const Case& c, int64_t m, bool expect_tiny, bool expert = false)
   ThreadPool p1(1), p2(2);
   for (ThreadPool* pool : {&p1, &p2}) {
     std::vector<float> got(size_t(ys * m), 0.f);
-    MatmulArgs a{c.t, w.data(), stride, k, n, m, x.data(), xs, got.data(), ys};
-    a.expert = expert;
-    matmul(a, ws.p, *pool);
+    matmul(matmul_args(c.t, w.data(), stride, k, n, m, x.data(), xs, got.data(), ys, expert), ws.p, *pool);
     for (int64_t col = 0; col < m; ++col)
       for (int64_t j = 0; j < n; ++j) {
         const size_t o = size_t(col * ys + j);
@@ -257,12 +211,7 @@ TEST(GgmlTinyBlas, ColumnsEqualSingleColumnCalls) {
     for (int64_t n : {int64_t(40), int64_t(37)}) {  // tinyBLAS and vec_dot orders
       const int64_t k = 512, m_max = 21, xs = k + 8;
       const size_t rs = tensor::row_size(t, k);
-      std::vector<uint8_t> w(rs * size_t(n));
-      const auto f = randv(size_t(k * n), 3);
-      for (int64_t j = 0; j < n; ++j) {
-        if (t == GgmlType::F32) std::memcpy(w.data() + rs * size_t(j), f.data() + k * j, size_t(k) * 4);
-        else tensor::quantize_row(t, f.data() + k * j, w.data() + rs * size_t(j), k);
-      }
+      const auto w = weight_rows(t, randv(size_t(k * n), 3).data(), k, n);
       const auto x = randv(size_t(xs * m_max), 9, -3.f, 3.f);
       AlignedWs ws(matmul_workspace(t, k, m_max, 2));
       std::vector<float> solo(size_t(n * m_max));

@@ -33,12 +33,7 @@ TEST(Invariance, MatmulColumnsEqualSingleColumnCalls) {
   const auto x = randv(size_t(xs * m_max), 7, -3.f, 3.f);
   for (GgmlType t : kMatmulTypes) {
     const size_t rs = tensor::row_size(t, k);
-    std::vector<uint8_t> w(rs * size_t(n));
-    const auto f = randv(size_t(k * n), 3);
-    for (int64_t j = 0; j < n; ++j) {
-      if (t == GgmlType::F32) std::memcpy(w.data() + rs * size_t(j), f.data() + k * j, size_t(k) * 4);
-      else tensor::quantize_row(t, f.data() + k * j, w.data() + rs * size_t(j), k);
-    }
+    const auto w = weight_rows(t, randv(size_t(k * n), 3).data(), k, n);
     AlignedWs ws(matmul_workspace(t, k, m_max, 2));
     for (CpuIsa isa : isas()) {
       ASSERT_TRUE(set_isa(isa));
