@@ -9,9 +9,11 @@
 // The emulations decode the blocks from their documented layouts (tensor/blocks.h), sharing no code
 // with the kernels. Each kernel is checked bit for bit against its emulation for 1..4 columns and
 // against a double reference; matmul is checked for every column count (batch invariance) and both
-// row-count classes (one column: also the 4-row decode kernel, Table::vec_dot_q8_r4); a last test
+// row-count classes (one column: also the 4-row and 8-row decode kernels, Table::vec_dot_q8_r4 /
+// vec_dot_q8_r8, with 1 and 2 threads and row counts 8k for k even and odd); a last test
 // shows the two orders differ on these operands.
 // This file is compiled without -mfma: every fused operation is an explicit std::fma.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -181,6 +183,108 @@ TEST(GgmlRepack, MatmulColumnsFollowTheRepackedOrder) {
             const float want = emul(t, order, k, w.data() + size_t(j) * wstride, static_cast<uint8_t*>(col.p), &ref, &mag);
             ASSERT_EQ(bits(y[size_t(c * n + j)]), bits(want))
                 << gguf::type_name(t) << " n " << n << " expert " << expert << " m " << m << " col " << c << " j " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The 8-row decode kernel (Table::vec_dot_q8_r8: rows in lanes, block sums formed from unsigned
+// weight codes and x's sums) against the emulated repacked order, row by row, bit for bit: 8
+// distinct rows at a padded stride, k of even and odd block counts, and the extreme operands (every
+// weight at its most negative code, x at +-127) where the offset trick's integers are largest.
+TEST(GgmlRepack, EightRowDecodeKernelBitExact) {
+  KILN_REQUIRE_AVX512();
+  const cpu::Table& T = cpu::table();
+  const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
+  for (GgmlType t : kTypes) {
+    const cpu::VecDotQ8R4Fn r8 = T.vec_dot_q8_r8[cpu::type_index(t)];
+    ASSERT_NE(r8, nullptr) << gguf::type_name(t);
+    std::mt19937 rng(uint32_t(int(t)) * 2654435761u);
+    for (int64_t k : {32, 96, 128, 160, 1024, 4096}) {
+      for (int rep = 0; rep < 6; ++rep) {
+        const size_t rb = size_t(k / 32) * kWBlock, stride = rb + size_t(rep % 3) * 18;  // padded rows too
+        std::vector<uint8_t> w(stride * 8 + 64);
+        for (int r = 0; r < 8; ++r) {
+          auto row = random_row(k, rng);
+          if (rep == 5 && r % 2 == 0) std::fill(row.begin(), row.end(), uint8_t(0));  // q = -8 / -127 ...
+          if (rep == 5 && r % 2 == 0)
+            for (int64_t i = 0; i < k / 32; ++i) {  // ... with a sane scale
+              const uint16_t d = f2h(0.01f * float(r + 1));
+              std::memcpy(&row[size_t(i) * kWBlock], &d, 2);
+            }
+          std::memcpy(w.data() + size_t(r) * stride, row.data(), rb);
+        }
+        auto x = randv(size_t(k), uint32_t(k * 977 + rep), -1.f, 1.f);
+        if (rep == 5)
+          for (size_t e = 0; e < x.size(); ++e) x[e] = (e / 32) % 2 ? -2.f : 2.f;  // whole blocks at +-127
+        else
+          for (size_t e = 0; e < x.size(); e += 29) x[e] *= 50.f;
+        AlignedWs col(cpu::act_bytes(GgmlType::Q8_0, k));
+        qa(x.data(), k, col.p);
+        float out[8];
+        r8(k, w.data(), stride, col.p, out);
+        for (int r = 0; r < 8; ++r) {
+          double ref, mag;
+          const float want = emul(t, Order::Repack, k, w.data() + size_t(r) * stride, static_cast<uint8_t*>(col.p), &ref, &mag);
+          ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(t) << " k " << k << " rep " << rep << " row " << r
+                                              << " got " << out[r] << " want " << want;
+          ASSERT_LE(std::fabs(out[r] - ref), 1e-5 * mag + 1e-30) << gguf::type_name(t) << " k " << k;
+        }
+      }
+    }
+  }
+}
+
+// Decode (one column) through kernels::matmul with 1 and 2 threads: every row gets the emulated
+// order's bits, for row counts 8k with k even and odd (the 8-row kernel for whole groups of 8, the
+// 4-row and 1-row kernels for what a thread range leaves) and for row counts that are not multiples
+// of 8 (the one-chain order); the batch of 5 columns (a gemm group of 4 + one column) gives the
+// same bits for every column (batch invariance).
+TEST(GgmlRepack, DecodeMatvecRowCountsAndThreads) {
+  KILN_REQUIRE_AVX512();
+  const cpu::Table& T = cpu::table();
+  const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    for (GgmlType t : kTypes) {
+      for (int64_t n : {8, 16, 24, 40, 56, 64, 72, 136, 12, 20, 36}) {
+        const Order order = n % 8 == 0 ? Order::Repack : Order::OneChain;
+        std::mt19937 rng(uint32_t(int(t)) * 7u + uint32_t(n) * 1009u + uint32_t(threads));
+        const int64_t k = n % 3 == 0 ? 160 : 256;
+        std::vector<uint8_t> w;
+        for (int64_t j = 0; j < n; ++j) {
+          const auto row = random_row(k, rng);
+          w.insert(w.end(), row.begin(), row.end());
+        }
+        const size_t wstride = w.size() / size_t(n);
+        for (int64_t m : {1, 5}) {
+          const auto x = randv(size_t(k * m), uint32_t(n * 31 + m), -2.f, 2.f);
+          std::vector<float> y(size_t(n * m));
+          AlignedWs ws(matmul_workspace(t, k, m, pool.size()));
+          MatmulArgs args;
+          args.wt = t;
+          args.w = w.data();
+          args.w_stride = wstride;
+          args.k = k;
+          args.n = n;
+          args.m = m;
+          args.x = x.data();
+          args.x_stride = k;
+          args.y = y.data();
+          args.y_stride = n;
+          matmul(args, ws.p, pool);
+          AlignedWs col(cpu::act_bytes(GgmlType::Q8_0, k));
+          for (int64_t c = 0; c < m; ++c) {
+            qa(x.data() + c * k, k, col.p);
+            for (int64_t j = 0; j < n; ++j) {
+              double ref, mag;
+              const float want =
+                  emul(t, order, k, w.data() + size_t(j) * wstride, static_cast<uint8_t*>(col.p), &ref, &mag);
+              ASSERT_EQ(bits(y[size_t(c * n + j)]), bits(want)) << gguf::type_name(t) << " threads " << threads << " n "
+                                                                << n << " m " << m << " col " << c << " j " << j;
+            }
           }
         }
       }

@@ -80,6 +80,8 @@ struct Table {
   // vec_dot_q8 (the entry for a multiple of 8 rows) for 4 rows x 1 column at once, where that is
   // faster (one column: decode). nullptr: none.
   VecDotQ8R4Fn vec_dot_q8_r4[kNumTypes] = {};
+  // The same for 8 rows x 1 column (out[0..7]). nullptr: none.
+  VecDotQ8R4Fn vec_dot_q8_r8[kNumTypes] = {};
   DotRowFn dot_row[kNumTypes] = {};       // F32 / F16 / BF16 only
   ToF32Fn to_f32[kNumTypes] = {};         // every matmul_supported type
   DotF32Fn dot_f32 = nullptr;
