@@ -10,6 +10,7 @@ build/test-artifacts/ (webui.png, webui-phone.png).
 import json
 import os
 import pathlib
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,9 @@ ALIAS = "tiny-webui"
 N_CTX = 8192
 # ignore_eos keeps the random model talking (EOG is 1 of 1024 tokens); seed makes it repeatable.
 EXTRA = '{"ignore_eos": true, "seed": 7}'
+# The page's renderer applied to a text, serialised the way the DOM serialises it (innerHTML writes
+# a text node's quote as ", the renderer's string has &quot;).
+RENDERED = "(c) => { const d = document.createElement('div'); d.innerHTML = window.kiln.renderMarkdown(c); return d.innerHTML; }"
 
 
 # -------------------------------------------------------------------------------------------------
@@ -324,7 +328,7 @@ def test_chat_stream_thinking_stop_edit_reload(browser, server, artifacts):
         assert reasoning == "" and content and t is not None and finish == "length"
         a = last_assistant(page)
         expect(a.locator("details.thinking")).to_have_count(0)
-        rendered = page.evaluate("(c) => window.kiln.renderMarkdown(c)", content)
+        rendered = page.evaluate(RENDERED, content)
         assert a.locator(".content").inner_html() == rendered
         expect(a.locator(".timings")).to_contain_text(f"prompt {t['prompt_n']} tok")
         expect(a.locator(".timings")).to_contain_text(f"gen {t['predicted_n']} tok")
@@ -384,15 +388,21 @@ def test_chat_stream_thinking_stop_edit_reload(browser, server, artifacts):
         ctx.close()
 
 
-def test_thinking_then_answer(browser, server):
-    """A reply that thinks and then answers (the random model closes </think> itself with this seed):
-    the thinking section holds exactly the streamed reasoning_content, folded once the answer came;
-    the answer holds the content, rendered."""
+def test_thinking_then_answer(browser, server, kiln_bin, model):
+    """A reply that thinks and then answers: the random model closes </think> itself, nudged by a
+    logit bias of +5 on that token (about 2% a step, so it thinks for a while first, whatever the
+    exact logits): the thinking section holds exactly the streamed reasoning_content, folded once the
+    answer came; the answer holds the content, rendered."""
+    r = subprocess.run([str(kiln_bin), "tokenize", "-m", str(model), "-p", "</think>", "--add-bos", "off"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (close_id,) = r.stdout.split()
+    extra = json.dumps({"ignore_eos": True, "seed": 7, "logit_bias": {close_id: 5}})
     ctx, page, watch = new_page(browser)
     try:
         page.goto(server.url)
         expect(page.locator("#model-name")).to_have_text(ALIAS)
-        set_settings(page, max_tokens=900, thinking=True, extra=EXTRA)
+        set_settings(page, max_tokens=900, thinking=True, extra=extra)
         page.fill("#input", "Tell me\na story")
         content, reasoning, t, _ = send_and_capture(page, lambda: page.keyboard.press("Enter"))
         assert reasoning and content, (len(reasoning), len(content))
@@ -400,7 +410,7 @@ def test_thinking_then_answer(browser, server):
         think = a.locator("details.thinking")
         assert think.evaluate("d => d.open") is False
         assert a.locator(".thinking-body").text_content() == reasoning
-        assert a.locator(".content").inner_html() == page.evaluate("(c) => window.kiln.renderMarkdown(c)", content)
+        assert a.locator(".content").inner_html() == page.evaluate(RENDERED, content)
         think.locator("summary").click()
         expect(a.locator(".thinking-body")).to_be_visible()
         assert watch.errors == []
