@@ -776,7 +776,11 @@ int Server::run(const std::atomic<bool>* external_stop) {
   }
   KILN_LOG_INFO("kiln serve: listening on http://{}:{} (model {}, loading)", o.host, port, o.model_path);
   std::fflush(stdout);
-  std::thread listener([&] { I.http.listen_after_bind(); });
+  std::atomic<bool> listener_done{false};
+  std::thread listener([&] {
+    I.http.listen_after_bind();
+    listener_done.store(true);
+  });
 
   auto wait_stop = [&](std::chrono::milliseconds d) {
     std::unique_lock<std::mutex> lk(I.stop_mu);
@@ -822,6 +826,9 @@ int Server::run(const std::atomic<bool>* external_stop) {
   }
   KILN_LOG_INFO("kiln serve: shutting down");
   I.stopping.store(true);
+  // httplib's stop() does nothing before listen has started, and a load that fails at once can get
+  // here first: wait for the listener to run (or to have given up), then stop it.
+  while (!I.http.is_running() && !listener_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   I.http.stop();
   listener.join();
   I.eng.reset();
