@@ -195,7 +195,7 @@ TEST(GgmlRepack, MatmulColumnsFollowTheRepackedOrder) {
 // distinct rows at a padded stride, k of even and odd block counts, and the extreme operands (every
 // weight at its most negative code, x at +-127) where the offset trick's integers are largest.
 TEST(GgmlRepack, EightRowDecodeKernelBitExact) {
-  KILN_REQUIRE_AVX512();
+  KILN_REQUIRE_AVX512(kNoAvx512);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
   for (GgmlType t : kTypes) {
@@ -243,7 +243,7 @@ TEST(GgmlRepack, EightRowDecodeKernelBitExact) {
 // of 8 (the one-chain order); the batch of 5 columns (a gemm group of 4 + one column) gives the
 // same bits for every column (batch invariance).
 TEST(GgmlRepack, DecodeMatvecRowCountsAndThreads) {
-  KILN_REQUIRE_AVX512();
+  KILN_REQUIRE_AVX512(kNoAvx512);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
   for (int threads : {1, 2}) {

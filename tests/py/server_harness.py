@@ -58,7 +58,8 @@ class KilnServer:
             if k.startswith("LLAMA_ARG_") or k in ("LLAMA_API_KEY", "KILN_API_KEY"):
                 del e[k]
         e.update(env or {})
-        log_dir = pathlib.Path(log_dir or os.environ.get("KILN_BUILD", ".")) / "test-artifacts"
+        build = os.environ.get("KILN_BUILD", pathlib.Path(__file__).resolve().parents[2] / "build")
+        log_dir = pathlib.Path(log_dir or build) / "test-artifacts"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"server-{self.port}.log"
         self.log = open(self.log_path, "wb")
