@@ -757,6 +757,8 @@ TEST(GgmlOrder, FlashAttentionOrdersBitExact) {
       {GgmlType::Q4_0, GgmlType::Q4_0, 128, 2, 2, 90, {5, 89}},
       {GgmlType::Q8_0, GgmlType::F16, 64, 4, 1, 120, {0, 50, 119}},                  // per key, F16 accumulator
       {GgmlType::F16, GgmlType::Q4_0, 64, 2, 1, 70, {69}},                           // per key, F16 keys
+      {GgmlType::F16, GgmlType::Q8_0, 512, 2, 1, 40, {39}},                          // head_dim 512 (the limit)
+      {GgmlType::F16, GgmlType::F16, 512, 2, 1, 70, {69}},
   };
   for (const auto& c : cases) {
     const FaCache kc = fa_cache(c.k, c.D, c.Hkv, c.n_kv, rng), vc = fa_cache(c.v, c.D, c.Hkv, c.n_kv, rng);

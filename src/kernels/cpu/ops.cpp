@@ -480,7 +480,7 @@ void attend_tiled(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_
 
 void attend_per_key(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
                     const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn vdeq, int64_t D, float scale, AttnState& st) {
-  constexpr int kQBytes = 512 / 32 * 34;  // Q8_0 of 512 elements; >= 512 F16
+  constexpr int kQBytes = 512 * 2;  // q of up to 512 elements as F16 (1024 bytes) or Q8_0 (544)
   alignas(64) uint8_t qk[kAttnG][kQBytes];  // q in the key row's dot type
   alignas(64) uint16_t acc16[kAttnG][512];  // F16 accumulators (F16 V)
   alignas(64) float vr[512];
