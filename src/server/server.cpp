@@ -12,14 +12,13 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "chat/chat.h"
 #include "chat/output_parser.h"
 #include "core/log.h"
+#include "core/read_file.h"
 #include "server/api.h"
 #include "server/webui.h"
 
@@ -710,11 +709,8 @@ struct Server::Impl {
     std::string src;
     std::string name = "tokenizer.chat_template";
     if (!opt.chat_template_file.empty()) {
-      std::ifstream f(opt.chat_template_file, std::ios::binary);
-      if (!f) return err("--chat-template-file: cannot read '{}'", opt.chat_template_file);
-      std::ostringstream ss;
-      ss << f.rdbuf();
-      src = ss.str();
+      if (!read_file(opt.chat_template_file, src))
+        return err("--chat-template-file: cannot read '{}'", opt.chat_template_file);
       name = opt.chat_template_file;
     } else {
       src = info().chat_template;

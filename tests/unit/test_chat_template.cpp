@@ -5,13 +5,13 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
+#include "core/read_file.h"
 #include "chat/chat.h"
 #include "chat/output_parser.h"
 
 using namespace kiln::chat;
+using kiln::read_file;
 
 namespace {
 
@@ -22,10 +22,9 @@ std::filesystem::path templates_dir() {
 }
 
 std::string read(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string s;
+  read_file(p.string(), s);
+  return s;
 }
 
 #define LOAD_TEMPLATE(var, file)                                                        \

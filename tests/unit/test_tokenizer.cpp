@@ -8,12 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "core/read_file.h"
 #include "gguf/reader.h"
 #include "model/vocab_loader.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
 using namespace kiln::tokenizer;
+using kiln::read_file;
 
 namespace {
 
@@ -23,14 +25,6 @@ std::string source_dir() {
 }
 std::string vocab_dir() { return source_dir() + "/../shared/data/vocab"; }
 
-bool read_file(const std::string& path, std::string& out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  out = ss.str();
-  return true;
-}
 
 std::unique_ptr<Tokenizer> load(const std::string& path) {
   auto file = kiln::gguf::File::open(path);

@@ -9,13 +9,13 @@
 #include "chat/chat.h"
 #include "chat/jinja/jinja.h"
 #include "chat/output_parser.h"
-#include "read_file.h"
+#include "core/read_file.h"
 #include "subcommand.h"
 
 namespace {
 
 using kiln::chat::ojson;
-using kiln::tools::read_file;
+using kiln::read_file;
 
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kiln chat: %s\n", msg.c_str());

@@ -13,7 +13,7 @@
 
 #include "model/vocab_loader.h"
 #include "model_cli.h"
-#include "read_file.h"
+#include "core/read_file.h"
 #include "subcommand.h"
 
 namespace {
@@ -44,7 +44,7 @@ int cmd_perplexity(int argc, char** argv) {
   if (!lm) return fail(lm.error());
   if (ctx < 4) return fail(err("--ctx {} too small", ctx));
   std::string text;
-  if (!tools::read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
+  if (!read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
   auto tk = model::load_tokenizer((*m)->file());

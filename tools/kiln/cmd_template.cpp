@@ -8,12 +8,12 @@
 #include <string>
 
 #include "chat/jinja/jinja.h"
-#include "read_file.h"
+#include "core/read_file.h"
 #include "subcommand.h"
 
 namespace {
 
-using kiln::tools::read_file;
+using kiln::read_file;
 
 const char* kUsage =
     "usage: kiln template render --template FILE (--context JSON_FILE | --batch JSON_FILE) [--now DATE]\n"

@@ -10,7 +10,7 @@
 #include "gguf/reader.h"
 #include "model/vocab_loader.h"
 #include "model_cli.h"
-#include "read_file.h"
+#include "core/read_file.h"
 #include "subcommand.h"
 
 namespace {
@@ -50,7 +50,7 @@ int cmd_tokenize(int argc, char** argv) {
 
   std::string text;
   if (!file.empty()) {
-    if (!kiln::tools::read_file(file, text)) {
+    if (!kiln::read_file(file, text)) {
       std::fprintf(stderr, "kiln tokenize: cannot read %s\n", file.c_str());
       return 1;
     }

@@ -1,10 +1,11 @@
-// tools/kiln/read_file.h — the whole of a file as bytes, for the subcommands that take input files.
+// core/read_file.h — the whole of a file as bytes (templates, prompts, test vectors).
+// Owns nothing; no threading concerns.
 #pragma once
 #include <fstream>
 #include <sstream>
 #include <string>
 
-namespace kiln::tools {
+namespace kiln {
 
 // Reads all of `path` (binary) into out; false when the file cannot be opened.
 inline bool read_file(const std::string& path, std::string& out) {
@@ -16,4 +17,4 @@ inline bool read_file(const std::string& path, std::string& out) {
   return true;
 }
 
-}  // namespace kiln::tools
+}  // namespace kiln
