@@ -87,18 +87,20 @@ struct KvView {
   int64_t n_kv = 0;
 };
 // q: [head_dim, n_head, n_tok]; out: same shape. Query t sees cache positions 0..pos[t] (pos[t] <
-// n_kv). q-head i uses kv-head i / (n_head / n_head_kv). Streaming (online) softmax of
-// scale * q.k; out = sum softmax * v. head_dim <= 512.
-// order: how the sums are formed. Streaming: kiln's online softmax in chunks (batch- and
-// chunk-invariant). GgmlVec / GgmlTiny: llama.cpp's CPU graph without flash attention, operation
-// for operation (q and the probabilities rounded to F16, ggml's soft_max and exp, its dot orders:
-// GgmlTiny is the tinyBLAS order ggml uses for batches of >= 2 tokens, GgmlVec its vec_dot order
-// for single tokens). The Ggml orders need F16 K and V and an AVX-512 host; otherwise Streaming.
-enum class AttnOrder { Streaming, GgmlVec, GgmlTiny };
+// n_kv). q-head i uses kv-head i / (n_head / n_head_kv). Online softmax of scale * q.k;
+// out = sum softmax * v. head_dim <= 512.
+// order: how the sums are formed. Flash: llama.cpp's CPU flash attention as it runs for a prompt
+// batch (tiled for F16/F32 caches, per key for quantized keys; AVX-512 hosts, head_dim % 16 == 0,
+// else kiln's own F32 online softmax), the same for every batch (batch- and chunk-invariant).
+// GgmlVec / GgmlTiny: llama.cpp's CPU graph without flash attention, operation for operation (q and
+// the probabilities rounded to F16, ggml's soft_max and exp, its dot orders: GgmlTiny is the
+// tinyBLAS order ggml uses for batches of >= 2 tokens, GgmlVec its vec_dot order for single
+// tokens). The Ggml orders need F16 K and V and an AVX-512 host; otherwise Flash.
+enum class AttnOrder { Flash, GgmlVec, GgmlTiny };
 struct AttnParams {
   int64_t head_dim = 0, n_head = 0, n_head_kv = 0;
   float scale = 1.f;
-  AttnOrder order = AttnOrder::Streaming;
+  AttnOrder order = AttnOrder::Flash;
 };
 bool attention_ggml_supported(GgmlType k, GgmlType v, int64_t head_dim);
 

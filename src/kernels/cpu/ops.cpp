@@ -629,7 +629,7 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
                kv_k.n_kv);
     max_n = std::max<int64_t>(max_n, int64_t(pos[t]) + 1);
   }
-  if (p.order != AttnOrder::Streaming && attention_ggml_supported(kv_k.type, kv_v.type, D)) {
+  if (p.order != AttnOrder::Flash && attention_ggml_supported(kv_k.type, kv_v.type, D)) {
     attention_ggml(q, pos, kv_k, kv_v, p, out, pool);
     return;
   }
