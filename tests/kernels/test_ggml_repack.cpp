@@ -9,9 +9,9 @@
 // The emulations decode the blocks from their documented layouts (tensor/blocks.h), sharing no code
 // with the kernels. Each kernel is checked bit for bit against its emulation for 1..4 columns and
 // against a double reference; matmul is checked for every column count (batch invariance) and both
-// row-count classes (one column: also the 4-row and 8-row decode kernels, Table::vec_dot_q8_r4 /
-// vec_dot_q8_r8, with 1 and 2 threads and row counts 8k for k even and odd); a last test
-// shows the two orders differ on these operands.
+// row-count classes (one column: also the 8-row decode kernel, Table::vec_dot_q8_r8, with 1 and 2
+// threads and row counts 8k for k even and odd); a last test shows the two orders differ on these
+// operands.
 // This file is compiled without -mfma: every fused operation is an explicit std::fma.
 #include <algorithm>
 #include <cmath>
@@ -123,15 +123,6 @@ TEST(GgmlRepack, DotsBitExactAndAccurate) {
           });
           const size_t ab = act.stride;
           const uint8_t* a0 = act.col(0);
-          if (o == Order::Repack) {  // the 4-row decode kernel: row r's nc = 1 bits (rows: w, w, w, w)
-            const cpu::VecDotQ8R4Fn r4 = T.vec_dot_q8_r4[cpu::type_index(t)];
-            ASSERT_NE(r4, nullptr);
-            float out[4];
-            r4(k, w.data(), 0, a0, out);
-            double ref, mag;
-            const float want = emul(t, o, k, w.data(), a0, &ref, &mag);
-            for (int r = 0; r < 4; ++r) ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(t) << " k " << k;
-          }
           for (int nc = 1; nc <= kNc; ++nc) {
             float out[cpu::kMaxCols];
             vd(k, w.data(), a0, ab, nc, out);
@@ -199,7 +190,7 @@ TEST(GgmlRepack, EightRowDecodeKernelBitExact) {
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_0)];
   for (GgmlType t : kTypes) {
-    const cpu::VecDotQ8R4Fn r8 = T.vec_dot_q8_r8[cpu::type_index(t)];
+    const cpu::VecDotQ8RowsFn r8 = T.vec_dot_q8_r8[cpu::type_index(t)];
     ASSERT_NE(r8, nullptr) << gguf::type_name(t);
     std::mt19937 rng(uint32_t(int(t)) * 2654435761u);
     for (int64_t k : {32, 96, 128, 160, 1024, 4096}) {
@@ -238,9 +229,8 @@ TEST(GgmlRepack, EightRowDecodeKernelBitExact) {
 }
 
 // Decode (one column) through kernels::matmul with 1 and 2 threads: every row gets the emulated
-// order's bits, for row counts 8k with k even and odd (the 8-row kernel for whole groups of 8, the
-// 4-row and 1-row kernels for what a thread range leaves) and for row counts that are not multiples
-// of 8 (the one-chain order); the batch of 5 columns (a gemm group of 4 + one column) gives the
+// order's bits, for row counts 8k with k even and odd (the 8-row kernel; thread ranges are whole
+// groups of 8) and for row counts that are not multiples of 8 (the one-chain order); the batch of 5 columns (a gemm group of 4 + one column) gives the
 // same bits for every column (batch invariance).
 TEST(GgmlRepack, DecodeMatvecRowCountsAndThreads) {
   KILN_REQUIRE_AVX512(kNoAvx512);

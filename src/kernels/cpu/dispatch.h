@@ -48,9 +48,9 @@ using QuantizeActFn = void (*)(const float* x, int64_t k, void* act);
 // columns (of act_type(type)) at act + c*act_stride: out[c] = row . column c.
 inline constexpr int kMaxCols = 4;
 using VecDotQ8Fn = void (*)(int64_t k, const void* w_row, const void* act, size_t act_stride, int nc, float* out);
-// Dots of 4 consecutive weight rows (at w + r*w_stride) with one activation column: out[r] = the
+// Dots of 8 consecutive weight rows (at w + r*w_stride) with one activation column: out[r] = the
 // bits of vec_dot_q8's nc = 1 result for row r.
-using VecDotQ8R4Fn = void (*)(int64_t k, const void* w, size_t w_stride, const void* act, float* out);
+using VecDotQ8RowsFn = void (*)(int64_t k, const void* w, size_t w_stride, const void* act, float* out);
 // Dot of one F32/F16/BF16 row with F32 x.
 using DotRowFn = float (*)(const void* w_row, const float* x, int64_t k);
 using ToF32Fn = void (*)(const void* src, float* dst, int64_t n);
@@ -77,11 +77,9 @@ struct Table {
   // Replaces vec_dot_q8 (for a multiple of 8 rows) for one expert of a stacked expert tensor
   // (llama.cpp's MUL_MAT_ID runs another kernel there). nullptr: none.
   VecDotQ8Fn vec_dot_q8_expert[kNumTypes] = {};
-  // vec_dot_q8 (the entry for a multiple of 8 rows) for 4 rows x 1 column at once, where that is
-  // faster (one column: decode). nullptr: none.
-  VecDotQ8R4Fn vec_dot_q8_r4[kNumTypes] = {};
-  // The same for 8 rows x 1 column (out[0..7]). nullptr: none.
-  VecDotQ8R4Fn vec_dot_q8_r8[kNumTypes] = {};
+  // vec_dot_q8 (the entry for a multiple of 8 rows) for 8 rows x 1 column at once (out[0..7]),
+  // where that is faster (one column: decode). nullptr: none.
+  VecDotQ8RowsFn vec_dot_q8_r8[kNumTypes] = {};
   DotRowFn dot_row[kNumTypes] = {};       // F32 / F16 / BF16 only
   ToF32Fn to_f32[kNumTypes] = {};         // every matmul_supported type
   DotF32Fn dot_f32 = nullptr;

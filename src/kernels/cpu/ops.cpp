@@ -92,8 +92,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;
   if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
   else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
-  const cpu::VecDotQ8R4Fn r4 = vd && vd == T.vec_dot_q8[wi] ? T.vec_dot_q8_r4[wi] : nullptr;
-  const cpu::VecDotQ8R4Fn r8 = vd && vd == T.vec_dot_q8[wi] ? T.vec_dot_q8_r8[wi] : nullptr;
+  const cpu::VecDotQ8RowsFn r8 = vd && vd == T.vec_dot_q8[wi] ? T.vec_dot_q8_r8[wi] : nullptr;
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
@@ -113,18 +112,13 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           int64_t j = jb;
           if (nc == 1 && r8)  // 8 rows at once, each with vd's bits
             for (; j + 8 <= je; j += 8) r8(k, w + size_t(j) * a.w_stride, a.w_stride, at, a.y + t * a.y_stride + j);
-          if (nc == 1 && r4)  // 4 rows at once, each with vd's bits
-            for (; j + 4 <= je; j += 4) {
-              r4(k, w + size_t(j) * a.w_stride, a.w_stride, at, out);
-              for (int r = 0; r < 4; ++r) a.y[t * a.y_stride + j + r] = out[r];
-            }
           for (; j < je; ++j) {
             vd(k, w + size_t(j) * a.w_stride, at, ab, nc, out);
             for (int c = 0; c < nc; ++c) a.y[(t + c) * a.y_stride + j] = out[c];
           }
         }
       }
-    }, r8 ? 8 : 4);  // ranges of whole 8-row groups where the 8-row kernel can take them
+    }, r8 ? 8 : 4);  // ranges of whole 8-row groups where the 8-row kernel takes them (n % 8 == 0)
     return;
   }
   // Float path: dequantize a tile of weight rows once, dot it with every column.
