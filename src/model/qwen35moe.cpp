@@ -61,18 +61,7 @@ void moe_ffn(Context::Impl& s, const LayerWeights& L) {
   s.matmul(L.ffn_down_shexp, s.fa.data(), T, s.ye.data());
   // The gate logit is llama.cpp's mul_mat of a one-row F32 weight (ggml_vec_dot_f32's order on
   // AVX-512 hosts); s.router (n_expert x T, consumed by the routing above) holds the T logits.
-  kernels::MatmulArgs ga;
-  ga.wt = GgmlType::F32;
-  ga.w = L.ffn_gate_inp_shexp.data;
-  ga.w_stride = size_t(E) * sizeof(float);
-  ga.k = E;
-  ga.n = 1;
-  ga.m = T;
-  ga.x = s.cur.data();
-  ga.x_stride = E;
-  ga.y = s.router.data();
-  ga.y_stride = 1;
-  kernels::matmul(ga, s.ws.p, s.pool);
+  s.matmul(L.ffn_gate_inp_shexp, s.cur.data(), T, s.router.data());
   for (int64_t t = 0; t < T; ++t) {
     const float gsh = 1.0f / (1.0f + std::exp(-s.router[size_t(t)]));
     float* dst = s.tmp.data() + t * E;
