@@ -34,6 +34,18 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
   return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
 }
 
+namespace {
+// X's columns through conv (an activation quantizer / F16-BF16 rounding) into out, stride bytes
+// apart; in parallel only when there are enough columns to be worth it.
+void convert_columns(const MatmulArgs& a, cpu::QuantizeActFn conv, uint8_t* out, size_t stride, ThreadPool& pool) {
+  auto cols = [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; ++t) conv(a.x + t * a.x_stride, a.k, out + size_t(t) * stride);
+  };
+  if (a.m < 2 * pool.size()) cols(0, a.m, 0);
+  else pool.parallel_for(a.m, cols);
+}
+}  // namespace
+
 void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   KILN_CHECK(matmul_supported(a.wt), "matmul: unsupported weight type {}", gguf::type_name(a.wt));
   KILN_CHECK(a.m == 1 || (a.x_stride >= a.k && a.y_stride >= a.n), "matmul: bad strides");
@@ -57,11 +69,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       KILN_CHECK(ws != nullptr, "matmul: {} weights need a workspace", gguf::type_name(a.wt));
       auto* buf = static_cast<uint8_t*>(ws);
       as = align64(size_t(k) * 2);
-      auto conv_cols = [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) conv(a.x + t * a.x_stride, k, buf + size_t(t) * as);
-      };
-      if (m < 2 * pool.size()) conv_cols(0, m, 0);
-      else pool.parallel_for(m, conv_cols);
+      convert_columns(a, conv, buf, as, pool);
       act = buf;
     }
     const bool rows4 = a.n % 4 == 0 && !a.expert;
@@ -97,11 +105,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
     const size_t ab = cpu::act_bytes(at, k);
-    auto quantize_cols = [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) qa(a.x + t * a.x_stride, k, act + size_t(t) * ab);
-    };
-    if (m < 2 * pool.size()) quantize_cols(0, m, 0);
-    else pool.parallel_for(m, quantize_cols);
+    convert_columns(a, qa, act, ab, pool);
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
