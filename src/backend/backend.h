@@ -17,6 +17,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +29,6 @@
 namespace kiln::backend {
 
 using gguf::GgmlType;
-using kernels::AttnParams;
 using kernels::RopeParams;
 
 enum class DeviceType { Cpu, Cuda };
@@ -72,6 +72,25 @@ struct Tensor {
 enum class Unary { Silu, Sigmoid, Softplus };
 enum class Binary { Add, Mul, SwiGlu /* silu(a) * b */, SigmoidMul /* a * sigmoid(b) */ };
 
+// Attention as the model states it (device-neutral). flash = false asks for llama.cpp's
+// non-flash attention (`-fa off`); only the CPU stream gives it a meaning of its own (ggml's
+// mat-mul/soft_max orders); other devices treat it as flash.
+struct AttnSpec {
+  int64_t head_dim = 0, n_head = 0, n_head_kv = 0;
+  float scale = 1.f;
+  bool flash = true;
+};
+
+class Graph {  // a recorded op list (CUDA graph); replayed with Stream::replay
+ public:
+  virtual ~Graph() = default;
+};
+
+// Per-token sequence inputs. Every op that touches per-sequence memory takes `seq` (I32 [T], the
+// slot of each token) and `pos` (I32 [T], its position). Tokens of one sequence are consecutive
+// and at consecutive positions (a "run"); kernels find runs and KV lengths (pos + 1) themselves
+// from these device tensors, so the op list of a step depends only on T, never on which
+// sequences it holds. Per-sequence memory is a 4-D view whose ne[3] (stride nb[3]) is the slot.
 class Stream {
  public:
   virtual ~Stream() = default;
@@ -80,46 +99,69 @@ class Stream {
   // ---- transfers (asynchronous; see rule 2) ----
   virtual void upload(const Tensor& dst, const void* src, size_t bytes) = 0;  // dst contiguous
   virtual void download(void* dst, const Tensor& src, size_t bytes) = 0;      // src contiguous
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;                // same type and shape
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;  // same type and shape, any strides, same device
+  virtual void fill_zero(const Tensor& dst) = 0;                // any strides
   virtual void synchronize() = 0;
 
+  // ---- graphs: record what `body` enqueues, replay it later with the same buffers. nullptr where
+  // unsupported (the CPU: the caller just runs body). Scalars passed to ops are baked in. ----
+  virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { return nullptr; }
+  virtual void replay(Graph& g) {}
+
   // ---- workspaces (rule 4) ----
-  virtual size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m) const = 0;
-  virtual size_t gated_delta_workspace(int64_t S, int chunk) const = 0;
-  virtual size_t attention_workspace(const AttnParams& p) const = 0;
+  virtual size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const = 0;
+  virtual size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const = 0;
+  virtual size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const = 0;
+  virtual size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const = 0;
   virtual void reserve_workspace(size_t bytes) = 0;
   virtual int workspace_grows() const = 0;  // reallocations after the first reserve
 
-  // ---- ops (enqueued; semantics in kernels/ops.h). F32 activations unless stated. ----
-  // w [k, n] any matmul_supported type; x [k, m]; y [n, m]. Rows of x/y may be strided (nb[1]).
+  // ---- ops (enqueued; semantics in kernels/ops.h). F32 activations unless stated. "Rows": a
+  // tensor [ne0, n1, n2] whose rows of ne0 contiguous floats are at nb[1] / nb[2] strides; an op
+  // over rows applies to each row separately (the CPU calls its kernel once per row, which fixes
+  // where its vector tails fall: pass [n, 1] for one flat call over n floats). ----
+  // w [k, n] any matmul_supported type (a 2-D view; nb[1] the row stride); x [k, m]; y [n, m].
+  // Columns of x/y may be strided (nb[1]).
   virtual void matmul(const Tensor& w, const Tensor& x, const Tensor& y) = 0;
-  // table [k, n_rows] any type; ids I32 [n]; out [k, n].
+  // Expert mat-mul (llama.cpp's mul_mat_id): w [k, n, n_expert]; ids I32 [K, T];
+  // x [k, nx, T] with nx = 1 (every slot of token t reads column t) or nx = K (slot j reads x[:, j, t]);
+  // y [n, K, T]: y[:, j, t] = w[:, :, ids[j, t]] · x. Strided along dims 1 and 2.
+  virtual void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) = 0;
+  // table [k, n_rows] any type; ids I32 [n] (already validated); out [k, n] F32 (columns strided).
   virtual void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) = 0;
-  // x, y [ne0, n1, n2] (y may be x); w [ne0] or nullptr.
+  // x, y rows [ne0, n1, n2] (y may be x); w [ne0] F32 or nullptr.
   virtual void rms_norm(const Tensor& x, const Tensor* w, const Tensor& y, float eps) = 0;
   virtual void l2_norm(const Tensor& x, const Tensor& y, float eps) = 0;
-  // x [head_dim, n_head, n_tok] in place; pos I32 [n_tok].
+  // x rows [head_dim, n_head, n_tok] in place; pos I32 [n_tok].
   virtual void rope(const Tensor& x, const Tensor& pos, const RopeParams& p) = 0;
   virtual void softmax(const Tensor& x, float scale) = 0;  // rows, in place
-  virtual void unary(Unary op, const Tensor& x, const Tensor& y) = 0;            // contiguous
-  virtual void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) = 0;  // contiguous
-  virtual void scale(const Tensor& x, float s, const Tensor& y) = 0;
+  // Rows: x, y same shape (y may be x).
+  virtual void unary(Unary op, const Tensor& x, const Tensor& y) = 0;
+  // Rows: a, y same shape (y may be a or b); b either the same shape, one row [ne0] broadcast to
+  // every row, or [1, n1, n2] (one scalar per row).
+  virtual void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void scale(const Tensor& x, float s, const Tensor& y) = 0;  // rows
   // logits [n_expert, n_tok]; ids I32 [k, n_tok]; weights [k, n_tok].
   virtual void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
                           const Tensor& weights) = 0;
-  // x [head_dim, n_head_kv, n_tok] F32 into cache [head_dim, n_head_kv, n_ctx] (F32/F16/Q8_0/Q4_0)
-  // at positions pos I32 [n_tok].
-  virtual void kv_store(const Tensor& x, const Tensor& pos, const Tensor& cache) = 0;
-  // q, out [head_dim, n_head, n_tok]; k/v caches [head_dim, n_head_kv, n_kv] (a view whose ne[2]
-  // is the number of valid positions); pos I32 [n_tok].
-  virtual void attention(const Tensor& q, const Tensor& pos, const Tensor& k, const Tensor& v, const AttnParams& p,
-                         const Tensor& out) = 0;
-  // x, y [C, n_t] (token stride nb[1]); w [d_conv, C]; state [d_conv - 1, C].
-  virtual void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) = 0;
-  // q, k [S, Hk, n_t]; v [S, Hv, n_t]; g, beta [Hv, n_t]; state [S, S, Hv]; out [S, Hv, n_t].
-  // chunk = 0: token-by-token recurrence; > 0: chunked form with that chunk length.
+  // Walsh-Hadamard rotation of every n-chunk of every row (kernels::hadamard), in place.
+  virtual void hadamard(const Tensor& x, int64_t n) = 0;
+  // x rows [head_dim, n_head_kv, T] F32 into cache [head_dim, n_head_kv, n_ctx, n_seq] (F32/F16/
+  // Q8_0/Q4_0) at (pos[t], seq[t]).
+  virtual void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) = 0;
+  // q, out rows [head_dim, n_head, T]; caches [head_dim, n_head_kv, n_ctx, n_seq]; token t attends
+  // to positions 0..pos[t] of slot seq[t] (causal).
+  virtual void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
+                         const AttnSpec& p, const Tensor& out) = 0;
+  // x, y [C, T] (token stride nb[1]; y may be x); w [d_conv, C] F32; state [d_conv - 1, C, 1, n_seq]
+  // F32 (slot seq[t]; a run continues from its slot's state and leaves its last inputs there).
+  virtual void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state,
+                           const Tensor& y) = 0;
+  // q, k [S, Hk, T]; v [S, Hv, T]; g, beta [Hv, T]; state [S, S, Hv, n_seq] F32; out [S, Hv, T].
+  // chunk = 0: token-by-token recurrence; > 0: runs of at least `chunk` tokens may use the chunked
+  // form with that chunk length.
   virtual void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                           const Tensor& state, const Tensor& out, int chunk) = 0;
+                           const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) = 0;
 };
 
 class Device {
@@ -137,6 +179,13 @@ class Device {
 // The CPU device: kernels from kernels/cpu on a ThreadPool of n_threads (<= 0: all cores, or
 // KILN_THREADS). Its streams execute each op when it is enqueued (synchronize() is a no-op).
 std::unique_ptr<Device> make_cpu_device(int n_threads = 0);
+
+// CUDA devices (backend/cuda_backend.*; built when nvcc is found). cuda_device_count() is 0 without
+// a usable GPU or driver (cuda_unavailable_reason() says why) and in builds without CUDA.
+int cuda_device_count();
+std::string cuda_unavailable_reason();
+// The process-wide device for ordinal i (< cuda_device_count()); created on first use.
+Device& cuda_device(int i);
 
 // Scratch planning: reserve() hands out aligned offsets while planning; allocate() makes one
 // Buffer of the total; tensor() views it. Re-plan (reset + reserve + allocate) only when the batch

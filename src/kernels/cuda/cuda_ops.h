@@ -1,0 +1,110 @@
+// kernels/cuda/cuda_ops.h — the CUDA kernels as host-callable launchers on device pointers: the
+//   device half of every backend::Stream op (backend/cuda_backend.cpp maps Tensors onto these).
+// Owns: op semantics on the GPU (the same as kernels/ops.h; sums in the GPU's own orders — bit
+//   identity with the CPU or with ggml is not a goal, closeness to the exact result is).
+// Must not: allocate (workspaces come in `Launch`), synchronize the stream, read device memory on
+//   the host, or know about models. Every launcher only enqueues on L.stream (graph-capturable).
+// Conventions: pointers are device pointers; strides of F32 activations are in floats, strides of
+//   weights / caches (block types) in bytes. Per-token sequence inputs: seq[t] (slot) and pos[t]
+//   (position); tokens of one slot are consecutive at consecutive positions (a run).
+// Threading: launchers are thread-safe; a Launch (stream, handle, workspace) belongs to one stream.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/types.h"
+#include "kernels/ops.h"
+
+typedef struct CUstream_st* cudaStream_t;
+typedef struct cublasContext* cublasHandle_t;
+
+namespace kiln::cuda {
+
+using gguf::GgmlType;
+
+// Everything a launcher may use besides its arguments.
+struct Launch {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;  // bound to `stream`
+  void* ws = nullptr;             // device workspace, ws_bytes long, 256-byte aligned
+  size_t ws_bytes = 0;
+  int sm = 0;                     // compute capability * 10 + minor (e.g. 90, 89, 86)
+  int n_sm = 0;                   // multiprocessors
+};
+
+// Rows of ne0 contiguous floats: row (i1, i2) at p + i1*s1 + i2*s2 (floats).
+struct Rows {
+  float* p = nullptr;
+  int64_t ne0 = 0, n1 = 1, n2 = 1;
+  int64_t s1 = 0, s2 = 0;
+};
+
+// Per-sequence memory: element/row (i1, i2, slot) at base + i1*nb1 + i2*nb2 + slot*nb3 (bytes).
+struct SeqMem {
+  void* p = nullptr;
+  GgmlType type = GgmlType::F32;
+  int64_t ne0 = 0, ne1 = 1, ne2 = 1;  // e.g. KV: head_dim, n_head_kv, n_ctx
+  size_t nb1 = 0, nb2 = 0, nb3 = 0;
+};
+
+// ---- mat-mul (matmul.cu) ----------------------------------------------------------------------
+bool matmul_supported(GgmlType wt);
+// Workspace for y[n, m] = W[k, n] x[k, m] (e.g. a dequantized F16 tile of W and x in F16).
+size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m);
+// W rows (k elements of wt) w_stride bytes apart; x column t at x + t*x_stride; y column t at
+// y + t*y_stride. Any m >= 1 (mat-vec kernels for small m, tensor cores for large m).
+void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
+            int64_t x_stride, float* y, int64_t y_stride, int64_t m);
+// Expert mat-mul: expert e's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t at
+// ids[t*K + j]); x column for (j, t) at x + t*x_tok + (nx == 1 ? 0 : j)*x_slot; y column (j, t) at
+// y + t*y_tok + j*y_slot. ids are in range (the router wrote them).
+size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots);
+void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t k,
+               int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids, int64_t K,
+               int64_t T, float* y, int64_t y_slot, int64_t y_tok);
+// out column r (out + r*out_stride) = dequantized table row ids[r] (rows row_stride bytes apart).
+void get_rows(const Launch& L, GgmlType t, const void* table, size_t row_stride, int64_t k, const int32_t* ids,
+              int64_t n, float* out, int64_t out_stride);
+
+// ---- elementwise, norms, rope (elementwise.cu) -----------------------------------------------
+enum class Unary { Silu, Sigmoid, Softplus };
+enum class Binary { Add, Mul, SwiGlu, SigmoidMul };
+void unary(const Launch& L, Unary op, Rows x, Rows y);
+// b: same shape as a (b_mode 0), one row broadcast (1: b.ne0 == a.ne0, b.n1 = b.n2 = 1), or one
+// scalar per row (2: b.ne0 == 1, b.n1/n2 == a's).
+void binary(const Launch& L, Binary op, Rows a, Rows b, int b_mode, Rows y);
+void scale(const Launch& L, Rows x, float s, Rows y);
+void rms_norm(const Launch& L, Rows x, const float* w, Rows y, float eps);  // w may be nullptr
+void l2_norm(const Launch& L, Rows x, Rows y, float eps);
+void rope(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams& p);  // pos [n2]
+void softmax(const Launch& L, Rows x, float scale);
+void hadamard(const Launch& L, Rows x, int64_t n);
+// logits [n_expert, n_tok] contiguous; ids, weights [k, n_tok] (kernels::topk_route semantics).
+void topk_route(const Launch& L, const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm,
+                float w_scale, int32_t* ids, float* weights);
+// Strided copy of n_rows rows of row_bytes bytes (rows (i1, i2, i3) at the given byte strides).
+void copy_rows(const Launch& L, void* dst, const size_t dst_nb[3], const void* src, const size_t src_nb[3],
+               size_t row_bytes, const int64_t ne[3]);
+
+// ---- sequence ops (attention.cu, deltanet.cu) -------------------------------------------------
+// x rows [D, Hkv, T] F32 into cache (ne0 = D, ne1 = Hkv, ne2 = n_ctx) of F32/F16/Q8_0/Q4_0.
+void kv_store(const Launch& L, Rows x, const int32_t* seq, const int32_t* pos, SeqMem cache);
+struct AttnArgs {
+  int64_t head_dim = 0, n_head = 0, n_head_kv = 0;
+  float scale = 1.f;
+  int64_t n_kv_max = 0;  // upper bound of pos + 1 over the batch (sizes split-KV work; 0: n_ctx)
+};
+size_t attention_workspace(const AttnArgs& a, int64_t n_tok);
+// q, out rows [D, Hq, T]; token t attends to positions 0..pos[t] of slot seq[t].
+void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, SeqMem k, SeqMem v, const AttnArgs& a,
+               Rows out);
+// x, y [C, T] (column stride in floats; y may be x); w [d_conv, C]; state (ne0 = d_conv-1, ne1 = C).
+void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float* w, int d_conv, int64_t C,
+                 const int32_t* seq, SeqMem state, float* y, int64_t y_stride, int64_t T);
+// q, k rows [S, Hk, T]; v rows [S, Hv, T]; g, beta [Hv, T] contiguous; state (ne0 = S, ne1 = S,
+// ne2 = Hv) F32; out rows [S, Hv, T]. chunk > 0: runs of >= chunk tokens may take the chunked form.
+size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok);
+void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta, const int32_t* seq,
+                 SeqMem state, Rows out, int chunk);
+
+}  // namespace kiln::cuda
