@@ -80,13 +80,25 @@ class CpuStream final : public Stream {
   }
   void synchronize() override {}
 
-  size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m) const override {
+  size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
     return K::matmul_workspace(wt, k, m, pool_.size());
   }
-  size_t attention_workspace(const AttnParams& p) const override { return K::attention_workspace(p, pool_.size()); }
-  size_t gated_delta_workspace(int64_t S, int chunk) const override {
+  size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
+    K::AttnParams ap{p.head_dim, p.n_head, p.n_head_kv, p.scale};
+    return K::attention_workspace(ap, pool_.size());
+  }
+  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
     return K::gated_delta_chunked_workspace(S, chunk, pool_.size());
   }
+  size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
+    KILN_CHECK(false, "matmul_id: TODO (cpuseam)");
+    return 0;
+  }
+  void fill_zero(const Tensor& dst) override { KILN_CHECK(false, "fill_zero: TODO (cpuseam)"); }
+  void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) override {
+    KILN_CHECK(false, "matmul_id: TODO (cpuseam)");
+  }
+  void hadamard(const Tensor& x, int64_t n) override { KILN_CHECK(false, "hadamard: TODO (cpuseam)"); }
   void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
   int workspace_grows() const override { return grows_; }
 
@@ -108,7 +120,7 @@ class CpuStream final : public Stream {
     a.x_stride = int64_t(x.nb[1] / 4);
     a.y = fmut(y);
     a.y_stride = int64_t(y.nb[1] / 4);
-    K::matmul(a, ensure(matmul_workspace(w.type, a.k, a.m)), pool_);
+    K::matmul(a, ensure(matmul_workspace(w.type, a.k, a.n, a.m)), pool_);
   }
   void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
     check_f32(out, "get_rows out");
@@ -169,70 +181,19 @@ class CpuStream final : public Stream {
     KILN_CHECK(weights.is_contiguous() && weights.n_elements() == int64_t(k) * logits.ne[1], "topk_route: weights [k, n_tok]");
     K::topk_route(fptr(logits), logits.ne[0], logits.ne[1], k, renorm, w_scale, ids.host_as<int32_t>(), fmut(weights));
   }
-  void kv_store(const Tensor& x, const Tensor& pos, const Tensor& cache) override {
-    check_i32(pos, x.ne[2], "kv_store pos");
-    KILN_CHECK(x.ne[0] == cache.ne[0] && x.ne[1] == cache.ne[1], "kv_store: x [{}, {}] vs cache [{}, {}]", x.ne[0], x.ne[1],
-               cache.ne[0], cache.ne[1]);
-    const int32_t* p = pos.host_as<const int32_t>();
-    for (int64_t t = 0; t < x.ne[2]; ++t)
-      KILN_CHECK(p[t] >= 0 && p[t] < cache.ne[2], "kv_store: position {} outside cache of {}", p[t], cache.ne[2]);
-    K::kv_store(cache.type, rows_of(x, "kv_store x"), p, cache.host(), cache.nb[2], cache.nb[1]);
+  void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) override {
+    KILN_CHECK(false, "kv_store: TODO (cpuseam)");
   }
-  void attention(const Tensor& q, const Tensor& pos, const Tensor& k, const Tensor& v, const AttnParams& p,
-                 const Tensor& out) override {
-    check_same_shape(q, out, "attention q/out");
-    check_i32(pos, q.ne[2], "attention pos");
-    KILN_CHECK(q.ne[0] == p.head_dim && q.ne[1] == p.n_head && k.ne[0] == p.head_dim && k.ne[1] == p.n_head_kv &&
-                   v.ne[0] == p.head_dim && v.ne[1] == p.n_head_kv,
-               "attention: shapes do not match params");
-    const K::KvView kv{k.type, k.host(), k.nb[2], k.nb[1], k.ne[2]};
-    const K::KvView vv{v.type, v.host(), v.nb[2], v.nb[1], v.ne[2]};
-    K::attention(rows_of(q, "attention q"), pos.host_as<const int32_t>(), kv, vv, p, rows_of(out, "attention out"),
-                 ensure(attention_workspace(p)), pool_);
+  void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
+                 const AttnSpec& p, const Tensor& out) override {
+    KILN_CHECK(false, "attention: TODO (cpuseam)");
   }
-  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& state, const Tensor& y) override {
-    check_f32(x, "conv1d x");
-    check_f32(y, "conv1d y");
-    check_same_shape(x, y, "conv1d x/y");
-    const int64_t C = x.ne[0];
-    const int d_conv = int(w.ne[0]);
-    KILN_CHECK(w.type == GgmlType::F32 && w.is_contiguous() && w.ne[1] == C, "conv1d: w must be F32 [d_conv, {}]", C);
-    KILN_CHECK(state.type == GgmlType::F32 && state.is_contiguous() && state.ne[0] == d_conv - 1 && state.ne[1] == C,
-               "conv1d: state must be F32 [{}, {}]", d_conv - 1, C);
-    K::conv1d_silu(fptr(x), int64_t(x.nb[1] / 4), fptr(w), fmut(state), fmut(y), int64_t(y.nb[1] / 4), C, x.ne[1], d_conv,
-                   pool_);
+  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y) override {
+    KILN_CHECK(false, "conv1d_silu: TODO (cpuseam)");
   }
   void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const Tensor& state, const Tensor& out, int chunk) override {
-    for (const Tensor* t : {&q, &k, &v, &out}) {
-      check_f32(*t, "gated_delta");
-      KILN_CHECK(t->nb[1] == size_t(t->ne[0]) * 4, "gated_delta: heads must be contiguous within a token");
-    }
-    check_same_shape(q, k, "gated_delta q/k");
-    check_same_shape(v, out, "gated_delta v/out");
-    KILN_CHECK(q.nb[2] == k.nb[2], "gated_delta: q and k need the same token stride");
-    const int64_t S = q.ne[0], Hk = q.ne[1], Hv = v.ne[1], T = q.ne[2];
-    KILN_CHECK(v.ne[0] == S && v.ne[2] == T && state.ne[0] == S && state.ne[1] == S && state.ne[2] == Hv &&
-                   state.is_contiguous() && g.n_elements() == Hv * T && beta.n_elements() == Hv * T && g.is_contiguous() &&
-                   beta.is_contiguous(),
-               "gated_delta: shapes");
-    K::DeltaArgs a;
-    a.q = fptr(q);
-    a.k = fptr(k);
-    a.qk_stride = int64_t(q.nb[2] / 4);
-    a.v = fptr(v);
-    a.v_stride = int64_t(v.nb[2] / 4);
-    a.g = fptr(g);
-    a.beta = fptr(beta);
-    a.state = fmut(state);
-    a.out = fmut(out);
-    a.out_stride = int64_t(out.nb[2] / 4);
-    a.S = S;
-    a.Hk = Hk;
-    a.Hv = Hv;
-    a.n_t = T;
-    if (chunk <= 0) K::gated_delta_rule(a, pool_);
-    else K::gated_delta_rule_chunked(a, chunk, ensure(gated_delta_workspace(S, chunk)), pool_);
+                   const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) override {
+    KILN_CHECK(false, "gated_delta: TODO (cpuseam)");
   }
 
  private:
