@@ -69,8 +69,14 @@ struct LayerWeights {
   Weight nextn_shared_head_head;    // [E, V] (optional: output)
 };
 
+// -ngl values besides a layer count (llama-server's): every layer and the output on the GPU, or
+// as many as the device holds (until the memory planner exists: all when a GPU is usable).
+inline constexpr int kGpuLayersAll = -1, kGpuLayersAuto = -2;
+
 struct LoadOptions {
   LoadMode load_mode = LoadMode::Mmap;  // mmap (default), mlock, or read into memory ("none")
+  int n_gpu_layers = 0;  // -ngl: layers on the GPU (the last ones), kGpuLayersAll or kGpuLayersAuto
+  int main_gpu = 0;      // --main-gpu: the CUDA device ordinal
   // Called with (tensors checked, total) while validating; optional.
   std::function<void(size_t, size_t)> progress;
 };

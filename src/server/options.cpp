@@ -135,15 +135,28 @@ const std::vector<Opt>& table() {
         "total context in tokens, shared by the slots (default: 0 = the model's training context)", 0, int64_t(1) << 30,
         [](ServerOptions& so, int64_t x) { so.engine.n_ctx = x; });
     add({"-ngl", "--gpu-layers", "--n-gpu-layers"}, env_of("N_GPU_LAYERS"), "N|auto|all",
-        "layers to offload to the GPU: accepted; kiln runs on the CPU for now (said once in the log)",
+        "layers on the GPU, the last ones first (auto: all when a GPU is usable; all; 0: the CPU only)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          if (v != "auto" && v != "all") {
+          if (v == "auto") so.engine.n_gpu_layers = model::kGpuLayersAuto;
+          else if (v == "all") so.engine.n_gpu_layers = model::kGpuLayersAll;
+          else {
             auto x = to_int(v, src, -1, 1 << 20);
             KILN_TRY(x);
+            so.engine.n_gpu_layers = *x < 0 ? model::kGpuLayersAll : int(*x);
           }
           so.n_gpu_layers = v;
           return {};
         });
+    add({"-dev", "--device"}, env_of("DEVICE"), "none|CUDA<i>", "the device to run on (none: the CPU only)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v == "none") so.engine.n_gpu_layers = 0;
+          else if (v.rfind("CUDA", 0) == 0 && v.size() > 4 && v.find_first_not_of("0123456789", 4) == std::string::npos)
+            so.engine.main_gpu = std::stoi(v.substr(4));
+          else return err("{}: {}: expected none or CUDA<i>", src, v);
+          return {};
+        });
+    add_int({"-mg", "--main-gpu"}, env_of("MAIN_GPU"), "i", "CUDA device ordinal (default 0)", 0, 64,
+        [](ServerOptions& so, int64_t x) { so.engine.main_gpu = int(x); });
     add({"-fa", "--flash-attn"}, env_of("FLASH_ATTN"), "on|off|auto",
         "on/auto: kiln's streaming attention (batch-invariant); off: llama.cpp's non-flash attention "
         "arithmetic, bit for bit on AVX-512 hosts (results then depend on batch composition)",

@@ -25,7 +25,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";       // --host
   int port = 8080;                      // --port
   engine::EngineOptions engine;         // -c -np -b -ub -t -ctk -ctv --load-mode --cache-ram
-  std::string n_gpu_layers = "auto";    // -ngl: accepted, CPU only for now
+  std::string n_gpu_layers = "auto";    // -ngl as given (parsed into engine.n_gpu_layers)
   std::string flash_attn = "auto";      // -fa on|off|auto: off = llama.cpp's non-flash attention arithmetic
   std::string fit = "on";               // --fit on|off: accepted (nothing to fit on the CPU)
   std::string mmproj;                   // --mmproj: accepted, used by the vision issue

@@ -748,8 +748,6 @@ void Server::stop() {
 int Server::run(const std::atomic<bool>* external_stop) {
   Impl& I = *impl_;
   const auto& o = I.opt;
-  if (o.n_gpu_layers != "auto" && o.n_gpu_layers != "0")
-    KILN_LOG_INFO("-ngl {}: accepted; kiln runs on the CPU for now (GPU offload comes with the CUDA backend)", o.n_gpu_layers);
   if (!o.mmproj.empty()) KILN_LOG_INFO("--mmproj {}: accepted; image input comes with the vision issue", o.mmproj);
   if (o.engine.n_parallel > 1) KILN_LOG_INFO("{} slots; prefixes are shared across slots", o.engine.n_parallel);
 

@@ -7,6 +7,12 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
+# Where the kiln processes the tests start run the model: -ngl for every `kiln` command line.
+# Default 0 (the CPU, whose arithmetic the llama.cpp-oracle tests hold bit for bit); a GPU run of
+# the suite sets KILN_TEST_NGL=all (docs/server.md).
+NGL = os.environ.get("KILN_TEST_NGL", "0")
+NGL_ARGS = ["-ngl", NGL]
+
 
 def _build_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("KILN_BUILD", ROOT / "build"))

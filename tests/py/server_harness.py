@@ -12,6 +12,7 @@ import time
 
 import pytest
 import requests
+from conftest import NGL_ARGS
 
 AGAINST = os.environ.get("KILN_TEST_AGAINST", "").rstrip("/")
 
@@ -52,6 +53,8 @@ class KilnServer:
         if host_args:
             cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
         cmd += [str(a) for a in args]
+        if model is not None and "-ngl" not in cmd:
+            cmd += NGL_ARGS
         self.cmd = cmd
         e = dict(os.environ)
         for k in list(e):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import gguf  # scripts/requirements.txt: a required oracle, never skipped
+from conftest import NGL_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def tiny(kiln_bin, work_dir):
 
 
 def run_bench(kiln_bin, *args):
-    r = subprocess.run([str(kiln_bin), "bench", *args], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(kiln_bin), "bench", *NGL_ARGS, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 

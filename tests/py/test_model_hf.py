@@ -27,6 +27,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import NGL_ARGS
 
 ARCHS = ["llama", "qwen3", "qwen35", "qwen35moe"]
 HYBRID = {"qwen35", "qwen35moe"}
@@ -98,7 +99,7 @@ def test_kiln_matches_hf(kiln_bin, fixtures, work_dir, arch, mode):
     out = work_dir / f"hf-{arch}-{mode}.npy"
     toks = ";".join(",".join(map(str, s)) for s in seqs)
     cmd = [str(kiln_bin), "logits", "-m", str(d / "model.gguf"), "--tokens", toks, "-o", str(out),
-           "-ctk", "f32", "-ctv", "f32", "-t", "2", *MODES[mode]]
+           "-ctk", "f32", "-ctv", "f32", "-t", "2", *NGL_ARGS, *MODES[mode]]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"kiln logits failed for {arch}: {r.stderr}"
     got = np.load(out).astype(np.float64)

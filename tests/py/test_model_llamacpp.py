@@ -25,6 +25,7 @@ import subprocess
 import numpy as np
 import pytest
 from ggml_host import avx512_host
+from conftest import NGL_ARGS
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -102,7 +103,7 @@ def llama_logits(path, seqs, kv):
 def kiln_logits(kiln_bin, path, seqs, kv, out, extra=()):
     toks = ";".join(",".join(map(str, s)) for s in seqs)
     cmd = [str(kiln_bin), "logits", "-m", str(path), "--tokens", toks, "-o", str(out), "-c", str(SEQ_LEN),
-           "-ctk", kv, "-ctv", kv, "--chunk", "64", "-t", "2", *extra]
+           "-ctk", kv, "-ctv", kv, "--chunk", "64", "-t", "2", *NGL_ARGS, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return np.load(out).astype(np.float64)

@@ -29,6 +29,7 @@ import subprocess
 import numpy as np
 import pytest
 from ggml_host import avx512_host, needs_avx512
+from conftest import NGL_ARGS
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -113,7 +114,7 @@ def llm_f32(f32_path):
 
 def kiln_greedy(kiln_bin, path, prompt, ids_file, *extra):
     r = subprocess.run([str(kiln_bin), "run", "-m", str(path), "-p", prompt, "-n", str(N_GEN), "--temp", "0",
-                        "-t", "2", "-c", "512", "--ids-out", str(ids_file), *extra], capture_output=True, text=True,
+                        "-t", "2", "-c", "512", "--ids-out", str(ids_file), *NGL_ARGS, *extra], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     assert "eval time" in r.stderr and "prompt eval time" in r.stderr
@@ -176,7 +177,7 @@ def llama_perplexity(llm, text):
 
 def kiln_perplexity(kiln_bin, path, text_path, *extra):
     r = subprocess.run([str(kiln_bin), "perplexity", "-m", str(path), "-f", str(text_path), "-c", str(CTX),
-                        "--chunks", str(CHUNKS), "-t", "2", *extra], capture_output=True, text=True, timeout=600)
+                        "--chunks", str(CHUNKS), "-t", "2", *NGL_ARGS, *extra], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout)
     assert m, r.stdout
@@ -214,7 +215,7 @@ def _logits(llm, toks):
 
 def _kiln_logits(kiln_bin, path, toks, out, *extra):
     r = subprocess.run([str(kiln_bin), "logits", "-m", str(path), "--tokens", ",".join(map(str, toks)), "-o",
-                        str(out), "-t", "2", *extra], capture_output=True, text=True, timeout=300)
+                        str(out), "-t", "2", *NGL_ARGS, *extra], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return np.load(out).astype(np.float64)
 

@@ -295,11 +295,12 @@ void print_md_memory(const std::vector<TestResult>& rs) {
 
 // CLI11 has no multi-letter single-dash options: llama-bench's -ub/-pg/-ctk/-ctv/-fa to long forms.
 void normalize_bench_flags(int argc, char** argv) {
-  static char ub[] = "--ubatch-size", pg[] = "--n-prompt-gen";
+  static char ub[] = "--ubatch-size", pg[] = "--n-prompt-gen", mg[] = "--main-gpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-ub") argv[i] = ub;
     else if (a == "-pg") argv[i] = pg;
+    else if (a == "-mg") argv[i] = mg;
   }
   tools::normalize_llama_flags(argc, argv);
 }
@@ -309,7 +310,8 @@ int cmd_bench(int argc, char** argv) {
   std::vector<std::string> models, n_prompt = {"512"}, n_gen = {"128"}, pg, n_batch = {"2048"}, n_ubatch = {"512"},
                                    threads, ctk = {"f16"}, ctv = {"f16"}, delta_chunk = {"0"};
   int reps = 5;
-  std::string output = "md", flash_attn = "auto";
+  std::string output = "md", flash_attn = "auto", ngl = "auto";
+  int main_gpu = 0;
   bool no_warmup = false, progress = false;
   app.add_option("-m,--model", models, "GGUF model file(s); comma list or repeated")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (pp tests; 0 = none)");
@@ -321,6 +323,8 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--cache-type-k", ctk, "-ctk: K cache type (f32, f16, q8_0, q4_0)");
   app.add_option("--cache-type-v", ctv, "-ctv: V cache type");
   app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
+  app.add_option("--n-gpu-layers", ngl, "-ngl N|auto|all: layers on the GPU (0: CPU)");
+  app.add_option("--main-gpu", main_gpu, "-mg: CUDA device ordinal");
   app.add_option("--delta-chunk", delta_chunk, "qwen35: runs of >= N tokens use the chunked gated delta rule (0: never)");
   app.add_option("-r,--repetitions", reps, "timed repetitions per test")->check(CLI::PositiveNumber);
   app.add_option("-o,--output", output, "md, json or jsonl")->check(CLI::IsMember({"md", "json", "jsonl"}));
@@ -336,6 +340,11 @@ int cmd_bench(int argc, char** argv) {
   auto fa = tools::parse_flash_attn(flash_attn);
   if (!fa) return fail(fa.error());
   const bool fa_on = *fa;
+  auto NGL = tools::parse_gpu_layers(ngl);
+  if (!NGL) return fail(NGL.error());
+  model::LoadOptions lo;
+  lo.n_gpu_layers = *NGL;
+  lo.main_gpu = main_gpu;
   auto P = parse_int_list(n_prompt, "-p", 0);
   if (!P) return fail(P.error());
   auto N = parse_int_list(n_gen, "-n", 0);
@@ -384,7 +393,7 @@ int cmd_bench(int argc, char** argv) {
   std::vector<TestResult> all;
 
   for (const auto& path : split_list(models)) {
-    auto m = tools::load_model_cli(path, LoadMode::Mmap, progress);
+    auto m = tools::load_model_cli(path, lo, progress);
     if (!m) return fail(m.error());
     facts.push_back(std::make_unique<ModelFacts>(model_facts(**m, path)));
     const ModelFacts& mf = *facts.back();

@@ -5,11 +5,18 @@
 //   PPL = exp(mean NLL); the ± is llama.cpp's standard error estimate.
 //   kiln perplexity -m FILE -f TEXT [-c CTX] [--chunks N] [-b N] [-t N] [-ctk T] [-ctv T] [-fa on|off|auto]
 // Prints "[1]x.xxxx,[2]..." running estimates and "Final estimate: PPL = X +/- Y" on stdout.
+// KL divergence, with llama-perplexity's flags and file format (either program reads the other's):
+//   --kl-divergence-base F -f TEXT    also writes F: the tokens and every scored position's log-probs
+//   --kl-divergence-base F --kl-divergence   (no -f) scores F's tokens and compares with its log-probs:
+//                                     mean KLD, same-top-1 rate, ln(PPL(Q)/PPL(base)), Δp (kld_file.h).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+
+#include "kld_file.h"
 
 #include "model/vocab_loader.h"
 #include "model_cli.h"
@@ -25,8 +32,13 @@ int cmd_perplexity(int argc, char** argv) {
   int64_t ctx = 512, n_batch = 512;
   int threads = 0, max_chunks = -1;
   app.add_option("-m,--model", model_path, "GGUF model")->required();
-  app.add_option("-f,--file", text_path, "text file")->required();
-  app.add_option("-c,--ctx-size,--ctx", ctx, "tokens per chunk");
+  std::string kld_path;
+  bool kld_mode = false;
+  app.add_option("-f,--file", text_path, "text file (not with --kl-divergence: the tokens come from the base file)");
+  app.add_option("--kl-divergence-base", kld_path,
+                 "llama-perplexity's KL-divergence base file: written (with -f), or read (with --kl-divergence)");
+  app.add_flag("--kl-divergence", kld_mode, "score the base file's tokens and print KL divergence against it");
+  auto* ctx_opt = app.add_option("-c,--ctx-size,--ctx", ctx, "tokens per chunk");
   app.add_option("--chunks", max_chunks, "score at most this many chunks (default: all)");
   app.add_option("-b,--batch-size", n_batch, "tokens per forward pass");
   app.add_option("-t,--threads", threads, "threads");
@@ -42,18 +54,55 @@ int cmd_perplexity(int argc, char** argv) {
   model::ContextOptions co;
   auto lm = flags.resolve(mo, co);
   if (!lm) return fail(lm.error());
+  if (kld_mode && kld_path.empty()) return fail(err("--kl-divergence needs --kl-divergence-base FILE"));
+  if (!kld_mode && text_path.empty()) return fail(err("-f TEXT is required (unless --kl-divergence)"));
+  // --kl-divergence: the base file fixes n_ctx, the vocabulary size and the tokens.
+  std::ifstream kin;
+  int32_t base_hdr[3] = {0, 0, 0};  // n_ctx, n_vocab, n_chunk
+  std::vector<int32_t> base_toks;
+  if (kld_mode) {
+    kin.open(kld_path, std::ios::binary);
+    char magic[8] = {};
+    if (!kin || !kin.read(magic, 8) || std::memcmp(magic, "_logits_", 8) != 0 ||
+        !kin.read(reinterpret_cast<char*>(base_hdr), sizeof base_hdr) || base_hdr[0] < 4 || base_hdr[1] < 1 ||
+        base_hdr[2] < 1)
+      return fail(err("{}: not a KL-divergence base file (llama-perplexity --kl-divergence-base format)", kld_path));
+    base_toks.resize(size_t(base_hdr[0]) * size_t(base_hdr[2]));
+    if (!kin.read(reinterpret_cast<char*>(base_toks.data()), std::streamsize(base_toks.size() * 4)))
+      return fail(err("{}: truncated token list", kld_path));
+    if (ctx != base_hdr[0] && ctx_opt->count() > 0)
+      std::fprintf(stderr, "perplexity: --ctx %lld ignored: the base file was made with %d\n", (long long)ctx, base_hdr[0]);
+    ctx = base_hdr[0];
+  }
   if (ctx < 4) return fail(err("--ctx {} too small", ctx));
   std::string text;
-  if (!read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
+  if (!kld_mode && !read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
   auto m = tools::load_model_cli(model_path, *lm, true);
   if (!m) return fail(m.error());
   auto tk = model::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());
-  const auto toks = (*tk)->encode(text);
+  const auto toks = kld_mode ? base_toks : (*tk)->encode(text);
   int64_t n_chunk = int64_t(toks.size()) / ctx;
   if (max_chunks >= 0) n_chunk = std::min<int64_t>(n_chunk, max_chunks);
   if (n_chunk < 1)
     return fail(err("{}: {} tokens, need at least --ctx {} tokens", text_path, toks.size(), ctx));
+  if (kld_mode && base_hdr[1] != (*m)->config().n_vocab)
+    return fail(err("{}: made with a vocabulary of {} tokens, {} has {}", kld_path, base_hdr[1], model_path,
+                    (*m)->config().n_vocab));
+  for (int32_t t : toks)
+    if (t < 0 || t >= (*m)->config().n_vocab) return fail(err("{}: token id {} outside the vocabulary", kld_path, t));
+  std::ofstream kout;
+  const int nv = tools::kld_words((*m)->config().n_vocab);
+  std::vector<uint16_t> kwords(static_cast<size_t>(nv));
+  if (!kld_mode && !kld_path.empty()) {
+    kout.open(kld_path, std::ios::binary);
+    const int32_t hdr[3] = {int32_t(ctx), int32_t((*m)->config().n_vocab), int32_t(n_chunk)};
+    kout.write("_logits_", 8);
+    kout.write(reinterpret_cast<const char*>(hdr), sizeof hdr);
+    kout.write(reinterpret_cast<const char*>(toks.data()), std::streamsize(size_t(n_chunk * ctx) * 4));
+    if (!kout) return fail(err("{}: cannot write", kld_path));
+  }
+  tools::KldStats kst;
   std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %lld\n", toks.size(), (long long)n_chunk, (long long)ctx);
 
   mo.n_ctx = ctx;
@@ -90,6 +139,14 @@ int cmd_perplexity(int argc, char** argv) {
         double sum = 0;
         for (int64_t v = 0; v < V; ++v) sum += std::exp(double(lg[v] - mx));
         const double l = std::log(sum) - double(lg[target] - mx);
+        if (kout.is_open()) {
+          tools::kld_encode(lg, V, target, kwords.data());
+          kout.write(reinterpret_cast<const char*>(kwords.data()), std::streamsize(kwords.size() * 2));
+        } else if (kld_mode) {
+          if (!kin.read(reinterpret_cast<char*>(kwords.data()), std::streamsize(kwords.size() * 2)))
+            return fail(err("{}: truncated log-probs in chunk {}", kld_path, ci + 1));
+          kst.add(lg, V, target, kwords.data());
+        }
         nll += l;
         nll2 += l * l;
         ++count;
@@ -102,6 +159,8 @@ int cmd_perplexity(int argc, char** argv) {
   const double mean = nll / double(count), ppl = std::exp(mean);
   const double var = count > 1 ? (nll2 / double(count) - mean * mean) / double(count - 1) : 0;
   std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, ppl * std::sqrt(std::max(0.0, var)));
+  if (kout.is_open() && !kout.flush()) return fail(err("{}: write failed", kld_path));
+  if (kld_mode) kst.print(stdout);
   std::fprintf(stderr, "perplexity: %.2f seconds, %.1f tokens per second\n", secs,
                double(n_chunk * ctx) / std::max(secs, 1e-9));
   return 0;

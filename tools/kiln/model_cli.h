@@ -18,13 +18,16 @@ namespace kiln::tools {
 // CLI11 has no multi-letter single-dash options: rewrite llama.cpp's -ctk/-ctv/-ngl style flags to
 // their long forms in place before parsing.
 inline void normalize_llama_flags(int argc, char** argv) {
-  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", fa[] = "--flash-attn", ngl[] = "--n-gpu-layers";
+  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", fa[] = "--flash-attn", ngl[] = "--n-gpu-layers",
+              dev[] = "--device", mg[] = "--main-gpu";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-ctk") argv[i] = ctk;
     else if (a == "-ctv") argv[i] = ctv;
     else if (a == "-fa") argv[i] = fa;
     else if (a == "-ngl") argv[i] = ngl;
+    else if (a == "-dev") argv[i] = dev;
+    else if (a == "-mg") argv[i] = mg;
   }
 }
 
@@ -47,6 +50,33 @@ inline constexpr const char* kFlashAttnHelp =
     "on|off|auto (-fa): off computes attention as llama.cpp does without flash attention, bit for bit "
     "on AVX-512 hosts with an f16 cache";
 
+// -ngl N|auto|all (llama-server's values): a layer count, model::kGpuLayersAll or kGpuLayersAuto.
+inline Result<int> parse_gpu_layers(const std::string& s) {
+  if (s == "auto") return model::kGpuLayersAuto;
+  if (s == "all" || s == "-1") return model::kGpuLayersAll;
+  try {
+    size_t used = 0;
+    const int n = std::stoi(s, &used);
+    if (used == s.size() && n >= 0) return n;
+  } catch (...) {
+  }
+  return err("-ngl {}: expected a number of layers, auto or all", s);
+}
+
+// -dev/--device none|CUDA<i> (llama-server's names): none keeps everything on the CPU.
+inline Status apply_device(const std::string& s, model::LoadOptions& lo) {
+  if (s.empty()) return {};
+  if (s == "none" || s == "cpu" || s == "CPU") {
+    lo.n_gpu_layers = 0;
+    return {};
+  }
+  if (s.rfind("CUDA", 0) == 0 && s.size() > 4 && s.find_first_not_of("0123456789", 4) == std::string::npos) {
+    lo.main_gpu = std::stoi(s.substr(4));
+    return {};
+  }
+  return err("--device {}: expected none or CUDA<i> (one device; see `kiln devices`)", s);
+}
+
 inline Result<LoadMode> parse_load_mode(const std::string& s) {
   if (s == "mmap") return LoadMode::Mmap;
   if (s == "mlock") return LoadMode::Mlock;
@@ -58,17 +88,22 @@ inline Result<LoadMode> parse_load_mode(const std::string& s) {
 // them: add() registers them (the help texts are each command's; no load_mode_help: no
 // --load-mode), resolve() checks the values after parsing and puts them into the options.
 struct ModelFlags {
-  std::string ctk = "f16", ctv = "f16", load_mode = "mmap", flash_attn = "auto";
+  std::string ctk = "f16", ctv = "f16", load_mode = "mmap", flash_attn = "auto", ngl = "auto", device;
+  int main_gpu = 0;
 
   void add(CLI::App& app, const char* ctk_help, const char* ctv_help, const char* load_mode_help = nullptr) {
     app.add_option("--cache-type-k", ctk, ctk_help);
     app.add_option("--cache-type-v", ctv, ctv_help);
     if (load_mode_help) app.add_option("--load-mode", load_mode, load_mode_help);
     app.add_option("--flash-attn", flash_attn, kFlashAttnHelp);
+    app.add_option("--n-gpu-layers,--gpu-layers", ngl,
+                   "N|auto|all (-ngl): layers on the GPU, the last ones first (auto: all when a GPU is usable; 0: CPU)");
+    app.add_option("--device", device, "none|CUDA<i> (-dev): the device to use (none: CPU only)");
+    app.add_option("--main-gpu", main_gpu, "CUDA device ordinal (-mg)");
   }
 
-  // Fills mo.type_k/type_v and co.flash_attn; returns the load mode.
-  Result<LoadMode> resolve(model::MemoryOptions& mo, model::ContextOptions& co) const {
+  // Fills mo.type_k/type_v, co.flash_attn and the load options (mode, GPU layers, device).
+  Result<model::LoadOptions> resolve(model::MemoryOptions& mo, model::ContextOptions& co) const {
     auto kt = parse_cache_type(ctk, "-ctk");
     KILN_TRY(kt);
     auto vt = parse_cache_type(ctv, "-ctv");
@@ -77,18 +112,23 @@ struct ModelFlags {
     KILN_TRY(lm);
     auto fa = parse_flash_attn(flash_attn);
     KILN_TRY(fa);
+    auto ng = parse_gpu_layers(ngl);
+    KILN_TRY(ng);
     mo.type_k = *kt;
     mo.type_v = *vt;
     co.flash_attn = *fa;
-    return *lm;
+    model::LoadOptions lo;
+    lo.load_mode = *lm;
+    lo.n_gpu_layers = *ng;
+    lo.main_gpu = main_gpu;
+    KILN_TRY(apply_device(device, lo));
+    return lo;
   }
 };
 
 // Loads with a progress bar on stderr (when show_progress) and prints the load time.
-inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& path, LoadMode mode,
+inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& path, model::LoadOptions lo,
                                                             bool show_progress) {
-  model::LoadOptions lo;
-  lo.load_mode = mode;
   if (show_progress)
     lo.progress = [](size_t done, size_t total) {
       const int w = 30, filled = total ? int(w * done / total) : w;
