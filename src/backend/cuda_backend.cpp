@@ -1,10 +1,588 @@
-// backend/cuda_backend.cpp — placeholder until the cudabase branch lands (CUDA device, buffers, stream).
+// backend/cuda_backend.cpp — the CUDA device: CudaDevice (one per GPU ordinal, process-wide),
+//   CudaBuffer (cudaMalloc memory, not host-addressable), CudaStream (a cudaStream_t with a cuBLAS
+//   handle bound to it and one device workspace) and CudaGraph (an instantiated CUDA graph).
+// Owns: the mapping of every Stream op onto the launchers of kernels/cuda/cuda_ops.h (shape and type
+//   checks here, arithmetic there), transfers, workspaces, graph capture/replay, and turning CUDA /
+//   cuBLAS errors into KILN_CHECK failures that name the call and the error.
+// Must not: synchronize inside ops (only synchronize() and download of pageable memory block), or
+//   allocate inside ops except a workspace growth (counted in workspace_grows(); refused while a
+//   graph is being captured).
+// Threading: a Stream is used by one thread at a time; Devices and Buffers may be shared. Graph
+//   capture uses cudaStreamCaptureModeThreadLocal: only the capturing thread is barred from unsafe
+//   calls (cudaMalloc...), other threads' streams keep working.
 #include "backend/backend.h"
+
+#ifdef KILN_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace kiln::backend {
 #ifndef KILN_HAVE_CUDA
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "kiln was built without CUDA (no nvcc found at build time)"; }
 Device& cuda_device(int) { KILN_CHECK(false, "kiln was built without CUDA"); __builtin_unreachable(); }
-#endif
+#else
+
+#define KILN_CUDA_CALL(call)                                                                                  \
+  do {                                                                                                        \
+    const cudaError_t e_ = (call);                                                                            \
+    KILN_CHECK(e_ == cudaSuccess, "{} failed: {} ({})", #call, cudaGetErrorName(e_), cudaGetErrorString(e_)); \
+  } while (0)
+#define KILN_CUBLAS_CALL(call)                                                                          \
+  do {                                                                                                  \
+    const cublasStatus_t s_ = (call);                                                                   \
+    KILN_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "{} failed: {}", #call, cublasGetStatusString(s_));         \
+  } while (0)
+
+namespace {
+
+// Runs with `ordinal` as the calling thread's current device (restores the previous one).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int ordinal) {
+    KILN_CUDA_CALL(cudaGetDevice(&prev_));
+    if (prev_ != ordinal) KILN_CUDA_CALL(cudaSetDevice(ordinal));
+    else prev_ = -1;
+  }
+  ~DeviceScope() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+class CudaDevice;
+
+class CudaBuffer final : public Buffer {
+ public:
+  CudaBuffer(CudaDevice& dev, void* p, size_t n) : dev_(dev), p_(p), n_(n) {}
+  ~CudaBuffer() override;
+  Device& device() const override;
+  size_t size() const override { return n_; }
+  void* host_ptr() const override { return nullptr; }
+  void* dev_ptr() const { return p_; }
+
+ private:
+  CudaDevice& dev_;
+  void* p_;
+  size_t n_;
+};
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(int ordinal, cudaGraph_t g, cudaGraphExec_t e) : ordinal_(ordinal), graph_(g), exec_(e) {}
+  ~CudaGraph() override {
+    DeviceScope ds(ordinal_);
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+  }
+  int ordinal() const { return ordinal_; }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  int ordinal_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    KILN_CUDA_CALL(cudaGetDeviceProperties(&prop_, ordinal));
+  }
+  DeviceType type() const override { return DeviceType::Cuda; }
+  std::string name() const override {
+    return fmt::format("CUDA{}: {} ({:.1f} GiB, sm_{}{}, {} SMs)", ordinal_, prop_.name,
+                       double(prop_.totalGlobalMem) / double(1ull << 30), prop_.major, prop_.minor,
+                       prop_.multiProcessorCount);
+  }
+  std::unique_ptr<Buffer> alloc(size_t bytes) override {
+    DeviceScope ds(ordinal_);
+    void* p = nullptr;
+    const size_t n = std::max<size_t>(256, (bytes + 255) & ~size_t(255));
+    const cudaError_t e = cudaMalloc(&p, n);
+    KILN_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes on {} failed: {} ({})", n, prop_.name, cudaGetErrorName(e),
+               cudaGetErrorString(e));
+    KILN_CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0, "cudaMalloc returned a pointer not 256-byte aligned");
+    return std::make_unique<CudaBuffer>(*this, p, bytes);
+  }
+  std::unique_ptr<Buffer> wrap(const void*, size_t) override { return nullptr; }  // weights are uploaded
+  std::unique_ptr<Stream> create_stream() override;
+
+  int ordinal() const { return ordinal_; }
+  int sm() const { return prop_.major * 10 + prop_.minor; }
+  int n_sm() const { return prop_.multiProcessorCount; }
+
+ private:
+  int ordinal_;
+  cudaDeviceProp prop_{};
+};
+
+CudaBuffer::~CudaBuffer() {
+  DeviceScope ds(dev_.ordinal());
+  cudaFree(p_);  // errors at process teardown (driver already unloaded) are not actionable
+}
+Device& CudaBuffer::device() const { return dev_; }
+
+namespace C = kiln::cuda;
+
+void check_f32(const Tensor& t, const char* what) {
+  KILN_CHECK(t.type == GgmlType::F32 && t.nb[0] == 4 && t.nb[1] % 4 == 0 && t.nb[2] % 4 == 0 && t.nb[3] % 4 == 0,
+             "{}: expected an F32 tensor with float-aligned strides, got {}", what, gguf::type_name(t.type));
+}
+void check_same_shape(const Tensor& a, const Tensor& b, const char* what) {
+  KILN_CHECK(a.ne == b.ne, "{}: shape mismatch [{} {} {} {}] vs [{} {} {} {}]", what, a.ne[0], a.ne[1], a.ne[2], a.ne[3],
+             b.ne[0], b.ne[1], b.ne[2], b.ne[3]);
+}
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(CudaDevice& dev) : dev_(dev) {
+    DeviceScope ds(dev.ordinal());
+    KILN_CUDA_CALL(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KILN_CUBLAS_CALL(cublasCreate(&blas_));
+    KILN_CUBLAS_CALL(cublasSetStream(blas_, stream_));
+    // cuBLAS gets its own workspace so that it never allocates while a graph is being captured
+    // (NVIDIA's advice: 32 MiB on Hopper, 4 MiB before).
+    blas_ws_bytes_ = dev.sm() >= 90 ? (32u << 20) : (4u << 20);
+    KILN_CUDA_CALL(cudaMalloc(&blas_ws_, blas_ws_bytes_));
+    KILN_CUBLAS_CALL(cublasSetWorkspace(blas_, blas_ws_, blas_ws_bytes_));
+    L_.stream = stream_;
+    L_.blas = blas_;
+    L_.sm = dev.sm();
+    L_.n_sm = dev.n_sm();
+  }
+  ~CudaStream() override {
+    DeviceScope ds(dev_.ordinal());
+    cudaStreamSynchronize(stream_);
+    cublasDestroy(blas_);
+    cudaFree(blas_ws_);
+    cudaFree(ws_);
+    cudaStreamDestroy(stream_);
+  }
+  Device& device() const override { return dev_; }
+
+  // ---- transfers ----
+  void upload(const Tensor& dst, const void* src, size_t bytes) override {
+    KILN_CHECK(dst.is_contiguous() && bytes <= dst.n_bytes(), "upload: {} bytes into a {}-byte tensor", bytes, dst.n_bytes());
+    if (bytes == 0) return;
+    DeviceScope ds(dev_.ordinal());
+    KILN_CUDA_CALL(cudaMemcpyAsync(ptr(dst, "upload dst"), src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* dst, const Tensor& src, size_t bytes) override {
+    KILN_CHECK(src.is_contiguous() && bytes <= src.n_bytes(), "download: {} bytes from a {}-byte tensor", bytes,
+               src.n_bytes());
+    if (bytes == 0) return;
+    DeviceScope ds(dev_.ordinal());
+    KILN_CUDA_CALL(cudaMemcpyAsync(dst, ptr(src, "download src"), bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  void copy(const Tensor& dst, const Tensor& src) override {
+    KILN_CHECK(dst.type == src.type, "copy: type mismatch ({} vs {})", gguf::type_name(dst.type), gguf::type_name(src.type));
+    check_same_shape(dst, src, "copy");
+    if (dst.n_elements() == 0) return;
+    DeviceScope ds(dev_.ordinal());
+    const size_t dnb[3] = {dst.nb[1], dst.nb[2], dst.nb[3]}, snb[3] = {src.nb[1], src.nb[2], src.nb[3]};
+    const int64_t ne[3] = {src.ne[1], src.ne[2], src.ne[3]};
+    C::copy_rows(L_, ptr(dst, "copy dst"), dnb, ptr(src, "copy src"), snb, src.row_bytes(), ne);
+  }
+  void fill_zero(const Tensor& dst) override {
+    if (dst.n_elements() == 0) return;
+    DeviceScope ds(dev_.ordinal());
+    char* p = static_cast<char*>(ptr(dst, "fill_zero"));
+    if (dst.is_contiguous()) {
+      KILN_CUDA_CALL(cudaMemsetAsync(p, 0, dst.n_bytes(), stream_));
+      return;
+    }
+    // Merge dims 1..3 where they are contiguous with the one below, then one 2-D memset (width =
+    // the dense span, pitch = the next stride) per remaining outer index.
+    size_t width = dst.row_bytes();
+    std::array<int64_t, 3> ne{};
+    std::array<size_t, 3> nb{};
+    int nd = 0;
+    for (int d = 1; d < 4; ++d) {
+      if (dst.ne[d] == 1) continue;
+      if (nd == 0 && dst.nb[d] == width) width *= size_t(dst.ne[d]);
+      else if (nd > 0 && dst.nb[d] == nb[nd - 1] * size_t(ne[nd - 1])) ne[nd - 1] *= dst.ne[d];
+      else ne[nd] = dst.ne[d], nb[nd] = dst.nb[d], ++nd;
+    }
+    if (nd == 0) {
+      KILN_CUDA_CALL(cudaMemsetAsync(p, 0, width, stream_));
+      return;
+    }
+    KILN_CHECK(nb[0] >= width, "fill_zero: overlapping rows (stride {} < {} bytes)", nb[0], width);
+    const int64_t n_outer1 = nd > 1 ? ne[1] : 1, n_outer2 = nd > 2 ? ne[2] : 1;
+    for (int64_t j = 0; j < n_outer2; ++j)
+      for (int64_t i = 0; i < n_outer1; ++i)
+        KILN_CUDA_CALL(cudaMemset2DAsync(p + i * (nd > 1 ? nb[1] : 0) + j * (nd > 2 ? nb[2] : 0), nb[0], 0, width,
+                                         size_t(ne[0]), stream_));
+  }
+  void synchronize() override {
+    DeviceScope ds(dev_.ordinal());
+    KILN_CUDA_CALL(cudaStreamSynchronize(stream_));
+  }
+
+  // ---- graphs ----
+  std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
+    DeviceScope ds(dev_.ordinal());
+    KILN_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = nullptr;
+    try {
+      body();
+    } catch (...) {  // leave the stream usable: end (and drop) the capture, then rethrow
+      cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+      throw;
+    }
+    KILN_CUDA_CALL(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t e = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+    if (err != cudaSuccess) cudaGraphDestroy(g);
+    KILN_CHECK(err == cudaSuccess, "cudaGraphInstantiate failed: {} ({})", cudaGetErrorName(err), cudaGetErrorString(err));
+    return std::make_unique<CudaGraph>(dev_.ordinal(), g, e);
+  }
+  void replay(Graph& g) override {
+    auto* cg = dynamic_cast<CudaGraph*>(&g);
+    KILN_CHECK(cg != nullptr && cg->ordinal() == dev_.ordinal(), "replay: not a graph captured on CUDA{}", dev_.ordinal());
+    DeviceScope ds(dev_.ordinal());
+    KILN_CUDA_CALL(cudaGraphLaunch(cg->exec(), stream_));
+  }
+
+  // ---- workspaces ----
+  size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
+    return C::matmul_workspace(wt, k, n, m);
+  }
+  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
+    // The launcher's size depends on the v-head count, which this interface does not pass: plan for
+    // kGdnPlanHv heads (the most of any supported model); a larger model grows (and is counted).
+    return C::gated_delta_workspace(S, kGdnPlanHv, chunk, n_tok);
+  }
+  size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
+    return C::attention_workspace(attn_args(p, n_kv_max), n_tok);
+  }
+  size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
+    return C::matmul_id_workspace(wt, k, n, n_slots);
+  }
+  void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
+  int workspace_grows() const override { return grows_; }
+
+  // ---- ops ----
+  void matmul(const Tensor& w, const Tensor& x, const Tensor& y) override {
+    check_f32(x, "matmul x");
+    check_f32(y, "matmul y");
+    KILN_CHECK(C::matmul_supported(w.type), "matmul: weight type {} not supported on CUDA", gguf::type_name(w.type));
+    KILN_CHECK(w.ne[2] == 1 && w.ne[3] == 1 && x.ne[2] == 1 && x.ne[3] == 1 && y.ne[2] == 1 && y.ne[3] == 1,
+               "matmul: 2-D tensors only");
+    KILN_CHECK(x.ne[0] == w.ne[0] && y.ne[0] == w.ne[1] && y.ne[1] == x.ne[1],
+               "matmul: w [{}, {}] x [{}, {}] -> y [{}, {}]", w.ne[0], w.ne[1], x.ne[0], x.ne[1], y.ne[0], y.ne[1]);
+    DeviceScope ds(dev_.ordinal());
+    const int64_t k = w.ne[0], n = w.ne[1], m = x.ne[1];
+    const C::Launch L = launch(C::matmul_workspace(w.type, k, n, m));
+    C::matmul(L, w.type, ptr(w, "matmul w"), w.nb[1], k, n, fptr(x, "matmul x"), int64_t(x.nb[1] / 4),
+              fptr(y, "matmul y"), int64_t(y.nb[1] / 4), m);
+  }
+  void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) override {
+    check_f32(x, "matmul_id x");
+    check_f32(y, "matmul_id y");
+    KILN_CHECK(C::matmul_supported(w.type), "matmul_id: weight type {} not supported on CUDA", gguf::type_name(w.type));
+    const int64_t k = w.ne[0], n = w.ne[1], K = ids.ne[0], T = ids.ne[1];
+    check_i32(ids, K * T, "matmul_id ids");
+    KILN_CHECK(w.ne[3] == 1 && ids.ne[2] == 1 && ids.ne[3] == 1 && x.ne[3] == 1 && y.ne[3] == 1,
+               "matmul_id: w [k, n, n_expert], ids [K, T], x [k, nx, T], y [n, K, T]");
+    KILN_CHECK(x.ne[0] == k && (x.ne[1] == 1 || x.ne[1] == K) && x.ne[2] == T,
+               "matmul_id: x [{}, {}, {}] for w [{}, ...] and ids [{}, {}] (x must be [k, 1 or K, T])", x.ne[0], x.ne[1],
+               x.ne[2], k, K, T);
+    KILN_CHECK(y.ne[0] == n && y.ne[1] == K && y.ne[2] == T, "matmul_id: y [{}, {}, {}], expected [{}, {}, {}]", y.ne[0],
+               y.ne[1], y.ne[2], n, K, T);
+    DeviceScope ds(dev_.ordinal());
+    const C::Launch L = launch(C::matmul_id_workspace(w.type, k, n, K * T));
+    C::matmul_id(L, w.type, ptr(w, "matmul_id w"), w.nb[1], w.nb[2], k, n, fptr(x, "matmul_id x"), x.ne[1],
+                 int64_t(x.nb[1] / 4), int64_t(x.nb[2] / 4), iptr(ids, "matmul_id ids"), K, T, fptr(y, "matmul_id y"),
+                 int64_t(y.nb[1] / 4), int64_t(y.nb[2] / 4));
+  }
+  void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    check_f32(out, "get_rows out");
+    check_i32(ids, out.ne[1], "get_rows ids");
+    KILN_CHECK(out.ne[0] == table.ne[0], "get_rows: row length {} vs {}", out.ne[0], table.ne[0]);
+    KILN_CHECK(out.ne[2] == 1 && out.ne[3] == 1, "get_rows: out must be 2-D [k, n]");
+    DeviceScope ds(dev_.ordinal());
+    C::get_rows(launch(), table.type, ptr(table, "get_rows table"), table.nb[1], table.ne[0], iptr(ids, "get_rows ids"),
+                out.ne[1], fptr(out, "get_rows out"), int64_t(out.nb[1] / 4));
+  }
+  void rms_norm(const Tensor& x, const Tensor* w, const Tensor& y, float eps) override {
+    check_same_shape(x, y, "rms_norm");
+    if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0] && w->is_contiguous(),
+                      "rms_norm: weight must be F32 [{}]", x.ne[0]);
+    DeviceScope ds(dev_.ordinal());
+    C::rms_norm(launch(), rows(x, "rms_norm x"), w ? fptr(*w, "rms_norm w") : nullptr, rows(y, "rms_norm y"), eps);
+  }
+  void l2_norm(const Tensor& x, const Tensor& y, float eps) override {
+    check_same_shape(x, y, "l2_norm");
+    DeviceScope ds(dev_.ordinal());
+    C::l2_norm(launch(), rows(x, "l2_norm x"), rows(y, "l2_norm y"), eps);
+  }
+  void rope(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
+    check_i32(pos, x.ne[2], "rope pos");
+    DeviceScope ds(dev_.ordinal());
+    C::rope(launch(), rows(x, "rope x"), iptr(pos, "rope pos"), p);
+  }
+  void softmax(const Tensor& x, float scale) override {
+    DeviceScope ds(dev_.ordinal());
+    C::softmax(launch(), rows(x, "softmax x"), scale);
+  }
+  void unary(Unary op, const Tensor& x, const Tensor& y) override {
+    check_same_shape(x, y, "unary");
+    DeviceScope ds(dev_.ordinal());
+    C::unary(launch(), to_cuda(op), rows(x, "unary x"), rows(y, "unary y"));
+  }
+  void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) override {
+    check_same_shape(a, y, "binary a/y");
+    int mode = -1;
+    if (b.ne == a.ne) mode = 0;
+    else if (b.ne[0] == a.ne[0] && b.ne[1] == 1 && b.ne[2] == 1 && b.ne[3] == 1) mode = 1;
+    else if (b.ne[0] == 1 && b.ne[1] == a.ne[1] && b.ne[2] == a.ne[2] && b.ne[3] == a.ne[3]) mode = 2;
+    KILN_CHECK(mode >= 0,
+               "binary: b [{} {} {} {}] must be a's shape [{} {} {} {}], one row [{}] or one scalar per row [1, {}, {}]",
+               b.ne[0], b.ne[1], b.ne[2], b.ne[3], a.ne[0], a.ne[1], a.ne[2], a.ne[3], a.ne[0], a.ne[1], a.ne[2]);
+    DeviceScope ds(dev_.ordinal());
+    C::binary(launch(), to_cuda(op), rows(a, "binary a"), rows(b, "binary b"), mode, rows(y, "binary y"));
+  }
+  void scale(const Tensor& x, float s, const Tensor& y) override {
+    check_same_shape(x, y, "scale");
+    DeviceScope ds(dev_.ordinal());
+    C::scale(launch(), rows(x, "scale x"), s, rows(y, "scale y"));
+  }
+  void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
+                  const Tensor& weights) override {
+    check_f32(logits, "topk_route logits");
+    KILN_CHECK(logits.is_contiguous(), "topk_route: contiguous logits");
+    check_i32(ids, int64_t(k) * logits.ne[1], "topk_route ids");
+    check_f32(weights, "topk_route weights");
+    KILN_CHECK(weights.is_contiguous() && weights.n_elements() == int64_t(k) * logits.ne[1], "topk_route: weights [k, n_tok]");
+    KILN_CHECK(logits.ne[2] == 1 && logits.ne[3] == 1, "topk_route: logits [n_expert, n_tok]");
+    DeviceScope ds(dev_.ordinal());
+    C::topk_route(launch(), fptr(logits, "topk_route logits"), logits.ne[0], logits.ne[1], k, renorm, w_scale,
+                  iptr(ids, "topk_route ids"), fptr(weights, "topk_route weights"));
+  }
+  void hadamard(const Tensor& x, int64_t n) override {
+    DeviceScope ds(dev_.ordinal());
+    C::hadamard(launch(), rows(x, "hadamard x"), n);
+  }
+  void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) override {
+    const int64_t T = x.ne[2];
+    check_i32(seq, T, "kv_store seq");
+    check_i32(pos, T, "kv_store pos");
+    KILN_CHECK(cache.type == GgmlType::F32 || cache.type == GgmlType::F16 || cache.type == GgmlType::Q8_0 ||
+                   cache.type == GgmlType::Q4_0,
+               "kv_store: cache type {} (F32, F16, Q8_0 or Q4_0)", gguf::type_name(cache.type));
+    KILN_CHECK(cache.ne[0] == x.ne[0] && cache.ne[1] == x.ne[1],
+               "kv_store: x rows [{}, {}] vs cache [head_dim {}, n_head_kv {}]", x.ne[0], x.ne[1], cache.ne[0], cache.ne[1]);
+    DeviceScope ds(dev_.ordinal());
+    C::kv_store(launch(), rows(x, "kv_store x"), iptr(seq, "kv_store seq"), iptr(pos, "kv_store pos"),
+                seq_mem(cache, "kv_store cache"));
+  }
+  void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
+                 const AttnSpec& p, const Tensor& out) override {
+    const int64_t T = q.ne[2];
+    check_same_shape(q, out, "attention q/out");
+    check_i32(seq, T, "attention seq");
+    check_i32(pos, T, "attention pos");
+    KILN_CHECK(q.ne[0] == p.head_dim && q.ne[1] == p.n_head, "attention: q [{}, {}] vs head_dim {} n_head {}", q.ne[0],
+               q.ne[1], p.head_dim, p.n_head);
+    KILN_CHECK(p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0, "attention: n_head {} not a multiple of n_head_kv {}",
+               p.n_head, p.n_head_kv);
+    for (const Tensor* c : {&k, &v})
+      KILN_CHECK(c->ne[0] == p.head_dim && c->ne[1] == p.n_head_kv && c->ne[2] == k.ne[2] && c->ne[3] == k.ne[3],
+                 "attention: cache [{} {} {} {}] vs head_dim {} n_head_kv {}", c->ne[0], c->ne[1], c->ne[2], c->ne[3],
+                 p.head_dim, p.n_head_kv);
+    DeviceScope ds(dev_.ordinal());
+    // Split-KV work is sized for the cache length (an upper bound of every pos + 1).
+    const C::AttnArgs a = attn_args(p, k.ne[2]);
+    C::attention(launch(C::attention_workspace(a, T)), rows(q, "attention q"), iptr(seq, "attention seq"),
+                 iptr(pos, "attention pos"), seq_mem(k, "attention k"), seq_mem(v, "attention v"), a,
+                 rows(out, "attention out"));
+  }
+  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y) override {
+    check_f32(x, "conv1d_silu x");
+    check_f32(y, "conv1d_silu y");
+    check_f32(w, "conv1d_silu w");
+    check_f32(state, "conv1d_silu state");
+    check_same_shape(x, y, "conv1d_silu x/y");
+    const int64_t C_ = x.ne[0], T = x.ne[1];
+    const int d_conv = int(w.ne[0]);
+    KILN_CHECK(x.ne[2] == 1 && x.ne[3] == 1, "conv1d_silu: x [C, T]");
+    KILN_CHECK(w.is_contiguous() && w.ne[1] == C_ && d_conv >= 2, "conv1d_silu: w [{}, {}] for {} channels", w.ne[0],
+               w.ne[1], C_);
+    KILN_CHECK(state.ne[0] == d_conv - 1 && state.ne[1] == C_ && state.ne[2] == 1,
+               "conv1d_silu: state [{} {} {} {}], expected [{}, {}, 1, n_seq]", state.ne[0], state.ne[1], state.ne[2],
+               state.ne[3], d_conv - 1, C_);
+    check_i32(seq, T, "conv1d_silu seq");
+    DeviceScope ds(dev_.ordinal());
+    C::conv1d_silu(launch(), fptr(x, "conv1d_silu x"), int64_t(x.nb[1] / 4), fptr(w, "conv1d_silu w"), d_conv, C_,
+                   iptr(seq, "conv1d_silu seq"), seq_mem(state, "conv1d_silu state"), fptr(y, "conv1d_silu y"),
+                   int64_t(y.nb[1] / 4), T);
+  }
+  void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                   const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) override {
+    const int64_t S = q.ne[0], Hk = q.ne[1], T = q.ne[2], Hv = v.ne[1];
+    check_same_shape(q, k, "gated_delta q/k");
+    check_same_shape(v, out, "gated_delta v/out");
+    KILN_CHECK(v.ne[0] == S && v.ne[2] == T && Hk > 0 && Hv % Hk == 0, "gated_delta: v [{} {} {}] for q [{} {} {}]",
+               v.ne[0], v.ne[1], v.ne[2], S, Hk, T);
+    for (const Tensor* t : {&g, &beta}) {
+      check_f32(*t, "gated_delta g/beta");
+      KILN_CHECK(t->is_contiguous() && t->ne[0] == Hv && t->ne[1] == T && t->ne[2] == 1 && t->ne[3] == 1,
+                 "gated_delta: g/beta [{} {}], expected [{} {}]", t->ne[0], t->ne[1], Hv, T);
+    }
+    check_f32(state, "gated_delta state");
+    KILN_CHECK(state.ne[0] == S && state.ne[1] == S && state.ne[2] == Hv,
+               "gated_delta: state [{} {} {} {}], expected [{} {} {} n_seq]", state.ne[0], state.ne[1], state.ne[2],
+               state.ne[3], S, S, Hv);
+    check_i32(seq, T, "gated_delta seq");
+    DeviceScope ds(dev_.ordinal());
+    C::gated_delta(launch(C::gated_delta_workspace(S, Hv, chunk, T)), rows(q, "gated_delta q"), rows(k, "gated_delta k"),
+                   rows(v, "gated_delta v"), fptr(g, "gated_delta g"), fptr(beta, "gated_delta beta"),
+                   iptr(seq, "gated_delta seq"), seq_mem(state, "gated_delta state"), rows(out, "gated_delta out"), chunk);
+  }
+
+ private:
+  static constexpr int64_t kGdnPlanHv = 128;
+
+  // Device address of t's byte 0; t must be in a buffer of this device and inside it.
+  void* ptr(const Tensor& t, const char* what) const {
+    KILN_CHECK(t.buf != nullptr, "{}: tensor has no buffer", what);
+    KILN_CHECK(&t.buf->device() == &dev_, "{}: tensor lives on {}, the stream on {}", what, t.buf->device().name(),
+               dev_.name());
+    KILN_CHECK(t.offset + t.n_bytes() <= t.buf->size(), "{}: view [{} {} {} {}] at {} overflows its {}-byte buffer", what,
+               t.ne[0], t.ne[1], t.ne[2], t.ne[3], t.offset, t.buf->size());
+    return static_cast<char*>(static_cast<CudaBuffer*>(t.buf)->dev_ptr()) + t.offset;
+  }
+  float* fptr(const Tensor& t, const char* what) const { return static_cast<float*>(ptr(t, what)); }
+  int32_t* iptr(const Tensor& t, const char* what) const { return static_cast<int32_t*>(ptr(t, what)); }
+  static void check_i32(const Tensor& t, int64_t n, const char* what) {
+    KILN_CHECK(t.type == GgmlType::I32 && t.is_contiguous() && t.n_elements() == n, "{}: expected I32 [{}]", what, n);
+  }
+  // [ne0, n1, n2] rows (ne[3] must be 1).
+  C::Rows rows(const Tensor& t, const char* what) const {
+    check_f32(t, what);
+    KILN_CHECK(t.ne[3] == 1, "{}: 4-D tensors are not supported", what);
+    return C::Rows{fptr(t, what), t.ne[0], t.ne[1], t.ne[2], int64_t(t.nb[1] / 4), int64_t(t.nb[2] / 4)};
+  }
+  C::SeqMem seq_mem(const Tensor& t, const char* what) const {
+    return C::SeqMem{ptr(t, what), t.type, t.ne[0], t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3]};
+  }
+  static C::AttnArgs attn_args(const AttnSpec& p, int64_t n_kv_max) {
+    C::AttnArgs a;
+    a.head_dim = p.head_dim;
+    a.n_head = p.n_head;
+    a.n_head_kv = p.n_head_kv;
+    a.scale = p.scale;
+    a.n_kv_max = n_kv_max;
+    return a;
+  }
+  static C::Unary to_cuda(Unary op) {
+    switch (op) {
+      case Unary::Silu: return C::Unary::Silu;
+      case Unary::Sigmoid: return C::Unary::Sigmoid;
+      case Unary::Softplus: return C::Unary::Softplus;
+    }
+    __builtin_unreachable();
+  }
+  static C::Binary to_cuda(Binary op) {
+    switch (op) {
+      case Binary::Add: return C::Binary::Add;
+      case Binary::Mul: return C::Binary::Mul;
+      case Binary::SwiGlu: return C::Binary::SwiGlu;
+      case Binary::SigmoidMul: return C::Binary::SigmoidMul;
+    }
+    __builtin_unreachable();
+  }
+  // The Launch for an op that needs `ws_bytes` of workspace (grown if needed, and counted).
+  C::Launch launch(size_t ws_bytes = 0) {
+    if (ws_bytes > 0) ensure(ws_bytes);
+    return L_;
+  }
+  void ensure(size_t bytes, bool planned = false) {
+    if (bytes <= ws_size_) return;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    KILN_CUDA_CALL(cudaStreamIsCapturing(stream_, &cs));
+    KILN_CHECK(cs == cudaStreamCaptureStatusNone,
+               "workspace of {} bytes needed while capturing a graph (reserved {}): reserve_workspace before capture",
+               bytes, ws_size_);
+    if (ws_ || !planned) ++grows_;  // a first use without a reserve also counts
+    DeviceScope ds(dev_.ordinal());
+    if (ws_) {
+      KILN_CUDA_CALL(cudaStreamSynchronize(stream_));  // work already enqueued may still use the old one
+      KILN_CUDA_CALL(cudaFree(ws_));
+      ws_ = nullptr;
+    }
+    const size_t n = (bytes + 255) & ~size_t(255);
+    const cudaError_t e = cudaMalloc(&ws_, n);
+    KILN_CHECK(e == cudaSuccess, "workspace cudaMalloc of {} bytes failed: {} ({})", n, cudaGetErrorName(e),
+               cudaGetErrorString(e));
+    ws_size_ = n;
+    L_.ws = ws_;
+    L_.ws_bytes = ws_size_;
+  }
+
+  CudaDevice& dev_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* blas_ws_ = nullptr;
+  size_t blas_ws_bytes_ = 0;
+  void* ws_ = nullptr;
+  size_t ws_size_ = 0;
+  int grows_ = 0;
+  C::Launch L_;
+};
+
+std::unique_ptr<Stream> CudaDevice::create_stream() { return std::make_unique<CudaStream>(*this); }
+
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    const cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess) {
+      r.count = 0;
+      r.reason = fmt::format("cudaGetDeviceCount failed: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+      cudaGetLastError();  // clear the runtime's last-error state
+    } else if (r.count == 0) {
+      r.reason = "no CUDA-capable device";
+    }
+    return r;
+  }();
+  return p;
+}
+
+}  // namespace
+
+int cuda_device_count() { return probe().count; }
+std::string cuda_unavailable_reason() { return probe().reason; }
+
+Device& cuda_device(int i) {
+  const int n = cuda_device_count();
+  KILN_CHECK(i >= 0 && i < n, "cuda_device({}): {} CUDA device(s){}{}", i, n, n == 0 ? ": " : "",
+             cuda_unavailable_reason());
+  // Created on first use and never destroyed: buffers and streams may outlive static destruction,
+  // and the CUDA runtime may already be torn down at exit.
+  static std::mutex mu;
+  static auto* devices = new std::vector<std::unique_ptr<CudaDevice>>(size_t(n));
+  std::lock_guard<std::mutex> lock(mu);
+  auto& d = (*devices)[size_t(i)];
+  if (!d) d = std::make_unique<CudaDevice>(i);
+  return *d;
+}
+
+#endif  // KILN_HAVE_CUDA
 }  // namespace kiln::backend
