@@ -25,6 +25,7 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -84,26 +85,10 @@ def llama_greedy(llm, prompt):
 @pytest.fixture(scope="module")
 def f32_path(model_path, work_dir):
     """SmolLM2 with every tensor dequantized to F32 by gguf-py."""
-    gguf = pytest.importorskip("gguf")
-    out = work_dir / "smollm2-f32.gguf"
-    r = gguf.GGUFReader(str(model_path))
-    w = gguf.GGUFWriter(str(out), r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        if f.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(k, f.contents(), f.types[0], sub_type=f.types[-1])
-        else:
-            w.add_key_value(k, f.contents(), f.types[0])
-    for t in r.tensors:
-        a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        w.add_tensor(t.name, a.reshape(tuple(reversed([int(x) for x in t.shape]))),
-                     raw_dtype=gguf.GGMLQuantizationType.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out
+    pytest.importorskip("gguf")
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+    from gguf_dequant import dequantize_file
+    return dequantize_file(model_path, work_dir / "smollm2-f32.gguf")
 
 
 @pytest.fixture(scope="module")
