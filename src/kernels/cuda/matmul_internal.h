@@ -1,0 +1,46 @@
+// kernels/cuda/matmul_internal.h — what the mat-mul translation units share: the mat-vec kernel's
+//   argument block and its per-type-family launchers (matvec_*.cu), called by matmul.cu.
+// Owns: nothing but declarations. Must not: be included outside src/kernels/cuda.
+// Threading: the launchers only enqueue on the given stream.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/types.h"
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace kiln::cuda::detail {
+
+using gguf::GgmlType;
+
+inline constexpr int kMvCols = 8;       // columns of X one mat-vec pass computes
+inline constexpr int kMvRowsPerCta = 4;  // weight rows per CTA (matvec.cuh)
+
+// One mat-vec pass: y[:, c] = W x[:, c] for c < m (m <= kMvCols). Expert mode (ids != nullptr): grid
+// row s (+ slot0) is slot s = t*K + j of matmul_id: W = w + ids[s] * w_expert_stride, x column
+// x + t*x_tok + (nx_one ? 0 : j*x_slot), y column y + t*y_tok + j*y_slot, m = 1.
+struct MvArgs {
+  const void* w = nullptr;
+  size_t w_stride = 0;  // bytes between rows
+  int64_t k = 0, n = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0;  // floats between columns
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  int m = 1;
+  bool xv = false;  // x columns 16-byte aligned (float4 loads)
+  const int32_t* ids = nullptr;
+  int64_t K = 1, slot0 = 0;
+  size_t w_expert_stride = 0;
+  int64_t x_slot = 0, x_tok = 0, y_slot = 0, y_tok = 0;
+  bool nx_one = true;
+};
+
+// Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the
+// type is not one of its family.
+bool matvec_dense(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);   // F32 F16 BF16
+bool matvec_legacy(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_0..Q8_0, IQ4_NL
+bool matvec_kquant(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q2_K..Q6_K, IQ4_XS
+
+}  // namespace kiln::cuda::detail
