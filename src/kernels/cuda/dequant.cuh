@@ -353,6 +353,18 @@ template <GgmlType T>
 constexpr int elem_bytes() {
   return T == GgmlType::F32 ? 4 : 2;
 }
+// The alignment (bytes) the kernels' fast variant wants of row starts: 16 for the dense types (16-byte
+// loads), the natural block alignment for the block types.
+template <GgmlType T>
+constexpr int fast_align() {
+  if constexpr (is_dense<T>()) return 16;
+  else return Q<T>::kAlign;
+}
+// The least alignment rows of T can have.
+template <GgmlType T>
+constexpr int min_align() {
+  return T == GgmlType::F32 ? 4 : 2;
+}
 __device__ __forceinline__ float bf2f(uint32_t h) { return __uint_as_float(h << 16); }
 
 // 8 consecutive dense elements at p (p aligned to A bytes; A >= the element size).

@@ -43,4 +43,10 @@ bool matvec_dense(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);   
 bool matvec_legacy(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_0..Q8_0, IQ4_NL
 bool matvec_kquant(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q2_K..Q6_K, IQ4_XS
 
+// Rows of a weight / table of type t into F32 (half = false) or F16 (half = true) rows of k values:
+// output row r (out + r * out_stride elements) = source row (ids ? ids[r] : r) of src (rows
+// row_stride bytes apart), r < n_rows. F16 output: out 16-byte aligned, out_stride a multiple of 8.
+void dequant_rows(GgmlType t, const void* src, size_t row_stride, int64_t k, const int32_t* ids, int64_t n_rows,
+                  void* out, bool half, int64_t out_stride, cudaStream_t s);
+
 }  // namespace kiln::cuda::detail

@@ -230,9 +230,7 @@ void mv_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
 // Picks the alignment variant: the type's natural one when the rows (and experts) allow it.
 template <GgmlType T>
 void mv_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
-  constexpr bool kDense = dq::is_dense<T>();
-  constexpr int kNat = kDense ? 16 : dq::Q<T>::kAlign;
-  constexpr int kMinA = T == GgmlType::F32 ? 4 : 2;
+  constexpr int kNat = dq::fast_align<T>(), kMinA = dq::min_align<T>();
   const dim3 grid(unsigned((a.n + kMvRowsPerCta - 1) / kMvRowsPerCta), unsigned(n_grid_y));
   const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
   if constexpr (kNat > kMinA) {
