@@ -27,6 +27,7 @@
 #include "gguf/types.h"
 #include "kernel_test_util.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/matmul_internal.h"
 #include "tensor/quant.h"
 
 namespace {
@@ -325,6 +326,29 @@ TEST(CudaMatmulBench, Decode) {
         const double sec = time_it(m, vocab ? 20 : 100);
         std::printf("BENCH %-6s k=%-5lld n=%-6lld m=%-4lld %8.2f us  %7.1f GB/s (weights)\n", tn, (long long)s.k,
                     (long long)s.n, (long long)m, sec * 1e6, double(bytes) / sec * 1e-9);
+      }
+      // The mat-vec kernel at each k-split (the launcher picks one from n and the GPU's size).
+      for (int ks : {1, 2, 4}) {
+        namespace dt = cu::detail;
+        dt::MvArgs a;
+        a.w_stride = rb, a.k = s.k, a.n = s.n, a.x = x.p, a.x_stride = s.k, a.y = y.p, a.y_stride = s.n;
+        a.m = 1, a.ks = ks, a.xv = true;
+        auto go = [&](int i) {
+          a.w = ws[i % copies]->p;
+          if (!dt::matvec_kquant(t, a, 1, gpu.stream) && !dt::matvec_legacy(t, a, 1, gpu.stream))
+            dt::matvec_dense(t, a, 1, gpu.stream);
+        };
+        const int reps = vocab ? 20 : 100;
+        for (int i = 0; i < 2; ++i) go(i);
+        cudaEventRecord(e0, gpu.stream);
+        for (int i = 0; i < reps; ++i) go(i);
+        cudaEventRecord(e1, gpu.stream);
+        gpu.sync();
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double sec = double(ms) * 1e-3 / reps;
+        std::printf("BENCH %-6s k=%-5lld n=%-6lld m=1    ks=%d %8.2f us  %7.1f GB/s\n", tn, (long long)s.k,
+                    (long long)s.n, ks, sec * 1e6, double(bytes) / sec * 1e-9);
       }
       if (!vocab)
         for (int64_t m : {512, 2048}) {

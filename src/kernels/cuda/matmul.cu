@@ -159,6 +159,17 @@ void gemm(const Launch& L, GgmlType wt, const uint8_t* w, size_t w_stride, int64
   }
 }
 
+// k-split of the mat-vec kernel: whole rows per warp (ks = 1) when there are enough row groups to
+// fill the GPU, else 2 or 4 warps per group (never more than the group has steps of 1024 elements).
+int mv_ks(const Launch& L, int64_t k, int64_t n, int64_t n_grid_y) {
+  const int64_t groups = (n + detail::kMvRowsPerCta - 1) / detail::kMvRowsPerCta * n_grid_y;
+  const int64_t target = int64_t(L.n_sm > 0 ? L.n_sm : 132) * 12;
+  int ks = groups >= target ? 1 : (2 * groups >= target ? 2 : 4);
+  const int64_t nsteps = (k + 1023) / 1024;
+  while (ks > 1 && ks > nsteps) ks /= 2;
+  return ks;
+}
+
 bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
   return uintptr_t(x) % 16 == 0 && s1 % 4 == 0 && s2 % 4 == 0;
 }
@@ -194,6 +205,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     a.x = x + c0 * x_stride, a.x_stride = x_stride, a.y = y + c0 * y_stride, a.y_stride = y_stride;
     a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
     a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
+    a.ks = mv_ks(L, k, n, 1);
     mv(wt, a, 1, L.stream);
   }
   launched("matmul");
@@ -219,6 +231,7 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
   constexpr int64_t kMaxGridY = 65535;
   for (int64_t s0 = 0; s0 < K * T; s0 += kMaxGridY) {
     a.slot0 = s0;
+    a.ks = mv_ks(L, k, n, std::min(kMaxGridY, K * T - s0));
     mv(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
   }
   launched("matmul_id");

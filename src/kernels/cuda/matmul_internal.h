@@ -29,6 +29,7 @@ struct MvArgs {
   float* y = nullptr;
   int64_t y_stride = 0;
   int m = 1;
+  int ks = 4;       // warps splitting one group of rows' k: 1, 2 or 4 (kMvWarps / ks groups per CTA)
   bool xv = false;  // x columns 16-byte aligned (float4 loads)
   const int32_t* ids = nullptr;
   int64_t K = 1, slot0 = 0;
