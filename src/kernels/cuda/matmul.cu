@@ -163,7 +163,7 @@ void gemm(const Launch& L, GgmlType wt, const uint8_t* w, size_t w_stride, int64
 // fill the GPU, else 2 or 4 warps per group (never more than the group has steps of 1024 elements).
 int mv_ks(const Launch& L, int64_t k, int64_t n, int64_t n_grid_y) {
   const int64_t groups = (n + detail::kMvRowsPerCta - 1) / detail::kMvRowsPerCta * n_grid_y;
-  const int64_t target = int64_t(L.n_sm > 0 ? L.n_sm : 132) * 12;
+  const int64_t target = int64_t(L.n_sm > 0 ? L.n_sm : 132) * 24;
   int ks = groups >= target ? 1 : (2 * groups >= target ? 2 : 4);
   const int64_t nsteps = (k + 1023) / 1024;
   while (ks > 1 && ks > nsteps) ks /= 2;

@@ -11,8 +11,8 @@
 //   (F32 F16 BF16) are read straight from global memory (lane l: elements 256g + 8l of the step).
 //   x is read through L1 (float4 when aligned), once per 4 rows. Sums are F32: per lane in k order,
 //   then a warp tree, then the ks warps of the group.
-// Must not: allocate or synchronize. Loads may read up to 15 bytes past a row's last byte (inside the
-//   same 16-byte aligned segment, so never past an allocation).
+// Must not: allocate or synchronize, or read a byte outside the weight rows (a row's first and last
+//   16-byte vectors are copied 2 bytes at a time).
 // Threading: kernels only.
 #pragma once
 #include <cuda_runtime.h>
@@ -147,21 +147,37 @@ __global__ void __launch_bounds__(kMvThreads, M == 1 ? 6 : (M == 2 ? 5 : (M == 4
     __shared__ uint4 ring[kMvWarps][S][SV];
     const int64_t nunits = a.k / 32, nsteps = (nunits + 31) / 32;
     const int64_t rowbytes = (a.k / D::kQK) * D::kBS;
+    uintptr_t rbase[R];  // row starts (rows past n repeat row n - 1; their sums are not stored)
+#pragma unroll
+    for (int r = 0; r < R; ++r) rbase[r] = uintptr_t(w) + size_t(min(row0 + r, a.n - 1)) * a.w_stride;
     // Start the copy of step s into ring slot `slot`: flat vector f = lane + 32i is vector v of row r
     // (f = r * kVPR + v), read from the 16-byte aligned address at or below the row's step start.
+    // A row's very first and last vectors are copied 2 bytes at a time, only the row's own bytes,
+    // so no byte outside the rows is read (the other vectors' extra bytes belong to the same row).
     auto issue = [&](int64_t s, int slot) {
       if (s < nsteps) {
         const int64_t b0 = s * G::kSB;
         const int64_t len = min(int64_t(G::kSB), rowbytes - b0);
+        const bool first = s == 0, last = s == nsteps - 1;
 #pragma unroll
         for (int i = 0; i < G::kNL; ++i) {
           const int f = lane + 32 * i;
           const int r = f / G::kVPR, v = f - r * G::kVPR;
           if (r < R) {
             const uintptr_t p = uintptr_t(w) + size_t(min(row0 + r, a.n - 1)) * a.w_stride + size_t(b0);
-            const uintptr_t a0 = p & ~uintptr_t(15);
-            const int nv = int((p + size_t(len) - a0 + 15) >> 4);
-            if (v < nv) mv_cp16(&ring[wid][slot][f], reinterpret_cast<const uint4*>(a0) + v);
+            const uintptr_t e = p + size_t(len), a0 = p & ~uintptr_t(15);
+            const uintptr_t vs = a0 + 16 * uintptr_t(v);
+            if (vs < e) {
+              uint4* dst = &ring[wid][slot][f];
+              if ((first && vs < p) || (last && vs + 16 > e)) {
+                const uintptr_t lo = vs < p ? p : vs, hi = vs + 16 > e ? e : vs + 16;
+                for (uintptr_t q = lo; q < hi; q += 2)
+                  *reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(dst) + (q - vs)) =
+                      *reinterpret_cast<const uint16_t*>(q);
+              } else {
+                mv_cp16(dst, reinterpret_cast<const void*>(vs));
+              }
+            }
           }
         }
       }
@@ -182,7 +198,7 @@ __global__ void __launch_bounds__(kMvThreads, M == 1 ? 6 : (M == 2 ? 5 : (M == 4
         dq::Scales sc[R];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          const uintptr_t p = uintptr_t(w) + size_t(min(row0 + r, a.n - 1)) * a.w_stride + size_t(s * G::kSB);
+          const uintptr_t p = rbase[r] + size_t(s * G::kSB);
           bp[r] = reinterpret_cast<const uint8_t*>(st + r * G::kVPR) + (p & 15) + blk * D::kBS;
           sc[r] = D::template scales<A>(bp[r], sub);
         }
