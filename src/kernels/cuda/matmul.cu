@@ -6,7 +6,9 @@
 //   of at most 32 MiB, cublasGemmEx F16 x F16 -> F32 with F32 compute; F32 weights: F32 cublasGemmEx
 //   on W and X in place. matmul_id runs the mat-vec kernel once per (token, slot) with that slot's
 //   expert (the expert id is read on the device): right for every T, but a prefill batch reads an
-//   expert matrix once per slot that uses it (no grouping of tokens per expert yet).
+//   expert matrix once per slot that uses it (no grouping of tokens per expert yet). k must be a
+//   multiple of 32 and of the type's block size (get_rows: of 8 and the block size). cuBLAS rounds
+//   X to F16 on the tensor-core path: |x| above 65504 becomes inf there.
 // Must not: allocate, synchronize or read device memory on the host (graph-capturable). cuBLAS is
 //   called on L.blas, which the caller bound to L.stream (with its workspace set for capture).
 // Threading: launchers are stateless and thread-safe; a Launch belongs to one stream.
@@ -159,12 +161,14 @@ void gemm(const Launch& L, GgmlType wt, const uint8_t* w, size_t w_stride, int64
   }
 }
 
-// k-split of the mat-vec kernel: whole rows per warp (ks = 1) when there are enough row groups to
-// fill the GPU, else 2 or 4 warps per group (never more than the group has steps of 1024 elements).
+// k-split of the mat-vec kernel: whole rows per warp (ks = 1) when there are >= 24 row groups per SM,
+// else 2 warps per group while that gives >= 12 warps per SM, else 4 (never more warps than the group
+// has steps of 1024 elements). Measured on an H200 (132 SMs, test_cuda_matmul's bench): n = 248320
+// is fastest at ks = 1, n = 12288 and n = 4096 (k = 4096 / 12288) at ks = 2.
 int mv_ks(const Launch& L, int64_t k, int64_t n, int64_t n_grid_y) {
   const int64_t groups = (n + detail::kMvRowsPerCta - 1) / detail::kMvRowsPerCta * n_grid_y;
-  const int64_t target = int64_t(L.n_sm > 0 ? L.n_sm : 132) * 24;
-  int ks = groups >= target ? 1 : (2 * groups >= target ? 2 : 4);
+  const int64_t n_sm = L.n_sm > 0 ? L.n_sm : 132;
+  int ks = groups >= 24 * n_sm ? 1 : (2 * groups >= 12 * n_sm ? 2 : 4);
   const int64_t nsteps = (k + 1023) / 1024;
   while (ks > 1 && ks > nsteps) ks /= 2;
   return ks;
