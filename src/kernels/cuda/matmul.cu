@@ -1,0 +1,254 @@
+// kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul_supported, matmul_workspace,
+//   matmul, matmul_id_workspace, matmul_id, get_rows.
+// Owns: the choice of path. m <= 16 columns: the fused mat-vec kernel (matvec.cuh), 8 columns per
+//   pass, F32 x, F32 sums. m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
+//   in chunks of at most 64 MiB (F16 weights are used in place), X columns rounded to F16 in chunks
+//   of at most 32 MiB, cublasGemmEx F16 x F16 -> F32 with F32 compute; F32 weights: F32 cublasGemmEx
+//   on W and X in place. matmul_id runs the mat-vec kernel once per (token, slot) with that slot's
+//   expert (the expert id is read on the device): right for every T, but a prefill batch reads an
+//   expert matrix once per slot that uses it (no grouping of tokens per expert yet). k must be a
+//   multiple of 32 and of the type's block size (get_rows: of 8 and the block size). cuBLAS rounds
+//   X to F16 on the tensor-core path: |x| above 65504 becomes inf there.
+// Must not: allocate, synchronize or read device memory on the host (graph-capturable). cuBLAS is
+//   called on L.blas, which the caller bound to L.stream (with its workspace set for capture).
+// Threading: launchers are stateless and thread-safe; a Launch belongs to one stream.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/matmul_internal.h"
+
+namespace kiln::cuda {
+namespace {
+
+using detail::MvArgs;
+
+[[noreturn]] void fail(const char* fn, const char* what, long long a = 0, long long b = 0) {
+  std::fprintf(stderr, "kiln::cuda::%s: %s (%lld, %lld)\n", fn, what, a, b);
+  std::abort();
+}
+#define KILN_MM_CHECK(cond, fn, what, a, b) \
+  do {                                      \
+    if (!(cond)) fail(fn, what, a, b);      \
+  } while (0)
+
+constexpr int64_t kMvMaxM = 16;          // columns up to which the mat-vec kernel is used
+constexpr size_t kW16Cap = size_t(64) << 20;  // bytes of one dequantized F16 W chunk
+constexpr size_t kX16Cap = size_t(32) << 20;  // bytes of one F16 X chunk
+
+int64_t block_elems(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: return 1;
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS: return 256;
+    default: return 32;
+  }
+}
+size_t block_bytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return 4;
+    case GgmlType::F16: case GgmlType::BF16: return 2;
+    case GgmlType::Q4_0: case GgmlType::IQ4_NL: return 18;
+    case GgmlType::Q4_1: return 20;
+    case GgmlType::Q5_0: return 22;
+    case GgmlType::Q5_1: return 24;
+    case GgmlType::Q8_0: return 34;
+    case GgmlType::Q2_K: return 84;
+    case GgmlType::Q3_K: return 110;
+    case GgmlType::Q4_K: return 144;
+    case GgmlType::Q5_K: return 176;
+    case GgmlType::Q6_K: return 210;
+    case GgmlType::IQ4_XS: return 136;
+    default: return 0;
+  }
+}
+size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+
+// The row / column chunking of the tensor-core path (matmul_workspace and matmul agree through it).
+struct GemmPlan {
+  bool w16 = false, x16 = false;  // W dequantized to F16 / X rounded to F16 in the workspace
+  int64_t nc = 0, mc = 0;         // rows of W / columns of X per chunk
+  size_t w16_bytes = 0, bytes = 0;
+};
+int64_t chunk(size_t cap, int64_t k, int64_t total) {
+  int64_t c = std::max<int64_t>(1, int64_t(cap / (2 * size_t(k))));
+  if (c >= total) return total;
+  return c >= 128 ? c / 128 * 128 : c;
+}
+GemmPlan gemm_plan(GgmlType wt, int64_t k, int64_t n, int64_t m) {
+  GemmPlan p;
+  p.w16 = wt != GgmlType::F32 && wt != GgmlType::F16;
+  p.x16 = wt != GgmlType::F32;
+  p.nc = p.w16 ? chunk(kW16Cap, k, n) : n;
+  p.mc = p.x16 ? chunk(kX16Cap, k, m) : m;
+  p.w16_bytes = p.w16 ? align256(2 * size_t(k) * size_t(p.nc)) : 0;
+  p.bytes = p.w16_bytes + (p.x16 ? align256(2 * size_t(k) * size_t(p.mc)) : 0);
+  return p;
+}
+
+void mv(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s) {
+  if (!detail::matvec_kquant(t, a, n_grid_y, s) && !detail::matvec_legacy(t, a, n_grid_y, s) &&
+      !detail::matvec_dense(t, a, n_grid_y, s))
+    fail("matmul", "unsupported weight type", int(t), 0);
+}
+
+void launched(const char* fn) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "kiln::cuda::%s: launch failed: %s\n", fn, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+// X columns [k, mc] (x_stride floats apart) -> contiguous F16 [k, mc].
+__global__ void x_to_half_kernel(const float* x, int64_t x_stride, int64_t k, int64_t total, __half* out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = i / k, e = i - c * k;
+    out[i] = __float2half_rn(x[c * x_stride + e]);
+  }
+}
+
+void gemm_ex(const Launch& L, int64_t nc, int64_t mc, int64_t k, const void* a, cudaDataType at, int64_t lda,
+             const void* b, cudaDataType bt, int64_t ldb, float* c, int64_t ldc) {
+  const float one = 1.f, zero = 0.f;
+  const cublasStatus_t st = cublasGemmEx(L.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(nc), int(mc), int(k), &one, a, at,
+                                         int(lda), b, bt, int(ldb), &zero, c, CUDA_R_32F, int(ldc),
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  KILN_MM_CHECK(st == CUBLAS_STATUS_SUCCESS, "matmul", "cublasGemmEx failed (status, rows)", int(st), nc);
+}
+
+void gemm(const Launch& L, GgmlType wt, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
+          int64_t x_stride, float* y, int64_t y_stride, int64_t m) {
+  const GemmPlan p = gemm_plan(wt, k, n, m);
+  KILN_MM_CHECK(L.blas != nullptr, "matmul", "no cuBLAS handle in the Launch", m, 0);
+  KILN_MM_CHECK(L.ws_bytes >= p.bytes && (p.bytes == 0 || L.ws != nullptr), "matmul",
+                "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes, (long long)p.bytes);
+  KILN_MM_CHECK(k < INT_MAX && n < INT_MAX && m < INT_MAX && x_stride < INT_MAX && y_stride < INT_MAX &&
+                    w_stride / 2 < INT_MAX, "matmul", "dimension too large for cuBLAS (k, n)", k, n);
+  if (wt == GgmlType::F32) {
+    KILN_MM_CHECK(w_stride % 4 == 0, "matmul", "F32 weight rows not 4-byte aligned", (long long)w_stride, 0);
+    gemm_ex(L, n, m, k, w, CUDA_R_32F, int64_t(w_stride / 4), x, CUDA_R_32F, x_stride, y, y_stride);
+    return;
+  }
+  __half* w16 = static_cast<__half*>(L.ws);
+  __half* x16 = reinterpret_cast<__half*>(static_cast<uint8_t*>(L.ws) + p.w16_bytes);
+  for (int64_t r0 = 0; r0 < n; r0 += p.nc) {
+    const int64_t nc = std::min(p.nc, n - r0);
+    const void* a = w + size_t(r0) * w_stride;
+    int64_t lda = int64_t(w_stride / 2);
+    if (p.w16) {
+      detail::dequant_rows(wt, a, w_stride, k, nullptr, nc, w16, true, k, L.stream);
+      a = w16;
+      lda = k;
+    } else {
+      KILN_MM_CHECK(w_stride % 2 == 0, "matmul", "F16 weight rows not 2-byte aligned", (long long)w_stride, 0);
+    }
+    for (int64_t c0 = 0; c0 < m; c0 += p.mc) {
+      const int64_t mc = std::min(p.mc, m - c0);
+      if (p.mc < m || r0 == 0) {
+        const int64_t total = k * mc;
+        const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 4096));
+        x_to_half_kernel<<<blocks, 256, 0, L.stream>>>(x + c0 * x_stride, x_stride, k, total, x16);
+      }
+      gemm_ex(L, nc, mc, k, a, CUDA_R_16F, lda, x16, CUDA_R_16F, k, y + r0 + c0 * y_stride, y_stride);
+    }
+  }
+}
+
+// k-split of the mat-vec kernel: whole rows per warp (ks = 1) when there are >= 24 row groups per SM,
+// else 2 warps per group while that gives >= 12 warps per SM, else 4 (never more warps than the group
+// has steps of 1024 elements). Measured on an H200 (132 SMs, test_cuda_matmul's bench): n = 248320
+// is fastest at ks = 1, n = 12288 and n = 4096 (k = 4096 / 12288) at ks = 2.
+int mv_ks(const Launch& L, int64_t k, int64_t n, int64_t n_grid_y) {
+  const int64_t groups = (n + detail::kMvRowsPerCta - 1) / detail::kMvRowsPerCta * n_grid_y;
+  const int64_t n_sm = L.n_sm > 0 ? L.n_sm : 132;
+  int ks = groups >= 24 * n_sm ? 1 : (2 * groups >= 12 * n_sm ? 2 : 4);
+  const int64_t nsteps = (k + 1023) / 1024;
+  while (ks > 1 && ks > nsteps) ks /= 2;
+  return ks;
+}
+
+bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
+  return uintptr_t(x) % 16 == 0 && s1 % 4 == 0 && s2 % 4 == 0;
+}
+
+}  // namespace
+
+bool matmul_supported(GgmlType wt) { return block_bytes(wt) != 0; }
+
+size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
+  if (m <= kMvMaxM || !matmul_supported(wt) || k <= 0 || n <= 0) return 0;
+  return gemm_plan(wt, k, n, m).bytes;
+}
+
+void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
+            int64_t x_stride, float* y, int64_t y_stride, int64_t m) {
+  KILN_MM_CHECK(matmul_supported(wt), "matmul", "unsupported weight type", int(wt), 0);
+  KILN_MM_CHECK(k > 0 && k % block_elems(wt) == 0 && k % 32 == 0, "matmul",
+                "k must be a positive multiple of the block size and of 32 (k, block)", k, block_elems(wt));
+  KILN_MM_CHECK(n >= 0 && m >= 0, "matmul", "negative n or m", n, m);
+  if (n == 0 || m == 0) return;
+  KILN_MM_CHECK(w_stride >= size_t(k / block_elems(wt)) * block_bytes(wt), "matmul", "w_stride below the row size",
+                (long long)w_stride, k);
+  KILN_MM_CHECK(m == 1 || (x_stride >= k && y_stride >= n), "matmul", "column strides too small (x, y)", x_stride,
+                y_stride);
+  if (m > kMvMaxM) {
+    gemm(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m);
+    launched("matmul");
+    return;
+  }
+  for (int64_t c0 = 0; c0 < m; c0 += detail::kMvCols) {
+    MvArgs a;
+    a.w = w, a.w_stride = w_stride, a.k = k, a.n = n;
+    a.x = x + c0 * x_stride, a.x_stride = x_stride, a.y = y + c0 * y_stride, a.y_stride = y_stride;
+    a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
+    a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
+    a.ks = mv_ks(L, k, n, 1);
+    mv(wt, a, 1, L.stream);
+  }
+  launched("matmul");
+}
+
+size_t matmul_id_workspace(GgmlType, int64_t, int64_t, int64_t) { return 0; }
+
+void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t k,
+               int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids, int64_t K,
+               int64_t T, float* y, int64_t y_slot, int64_t y_tok) {
+  KILN_MM_CHECK(matmul_supported(wt), "matmul_id", "unsupported weight type", int(wt), 0);
+  KILN_MM_CHECK(k > 0 && k % block_elems(wt) == 0 && k % 32 == 0, "matmul_id",
+                "k must be a positive multiple of the block size and of 32 (k, block)", k, block_elems(wt));
+  KILN_MM_CHECK(nx == 1 || nx == K, "matmul_id", "nx must be 1 or K (nx, K)", nx, K);
+  KILN_MM_CHECK(w_stride >= size_t(k / block_elems(wt)) * block_bytes(wt), "matmul_id",
+                "w_stride below the row size", (long long)w_stride, k);
+  if (n <= 0 || K <= 0 || T <= 0) return;
+  MvArgs a;
+  a.w = w, a.w_stride = w_stride, a.k = k, a.n = n, a.x = x, a.y = y, a.m = 1;
+  a.xv = x_vec_ok(x, x_tok, nx == 1 ? 0 : x_slot);
+  a.ids = ids, a.K = K, a.w_expert_stride = w_expert_stride;
+  a.x_slot = x_slot, a.x_tok = x_tok, a.y_slot = y_slot, a.y_tok = y_tok, a.nx_one = nx == 1;
+  constexpr int64_t kMaxGridY = 65535;
+  for (int64_t s0 = 0; s0 < K * T; s0 += kMaxGridY) {
+    a.slot0 = s0;
+    a.ks = mv_ks(L, k, n, std::min(kMaxGridY, K * T - s0));
+    mv(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
+  }
+  launched("matmul_id");
+}
+
+void get_rows(const Launch& L, GgmlType t, const void* table, size_t row_stride, int64_t k, const int32_t* ids,
+              int64_t n, float* out, int64_t out_stride) {
+  KILN_MM_CHECK(matmul_supported(t), "get_rows", "unsupported table type", int(t), 0);
+  KILN_MM_CHECK(k > 0 && k % block_elems(t) == 0 && k % 8 == 0, "get_rows",
+                "k must be a positive multiple of the block size and of 8 (k, block)", k, block_elems(t));
+  if (n <= 0) return;
+  detail::dequant_rows(t, table, row_stride, k, ids, n, out, false, out_stride, L.stream);
+  launched("get_rows");
+}
+
+}  // namespace kiln::cuda

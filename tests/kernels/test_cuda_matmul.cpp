@@ -1,0 +1,365 @@
+// tests/kernels/test_cuda_matmul.cpp — the CUDA mat-mul launchers (kernels/cuda/cuda_ops.h: matmul,
+// matmul_id, get_rows) for every weight type against a double-precision host reference on the
+// host-dequantized weights (tensor::dequantize_row of the tensor::quantize_row bytes).
+// Bounds, relative to S = sum_i |w_i x_i| of each output:
+//   mat-vec path (m <= 16, F32 x, F32 sums):                 |y - ref| <= 2e-5 * S
+//   tensor-core path (m > 16): F32 weights (F32 GEMM)       |y - ref| <= 2e-5 * S
+//                              other types (W, X in F16):    |y - ref| <= 2e-3 * S  (two F16
+//                              roundings, 2^-11 each, plus F32 sums)
+//   get_rows: bit-identical to tensor::dequantize_row.
+// Launcher-level: the test owns its device buffers, stream, cuBLAS handle and workspace. Without a
+// usable GPU every test is skipped with the reason. CudaMatmulBench.Decode (timings, printed, not
+// asserted) runs only with KILN_CUDA_BENCH=1.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gguf/types.h"
+#include "kernel_test_util.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/matmul_internal.h"
+#include "tensor/quant.h"
+
+namespace {
+
+using kiln::gguf::GgmlType;
+namespace cu = kiln::cuda;
+namespace kt = kiln::kernels::testing;
+
+std::string gpu_unavailable() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
+  if (n == 0) return "no CUDA device";
+  return "";
+}
+#define KILN_REQUIRE_GPU()                                      \
+  if (const std::string why_ = gpu_unavailable(); !why_.empty()) \
+  GTEST_SKIP() << why_
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+// A device buffer of n elements of T.
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t n_) : n(n_) { ck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { up(v); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void up(const std::vector<T>& v) { ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "up"); }
+  std::vector<T> down() const {
+    std::vector<T> v(n);
+    ck(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "down");
+    return v;
+  }
+};
+
+// Stream, cuBLAS handle and a workspace grown on demand (outside the launchers).
+struct Gpu {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  int sm = 0, n_sm = 0;
+  Gpu() {
+    ck(cudaStreamCreate(&stream), "cudaStreamCreate");
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) std::abort();
+    cublasSetStream(blas, stream);
+    cudaDeviceProp p{};
+    ck(cudaGetDeviceProperties(&p, 0), "props");
+    sm = p.major * 10 + p.minor, n_sm = p.multiProcessorCount;
+  }
+  ~Gpu() {
+    cudaFree(ws);
+    cublasDestroy(blas);
+    cudaStreamDestroy(stream);
+  }
+  cu::Launch launch(size_t need) {
+    if (need > ws_bytes) {
+      cudaFree(ws);
+      ck(cudaMalloc(&ws, need), "cudaMalloc ws");
+      ws_bytes = need;
+    }
+    cu::Launch L;
+    L.stream = stream, L.blas = blas, L.ws = ws, L.ws_bytes = ws_bytes, L.sm = sm, L.n_sm = n_sm;
+    return L;
+  }
+  void sync() { ck(cudaStreamSynchronize(stream), "sync"); }
+};
+
+int64_t block_of(GgmlType t) { return kiln::gguf::type_info(t).block_size; }
+bool k_type(GgmlType t) { return block_of(t) == 256; }
+
+// n quantized rows (stride bytes apart) and their host dequantization [n][k].
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;
+  size_t stride = 0;
+};
+Weights make_weights(GgmlType t, int64_t k, int64_t n, size_t pad, uint32_t seed) {
+  Weights w;
+  const std::vector<float> f = kt::randv(size_t(k * n), seed);
+  w.stride = kiln::tensor::row_size(t, k) + pad;
+  w.bytes = kt::weight_rows(t, f.data(), k, n, w.stride, 0x5A);
+  w.deq.resize(size_t(k * n));
+  for (int64_t r = 0; r < n; ++r)
+    kiln::tensor::dequantize_row(t, w.bytes.data() + r * w.stride, w.deq.data() + r * k, k);
+  return w;
+}
+
+// Largest |y - ref| / S over the outputs of one (row block, column): ref and S in double.
+struct ErrAcc {
+  double worst = 0;
+  void add(float got, const float* w, const float* x, int64_t k) {
+    double ref = 0, s = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      ref += double(w[i]) * double(x[i]);
+      s += std::fabs(double(w[i]) * double(x[i]));
+    }
+    const double e = std::fabs(double(got) - ref) / std::max(s, 1e-30);
+    worst = std::max(worst, std::isfinite(got) ? e : 1e30);
+  }
+};
+
+constexpr double kMvBound = 2e-5, kF32GemmBound = 2e-5, kF16GemmBound = 2e-3;
+
+struct Case {
+  int64_t k, n;
+  std::vector<int64_t> ms;
+  size_t pad;        // bytes between rows beyond the row size (0: packed)
+  bool odd_x;        // x columns k + 1 floats apart, base not 16-byte aligned (scalar x loads)
+};
+
+std::vector<Case> cases_for(GgmlType t) {
+  const bool kq = k_type(t);
+  const size_t pad = t == GgmlType::F32 ? 4 : 2;
+  return {
+      {kq ? 768 : 800, 77, {1, 2, 3, 5, 8, 9, 16, 64, 257}, 0, false},
+      {kq ? 768 : 800, 77, {1, 3, 9, 64}, pad, true},                    // misaligned rows and x
+      {kq ? 1280 : 1056, 1025, {1, 5, 16, 64}, 0, false},
+      {kq ? 8448 : 8224, 33, {1, 8, 17}, 0, false},                      // several steps per warp
+  };
+}
+
+std::map<std::string, std::map<std::string, double>> g_report;  // type -> path -> worst error
+
+TEST(CudaMatmul, EveryTypeEveryPath) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  uint32_t seed = 1;
+  for (GgmlType t : kt::kMatmulTypes) {
+    const std::string tn(kiln::gguf::type_name(t));
+    SCOPED_TRACE(tn);
+    ASSERT_TRUE(cu::matmul_supported(t));
+    for (const Case& c : cases_for(t)) {
+      const Weights w = make_weights(t, c.k, c.n, c.pad, seed++);
+      Dev<uint8_t> dw(w.bytes);
+      for (int64_t m : c.ms) {
+        SCOPED_TRACE("k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) + " m=" + std::to_string(m) +
+                     (c.pad ? " padded rows" : "") + (c.odd_x ? " odd x stride" : ""));
+        const int64_t xs = c.odd_x ? c.k + 1 : c.k + 4, ys = c.n + 3, xoff = c.odd_x ? 1 : 0;
+        const std::vector<float> x = kt::randv(size_t(xs * m + xoff), seed++);
+        Dev<float> dx(x);
+        Dev<float> dy(size_t(ys * m));
+        cu::Launch L = gpu.launch(cu::matmul_workspace(t, c.k, c.n, m));
+        cu::matmul(L, t, dw.p, w.stride, c.k, c.n, dx.p + xoff, xs, dy.p, ys, m);
+        gpu.sync();
+        const std::vector<float> y = dy.down();
+        ErrAcc err;
+        for (int64_t col = 0; col < m; ++col)
+          for (int64_t r = 0; r < c.n; ++r)
+            err.add(y[size_t(col * ys + r)], w.deq.data() + r * c.k, x.data() + xoff + col * xs, c.k);
+        const bool mv = m <= 16;
+        const double bound = mv ? kMvBound : (t == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
+        EXPECT_LE(err.worst, bound);
+        double& rep = g_report[tn][mv ? "matvec" : "gemm"];
+        rep = std::max(rep, err.worst);
+      }
+    }
+  }
+  std::printf("\nworst |y - ref| / sum|w x| per type (bounds: matvec %.0e, gemm %.0e F16 / %.0e F32)\n", kMvBound,
+              kF16GemmBound, kF32GemmBound);
+  for (auto& [tn, m] : g_report) std::printf("  %-7s matvec %.2e  gemm %.2e\n", tn.c_str(), m["matvec"], m["gemm"]);
+}
+
+TEST(CudaMatmul, ExpertsAnyTokenCount) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  uint32_t seed = 1000;
+  const int64_t E = 5, n = 77, K = 3, T = 7;
+  double worst_all = 0;
+  for (GgmlType t : kt::kMatmulTypes) {
+    const std::string tn(kiln::gguf::type_name(t));
+    SCOPED_TRACE(tn);
+    const int64_t k = k_type(t) ? 512 : 96;
+    const Weights w = make_weights(t, k, n * E, 0, seed++);  // experts stacked: expert e = rows [e n, (e+1) n)
+    Dev<uint8_t> dw(w.bytes);
+    std::mt19937 rng(seed++);
+    std::vector<int32_t> ids(size_t(K * T));
+    for (auto& v : ids) v = int32_t(rng() % E);
+    Dev<int32_t> dids(ids);
+    for (int64_t nx : {int64_t(1), K}) {
+      SCOPED_TRACE("nx=" + std::to_string(nx));
+      const int64_t x_slot = k + 4, x_tok = nx * x_slot, y_slot = n + 3, y_tok = K * y_slot;
+      const std::vector<float> x = kt::randv(size_t(x_tok * T), seed++);
+      Dev<float> dx(x);
+      Dev<float> dy(size_t(y_tok * T));
+      cu::Launch L = gpu.launch(cu::matmul_id_workspace(t, k, n, K * T));
+      cu::matmul_id(L, t, dw.p, w.stride, w.stride * size_t(n), k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy.p,
+                    y_slot, y_tok);
+      gpu.sync();
+      const std::vector<float> y = dy.down();
+      ErrAcc err;
+      for (int64_t tk = 0; tk < T; ++tk)
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t e = ids[size_t(tk * K + j)];
+          const float* xc = x.data() + tk * x_tok + (nx == 1 ? 0 : j * x_slot);
+          for (int64_t r = 0; r < n; ++r)
+            err.add(y[size_t(tk * y_tok + j * y_slot + r)], w.deq.data() + (e * n + r) * k, xc, k);
+        }
+      EXPECT_LE(err.worst, kMvBound);
+      worst_all = std::max(worst_all, err.worst);
+    }
+  }
+  std::printf("matmul_id: worst |y - ref| / sum|w x| over all types %.2e (bound %.0e)\n", worst_all, kMvBound);
+}
+
+TEST(CudaMatmul, GetRowsExact) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  uint32_t seed = 2000;
+  const int64_t rows = 50, n = 37;
+  for (GgmlType t : kt::kMatmulTypes) {
+    const std::string tn(kiln::gguf::type_name(t));
+    SCOPED_TRACE(tn);
+    for (size_t pad : {size_t(0), size_t(t == GgmlType::F32 ? 4 : 2)}) {
+      const int64_t k = k_type(t) ? 768 : 288;
+      const Weights w = make_weights(t, k, rows, pad, seed++);
+      Dev<uint8_t> dw(w.bytes);
+      std::mt19937 rng(seed++);
+      std::vector<int32_t> ids(n);
+      for (auto& v : ids) v = int32_t(rng() % rows);
+      ids[0] = rows - 1;
+      Dev<int32_t> dids(ids);
+      const int64_t os = k + 3;
+      Dev<float> dout(size_t(os * n));
+      cu::Launch L = gpu.launch(0);
+      cu::get_rows(L, t, dw.p, w.stride, k, dids.p, n, dout.p, os);
+      gpu.sync();
+      const std::vector<float> out = dout.down();
+      int64_t bad = 0;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t i = 0; i < k; ++i) {
+          const float want = w.deq[size_t(ids[r] * k + i)], got = out[size_t(r * os + i)];
+          if (std::memcmp(&want, &got, 4) != 0 && !(want == 0.f && got == 0.f)) ++bad;
+        }
+      EXPECT_EQ(bad, 0) << "elements differing from tensor::dequantize_row (pad " << pad << ")";
+    }
+  }
+}
+
+// ---- timing (KILN_CUDA_BENCH=1) -------------------------------------------------------------------
+TEST(CudaMatmulBench, Decode) {
+  const char* on = std::getenv("KILN_CUDA_BENCH");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "timing only with KILN_CUDA_BENCH=1";
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  struct Shape {
+    int64_t k, n;
+  };
+  const Shape shapes[] = {{4096, 12288}, {12288, 4096}, {4096, 248320}};
+  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q8_0, GgmlType::F16};
+  for (GgmlType t : types)
+    for (const Shape& s : shapes) {
+      const bool vocab = s.n > 100000;
+      if (vocab && t != GgmlType::Q6_K) continue;
+      const size_t rb = kiln::tensor::row_size(t, s.k), bytes = rb * size_t(s.n);
+      // Copies enough to exceed L2 several times; random bytes (timing only: the arithmetic's speed
+      // does not depend on the values).
+      const int copies = int(std::max<size_t>(1, (size_t(400) << 20) / bytes + 1));
+      std::vector<uint8_t> host(bytes);
+      uint64_t st = 0x9E3779B97F4A7C15ull;
+      for (size_t i = 0; i < bytes; i += 8) {
+        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+        std::memcpy(host.data() + i, &st, std::min<size_t>(8, bytes - i));
+      }
+      std::vector<Dev<uint8_t>*> ws;
+      for (int i = 0; i < copies; ++i) ws.push_back(new Dev<uint8_t>(host));
+      const int64_t mmax = vocab ? 8 : 2048;
+      const std::vector<float> xh = kt::randv(size_t(s.k * mmax), 3);
+      Dev<float> x(xh);
+      Dev<float> y(size_t(s.n * mmax));
+      auto time_it = [&](int64_t m, int reps) {
+        cu::Launch L = gpu.launch(cu::matmul_workspace(t, s.k, s.n, m));
+        for (int i = 0; i < 2; ++i) cu::matmul(L, t, ws[i % copies]->p, rb, s.k, s.n, x.p, s.k, y.p, s.n, m);
+        cudaEventRecord(e0, gpu.stream);
+        for (int i = 0; i < reps; ++i) cu::matmul(L, t, ws[i % copies]->p, rb, s.k, s.n, x.p, s.k, y.p, s.n, m);
+        cudaEventRecord(e1, gpu.stream);
+        gpu.sync();
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        return double(ms) * 1e-3 / reps;
+      };
+      const char* tn = kiln::gguf::type_name(t).data();
+      for (int64_t m : {1, 2, 4, 8}) {
+        const double sec = time_it(m, vocab ? 20 : 100);
+        std::printf("BENCH %-6s k=%-5lld n=%-6lld m=%-4lld %8.2f us  %7.1f GB/s (weights)\n", tn, (long long)s.k,
+                    (long long)s.n, (long long)m, sec * 1e6, double(bytes) / sec * 1e-9);
+      }
+      // The mat-vec kernel at each k-split (the launcher picks one from n and the GPU's size).
+      for (int ks : {1, 2, 4}) {
+        namespace dt = cu::detail;
+        dt::MvArgs a;
+        a.w_stride = rb, a.k = s.k, a.n = s.n, a.x = x.p, a.x_stride = s.k, a.y = y.p, a.y_stride = s.n;
+        a.m = 1, a.ks = ks, a.xv = true;
+        auto go = [&](int i) {
+          a.w = ws[i % copies]->p;
+          if (!dt::matvec_kquant(t, a, 1, gpu.stream) && !dt::matvec_legacy(t, a, 1, gpu.stream))
+            dt::matvec_dense(t, a, 1, gpu.stream);
+        };
+        const int reps = vocab ? 20 : 100;
+        for (int i = 0; i < 2; ++i) go(i);
+        cudaEventRecord(e0, gpu.stream);
+        for (int i = 0; i < reps; ++i) go(i);
+        cudaEventRecord(e1, gpu.stream);
+        gpu.sync();
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double sec = double(ms) * 1e-3 / reps;
+        std::printf("BENCH %-6s k=%-5lld n=%-6lld m=1    ks=%d %8.2f us  %7.1f GB/s\n", tn, (long long)s.k,
+                    (long long)s.n, ks, sec * 1e6, double(bytes) / sec * 1e-9);
+      }
+      if (!vocab)
+        for (int64_t m : {512, 2048}) {
+          const double sec = time_it(m, 5);
+          std::printf("BENCH %-6s k=%-5lld n=%-6lld m=%-4lld %8.2f us  %7.1f TFLOP/s\n", tn, (long long)s.k,
+                      (long long)s.n, (long long)m, sec * 1e6, 2.0 * double(s.k) * double(s.n) * double(m) / sec * 1e-12);
+        }
+      for (auto* p : ws) delete p;
+    }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
+}  // namespace
