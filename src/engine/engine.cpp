@@ -716,6 +716,8 @@ void Engine::thread_main(std::string path) {
     };
     model::LoadOptions lo;
     lo.load_mode = opt_.load_mode;
+    lo.n_gpu_layers = opt_.n_gpu_layers;
+    lo.main_gpu = opt_.main_gpu;
     lo.progress = [this](size_t done, size_t total) { progress_.store(total ? float(done) / float(total) : 1.f); };
     auto m = model::load_model(path, lo);
     if (!m.ok()) return fail(m.error().message);

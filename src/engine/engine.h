@@ -58,6 +58,8 @@ struct EngineOptions {
   model::GgmlType type_k = model::GgmlType::F16;  // -ctk
   model::GgmlType type_v = model::GgmlType::F16;  // -ctv
   LoadMode load_mode = LoadMode::Mmap;  // --load-mode
+  int n_gpu_layers = 0;        // -ngl: model::LoadOptions::n_gpu_layers (-1 = all; 0 = CPU only)
+  int main_gpu = 0;            // -mg: model::LoadOptions::main_gpu
   int64_t cache_ram_bytes = int64_t(8192) << 20;  // --cache-ram (MiB * 2^20): <0 unlimited, 0 off
   int32_t cache_block = 32;                       // prefix-cache block size (tokens)
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
