@@ -138,7 +138,7 @@ class Stream {
   // Rows: x, y same shape (y may be x).
   virtual void unary(Unary op, const Tensor& x, const Tensor& y) = 0;
   // Rows: a, y same shape (y may be a or b); b either the same shape, one row [ne0] broadcast to
-  // every row, or [1, n1, n2] (one scalar per row).
+  // every row, or [1, n1, n2] (one scalar per row, as if repeated across the row).
   virtual void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   virtual void scale(const Tensor& x, float s, const Tensor& y) = 0;  // rows
   // logits [n_expert, n_tok]; ids I32 [k, n_tok]; weights [k, n_tok].
@@ -150,7 +150,8 @@ class Stream {
   // Q8_0/Q4_0) at (pos[t], seq[t]).
   virtual void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) = 0;
   // q, out rows [head_dim, n_head, T]; caches [head_dim, n_head_kv, n_ctx, n_seq]; token t attends
-  // to positions 0..pos[t] of slot seq[t] (causal).
+  // to positions 0..pos[t] of slot seq[t] (causal). The workspace: attention_workspace(p, T, n_kv_max)
+  // with n_kv_max >= every pos[t] + 1.
   virtual void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
                          const AttnSpec& p, const Tensor& out) = 0;
   // x, y [C, T] (token stride nb[1]; y may be x); w [d_conv, C] F32; state [d_conv - 1, C, 1, n_seq]
@@ -158,8 +159,9 @@ class Stream {
   virtual void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state,
                            const Tensor& y) = 0;
   // q, k [S, Hk, T]; v [S, Hv, T]; g, beta [Hv, T]; state [S, S, Hv, n_seq] F32; out [S, Hv, T].
-  // chunk = 0: token-by-token recurrence; > 0: runs of at least `chunk` tokens may use the chunked
-  // form with that chunk length.
+  // chunk = 0: token-by-token recurrence for every run; > 0: runs of at least `chunk` tokens take
+  // the chunked form (ContextOptions::delta_chunk_min; the chunk length itself is the backend's
+  // choice — 64 on the CPU), shorter runs the recurrence.
   virtual void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                            const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) = 0;
 };
@@ -179,6 +181,8 @@ class Device {
 // The CPU device: kernels from kernels/cpu on a ThreadPool of n_threads (<= 0: all cores, or
 // KILN_THREADS). Its streams execute each op when it is enqueued (synchronize() is a no-op).
 std::unique_ptr<Device> make_cpu_device(int n_threads = 0);
+// A CPU device whose streams run on the caller's pool (which must outlive the device).
+std::unique_ptr<Device> make_cpu_device(ThreadPool& pool);
 
 // CUDA devices (backend/cuda_backend.*; built when nvcc is found). cuda_device_count() is 0 without
 // a usable GPU or driver (cuda_unavailable_reason() says why) and in builds without CUDA.

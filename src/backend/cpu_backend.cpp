@@ -1,5 +1,15 @@
-// The CPU backend: host buffers (owned or wrapped), and a stream that runs kernels/cpu ops on the
-// device's ThreadPool as each op is enqueued.
+// backend/cpu_backend.cpp — the CPU backend: host buffers (owned or wrapped), and a stream that runs
+//   kernels/cpu ops on the device's ThreadPool as each op is enqueued (synchronously: synchronize()
+//   is a no-op, capture() unsupported).
+// Owns: the mapping of Stream ops onto kernels/ops.h calls — in particular, for the sequence ops,
+//   how a batch splits into runs (consecutive tokens of one slot, read from the host seq/pos
+//   tensors) and which kernel call each run gets (the same calls the model made before the Stream
+//   existed, so results stay bit-identical); the non-flash attention orders (AttnOrder::GgmlTiny for
+//   runs of >= 2 tokens, GgmlVec for one) and the chunk length of the chunked gated-delta form.
+// Must not: know about models or layers.
+// Threading: a CpuStream is used by one thread at a time; it reads and writes any host-addressable
+//   Buffer (of any CPU device).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -52,6 +62,38 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* what) {
              b.ne[0], b.ne[1], b.ne[2], b.ne[3]);
 }
 
+size_t align64(size_t n) { return (n + 63) & ~size_t(63); }
+
+// The chunk length of the chunked gated-delta form (the CPU's choice; Stream::gated_delta's `chunk`
+// is the shortest run that takes it).
+constexpr int kDeltaChunk = 64;
+
+// Host view of a per-token slot tensor (I32 [T]), each value checked against n_seq.
+const int32_t* seq_of(const Tensor& seq, int64_t T, int64_t n_seq) {
+  check_i32(seq, T, "seq");
+  const auto* s = seq.host_as<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) KILN_CHECK(s[t] >= 0 && s[t] < n_seq, "seq[{}] = {} outside [0, {})", t, s[t], n_seq);
+  return s;
+}
+const int32_t* pos_of(const Tensor& pos, int64_t T, int64_t n_ctx) {
+  check_i32(pos, T, "pos");
+  const auto* p = pos.host_as<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) KILN_CHECK(p[t] >= 0 && p[t] < n_ctx, "pos[{}] = {} outside [0, {})", t, p[t], n_ctx);
+  return p;
+}
+// Byte 0 of slot s of a per-sequence memory view (ne[3] = slots).
+void* slot_ptr(const Tensor& mem, int32_t s) { return static_cast<char*>(mem.host()) + size_t(s) * mem.nb[3]; }
+// fn(t0, n) for each run of consecutive tokens with the same slot.
+template <class F>
+void for_runs(const int32_t* seq, int64_t T, F&& fn) {
+  for (int64_t t0 = 0; t0 < T;) {
+    int64_t t1 = t0 + 1;
+    while (t1 < T && seq[t1] == seq[t0]) ++t1;
+    fn(t0, t1 - t0);
+    t0 = t1;
+  }
+}
+
 class CpuStream final : public Stream {
  public:
   CpuStream(Device& dev, ThreadPool& pool) : dev_(dev), pool_(pool) {}
@@ -88,17 +130,12 @@ class CpuStream final : public Stream {
     return K::attention_workspace(ap, pool_.size());
   }
   size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
-    return K::gated_delta_chunked_workspace(S, chunk, pool_.size());
+    return chunk > 0 ? K::gated_delta_chunked_workspace(S, kDeltaChunk, pool_.size()) : 0;
   }
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
-    KILN_CHECK(false, "matmul_id: TODO (cpuseam)");
-    return 0;
+    return align64(K::matmul_workspace(wt, k, n_slots, pool_.size())) + align64(size_t(n_slots) * 4) +
+           align64(size_t(k * n_slots) * 4) + align64(size_t(n * n_slots) * 4);
   }
-  void fill_zero(const Tensor& dst) override { KILN_CHECK(false, "fill_zero: TODO (cpuseam)"); }
-  void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) override {
-    KILN_CHECK(false, "matmul_id: TODO (cpuseam)");
-  }
-  void hadamard(const Tensor& x, int64_t n) override { KILN_CHECK(false, "hadamard: TODO (cpuseam)"); }
   void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
   int workspace_grows() const override { return grows_; }
 
@@ -143,35 +180,128 @@ class CpuStream final : public Stream {
     K::rope(rows_of(x, "rope x"), pos.host_as<const int32_t>(), p, pool_);
   }
   void softmax(const Tensor& x, float scale) override { K::softmax(rows_of(x, "softmax x"), scale, pool_); }
+  // Unary / binary / scale: one kernel call per row of ne0 floats (the kernels' vector tails fall
+  // where the caller's rows end), on the calling thread.
   void unary(Unary op, const Tensor& x, const Tensor& y) override {
-    KILN_CHECK(x.is_contiguous() && y.is_contiguous() && x.n_elements() == y.n_elements(), "unary: contiguous, same size");
-    check_f32(x, "unary x");
-    check_f32(y, "unary y");
-    const int64_t n = x.n_elements();
-    switch (op) {
-      case Unary::Silu: K::silu(fptr(x), fmut(y), n); break;
-      case Unary::Sigmoid: K::sigmoid(fptr(x), fmut(y), n); break;
-      case Unary::Softplus: K::softplus(fptr(x), fmut(y), n); break;
-    }
+    check_same_shape(x, y, "unary");
+    const K::Rows xr = rows_of(x, "unary x"), yr = rows_of(y, "unary y");
+    for (int64_t i2 = 0; i2 < xr.n2; ++i2)
+      for (int64_t i1 = 0; i1 < xr.n1; ++i1) {
+        const float* a = xr.row(i1, i2);
+        float* o = yr.row(i1, i2);
+        switch (op) {
+          case Unary::Silu: K::silu(a, o, xr.ne0); break;
+          case Unary::Sigmoid: K::sigmoid(a, o, xr.ne0); break;
+          case Unary::Softplus: K::softplus(a, o, xr.ne0); break;
+        }
+      }
   }
+  // b: same shape (a row of b per row of a), one row [ne0] (the same row for every row of a), or
+  // [1, n1, n2] (a scalar per row, computed as if repeated across the row: the kernel runs over
+  // chunks of a stack row filled with it; chunks of 256 keep every vector tail where one call over
+  // the whole row puts it).
   void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) override {
-    KILN_CHECK(a.is_contiguous() && b.is_contiguous() && y.is_contiguous() && a.n_elements() == b.n_elements() &&
-                   a.n_elements() == y.n_elements(),
-               "binary: contiguous, same size");
-    check_f32(a, "binary a");
-    check_f32(b, "binary b");
-    check_f32(y, "binary y");
-    const int64_t n = a.n_elements();
-    switch (op) {
-      case Binary::Add: K::add(fptr(a), fptr(b), fmut(y), n); break;
-      case Binary::Mul: K::mul(fptr(a), fptr(b), fmut(y), n); break;
-      case Binary::SwiGlu: K::swiglu(fptr(a), fptr(b), fmut(y), n); break;
-      case Binary::SigmoidMul: K::sigmoid_mul(fptr(a), fptr(b), fmut(y), n); break;
+    check_same_shape(a, y, "binary");
+    const K::Rows ar = rows_of(a, "binary a"), br = rows_of(b, "binary b"), yr = rows_of(y, "binary y");
+    const int64_t n = ar.ne0;
+    enum { Same, Row, Scalar } mode;
+    if (b.ne == a.ne) mode = Same;
+    else if (b.ne[0] == n && b.ne[1] == 1 && b.ne[2] == 1 && b.ne[3] == 1) mode = Row;
+    else if (b.ne[0] == 1 && b.ne[1] == a.ne[1] && b.ne[2] == a.ne[2] && b.ne[3] == 1) mode = Scalar;
+    else {
+      KILN_CHECK(false, "binary: b [{} {} {} {}] neither a's shape, one row of {}, nor one scalar per row", b.ne[0],
+                 b.ne[1], b.ne[2], b.ne[3], n);
+      return;
     }
+    auto run = [op](const float* pa, const float* pb, float* o, int64_t len) {
+      switch (op) {
+        case Binary::Add: K::add(pa, pb, o, len); break;
+        case Binary::Mul: K::mul(pa, pb, o, len); break;
+        case Binary::SwiGlu: K::swiglu(pa, pb, o, len); break;
+        case Binary::SigmoidMul: K::sigmoid_mul(pa, pb, o, len); break;
+      }
+    };
+    constexpr int64_t kFill = 256;
+    alignas(64) float fill[kFill];
+    for (int64_t i2 = 0; i2 < ar.n2; ++i2)
+      for (int64_t i1 = 0; i1 < ar.n1; ++i1) {
+        const float* pa = ar.row(i1, i2);
+        float* o = yr.row(i1, i2);
+        if (mode != Scalar) {
+          run(pa, mode == Same ? br.row(i1, i2) : br.p, o, n);
+          continue;
+        }
+        std::fill_n(fill, std::min(n, kFill), *br.row(i1, i2));
+        for (int64_t c = 0; c < n; c += kFill) run(pa + c, fill, o + c, std::min(kFill, n - c));
+      }
   }
   void scale(const Tensor& x, float s, const Tensor& y) override {
-    KILN_CHECK(x.is_contiguous() && y.is_contiguous() && x.n_elements() == y.n_elements(), "scale: contiguous, same size");
-    K::scale(fptr(x), s, fmut(y), x.n_elements());
+    check_same_shape(x, y, "scale");
+    const K::Rows xr = rows_of(x, "scale x"), yr = rows_of(y, "scale y");
+    for (int64_t i2 = 0; i2 < xr.n2; ++i2)
+      for (int64_t i1 = 0; i1 < xr.n1; ++i1) K::scale(xr.row(i1, i2), s, yr.row(i1, i2), xr.ne0);
+  }
+  void hadamard(const Tensor& x, int64_t n) override { K::hadamard(rows_of(x, "hadamard x"), n, pool_); }
+  void fill_zero(const Tensor& dst) override {
+    const size_t rb = dst.row_bytes();
+    auto* d = static_cast<char*>(dst.host());
+    for (int64_t i3 = 0; i3 < dst.ne[3]; ++i3)
+      for (int64_t i2 = 0; i2 < dst.ne[2]; ++i2)
+        for (int64_t i1 = 0; i1 < dst.ne[1]; ++i1) std::memset(d + i1 * dst.nb[1] + i2 * dst.nb[2] + i3 * dst.nb[3], 0, rb);
+  }
+
+  // Expert mat-mul as kiln's MoE FFN has always formed it: for expert e in order, the slots (t, j)
+  // routed to it, in (t, j) order, gathered into m contiguous columns; one kernels::matmul (expert
+  // orders) over them; the m outputs scattered back. Workspace: [matmul ws | slot list | X | Y].
+  void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) override {
+    check_f32(x, "matmul_id x");
+    check_f32(y, "matmul_id y");
+    const int64_t k = w.ne[0], n = w.ne[1], X = w.ne[2], Kx = ids.ne[0], T = ids.ne[1];
+    KILN_CHECK(w.ne[3] == 1 && x.ne[3] == 1 && y.ne[3] == 1 && ids.ne[2] == 1 && ids.ne[3] == 1, "matmul_id: at most 3-D");
+    check_i32(ids, Kx * T, "matmul_id ids");
+    KILN_CHECK(x.ne[0] == k && (x.ne[1] == 1 || x.ne[1] == Kx) && x.ne[2] == T && y.ne[0] == n && y.ne[1] == Kx &&
+                   y.ne[2] == T,
+               "matmul_id: w [{}, {}, {}] x [{}, {}, {}] ids [{}, {}] -> y [{}, {}, {}]", k, n, X, x.ne[0], x.ne[1],
+               x.ne[2], Kx, T, y.ne[0], y.ne[1], y.ne[2]);
+    const int64_t slots = Kx * T;
+    auto* ws = static_cast<char*>(ensure(matmul_id_workspace(w.type, k, n, slots)));
+    const size_t mws = align64(K::matmul_workspace(w.type, k, slots, pool_.size()));
+    auto* slot = reinterpret_cast<int32_t*>(ws + mws);
+    auto* xg = reinterpret_cast<float*>(ws + mws + align64(size_t(slots) * 4));
+    auto* yg = reinterpret_cast<float*>(reinterpret_cast<char*>(xg) + align64(size_t(k * slots) * 4));
+    const auto* id = ids.host_as<const int32_t>();
+    for (int64_t r = 0; r < slots; ++r) KILN_CHECK(id[r] >= 0 && id[r] < X, "matmul_id: expert {} outside [0, {})", id[r], X);
+    const auto* xb = static_cast<const char*>(x.host());
+    auto* yb = static_cast<char*>(y.host());
+    const bool per_slot = x.ne[1] > 1;
+    for (int64_t e = 0; e < X; ++e) {
+      int64_t m = 0;
+      for (int64_t r = 0; r < slots; ++r)
+        if (id[r] == e) {
+          const int64_t t = r / Kx, j = r % Kx;
+          slot[m] = int32_t(r);
+          std::memcpy(xg + m * k, xb + t * x.nb[2] + (per_slot ? j : 0) * x.nb[1], size_t(k) * 4);
+          ++m;
+        }
+      if (m == 0) continue;
+      K::MatmulArgs a;
+      a.wt = w.type;
+      a.w = static_cast<const char*>(w.host()) + size_t(e) * w.nb[2];
+      a.w_stride = w.nb[1];
+      a.k = k;
+      a.n = n;
+      a.m = m;
+      a.x = xg;
+      a.x_stride = k;
+      a.y = yg;
+      a.y_stride = n;
+      a.expert = X > 1;  // one matrix of a stacked expert tensor: llama.cpp's mul_mat_id orders
+      K::matmul(a, ws, pool_);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = slot[i] / Kx, j = slot[i] % Kx;
+        std::memcpy(yb + t * y.nb[2] + j * y.nb[1], yg + i * n, size_t(n) * 4);
+      }
+    }
   }
   void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
                   const Tensor& weights) override {
@@ -181,19 +311,101 @@ class CpuStream final : public Stream {
     KILN_CHECK(weights.is_contiguous() && weights.n_elements() == int64_t(k) * logits.ne[1], "topk_route: weights [k, n_tok]");
     K::topk_route(fptr(logits), logits.ne[0], logits.ne[1], k, renorm, w_scale, ids.host_as<int32_t>(), fmut(weights));
   }
+  // ---- sequence ops: the CPU reads seq/pos from host memory, splits the batch into runs
+  // (consecutive tokens of one slot) and calls the kernel once per run. ----
   void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) override {
-    KILN_CHECK(false, "kv_store: TODO (cpuseam)");
+    const K::Rows xr = rows_of(x, "kv_store x");
+    const int64_t T = xr.n2;
+    KILN_CHECK(cache.ne[0] == xr.ne0 && cache.ne[1] == xr.n1, "kv_store: rows [{}, {}] into a cache of [{}, {}]", xr.ne0,
+               xr.n1, cache.ne[0], cache.ne[1]);
+    const int32_t* sq = seq_of(seq, T, cache.ne[3]);
+    const int32_t* ps = pos_of(pos, T, cache.ne[2]);
+    for_runs(sq, T, [&](int64_t t0, int64_t n) {
+      K::kv_store(cache.type, K::CRows(xr.row(0, t0), xr.ne0, xr.n1, n, xr.s1, xr.s2), ps + t0,
+                  slot_ptr(cache, sq[t0]), cache.nb[2], cache.nb[1]);
+    });
   }
+  // Per run: n_kv = pos0 + n (the run's last position + 1). flash = false: ggml's non-flash orders
+  // by ggml's rule — tinyBLAS sums for a run of >= 2 tokens, vec_dot sums for one.
   void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
                  const AttnSpec& p, const Tensor& out) override {
-    KILN_CHECK(false, "attention: TODO (cpuseam)");
+    const K::Rows qr = rows_of(q, "attention q"), orow = rows_of(out, "attention out");
+    const int64_t T = qr.n2;
+    KILN_CHECK(qr.ne0 == p.head_dim && qr.n1 == p.n_head && orow.ne0 == p.head_dim && orow.n1 == p.n_head &&
+                   orow.n2 == T && k.ne[0] == p.head_dim && k.ne[1] == p.n_head_kv && v.ne[0] == p.head_dim &&
+                   v.ne[1] == p.n_head_kv && v.ne[2] == k.ne[2] && v.ne[3] == k.ne[3],
+               "attention: q [{}, {}, {}] k [{}, {}, {}, {}] for head_dim {}, heads {}/{}", qr.ne0, qr.n1, T, k.ne[0],
+               k.ne[1], k.ne[2], k.ne[3], p.head_dim, p.n_head, p.n_head_kv);
+    const int32_t* sq = seq_of(seq, T, k.ne[3]);
+    const int32_t* ps = pos_of(pos, T, k.ne[2]);
+    void* ws = ensure(attention_workspace(p, T, k.ne[2]));
+    K::AttnParams ap{p.head_dim, p.n_head, p.n_head_kv, p.scale, K::AttnOrder::Flash};
+    for_runs(sq, T, [&](int64_t t0, int64_t n) {
+      for (int64_t i = 1; i < n; ++i)
+        KILN_CHECK(ps[t0 + i] == ps[t0] + i, "attention: slot {} positions {} and {} are not consecutive", sq[t0],
+                   ps[t0 + i - 1], ps[t0 + i]);
+      if (!p.flash) ap.order = n >= 2 ? K::AttnOrder::GgmlTiny : K::AttnOrder::GgmlVec;
+      const int64_t n_kv = int64_t(ps[t0]) + n;
+      const K::KvView kv{k.type, slot_ptr(k, sq[t0]), k.nb[2], k.nb[1], n_kv};
+      const K::KvView vv{v.type, slot_ptr(v, sq[t0]), v.nb[2], v.nb[1], n_kv};
+      K::attention(K::CRows(qr.row(0, t0), qr.ne0, qr.n1, n, qr.s1, qr.s2), ps + t0, kv, vv, ap,
+                   K::Rows{orow.row(0, t0), orow.ne0, orow.n1, n, orow.s1, orow.s2}, ws, pool_);
+    });
   }
   void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y) override {
-    KILN_CHECK(false, "conv1d_silu: TODO (cpuseam)");
+    const K::Rows xr = rows_of(x, "conv1d_silu x"), yr = rows_of(y, "conv1d_silu y");
+    check_f32(w, "conv1d_silu w");
+    check_f32(state, "conv1d_silu state");
+    const int64_t C = xr.ne0, T = xr.n1 * xr.n2, d_conv = w.ne[0];
+    KILN_CHECK(xr.n2 == 1 && yr.n2 == 1 && yr.ne0 == C && yr.n1 == T, "conv1d_silu: x, y must be [C, T]");
+    KILN_CHECK(w.ne[1] == C && w.is_contiguous() && state.ne[0] == d_conv - 1 && state.ne[1] == C && state.ne[2] == 1 &&
+                   state.nb[1] == size_t(d_conv - 1) * 4,
+               "conv1d_silu: w [{}, {}] state [{}, {}] for {} channels", w.ne[0], w.ne[1], state.ne[0], state.ne[1], C);
+    const int32_t* sq = seq_of(seq, T, state.ne[3]);
+    for_runs(sq, T, [&](int64_t t0, int64_t n) {
+      K::conv1d_silu(xr.row(t0, 0), xr.s1, fptr(w), static_cast<float*>(slot_ptr(state, sq[t0])), yr.row(t0, 0), yr.s1,
+                     C, n, int(d_conv), pool_);
+    });
   }
+  // Runs of at least `chunk` tokens (chunk > 0) take the chunked form with chunks of kDeltaChunk.
   void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                    const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) override {
-    KILN_CHECK(false, "gated_delta: TODO (cpuseam)");
+    const K::Rows qr = rows_of(q, "gated_delta q"), kr = rows_of(k, "gated_delta k"), vr = rows_of(v, "gated_delta v"),
+                  orow = rows_of(out, "gated_delta out");
+    check_f32(g, "gated_delta g");
+    check_f32(beta, "gated_delta beta");
+    check_f32(state, "gated_delta state");
+    const int64_t S = qr.ne0, Hk = qr.n1, Hv = vr.n1, T = qr.n2;
+    KILN_CHECK(kr.ne0 == S && kr.n1 == Hk && kr.n2 == T && kr.s2 == qr.s2 && qr.s1 == S && kr.s1 == S && vr.ne0 == S &&
+                   vr.s1 == S && vr.n2 == T && orow.ne0 == S && orow.n1 == Hv && orow.n2 == T && orow.s1 == S,
+               "gated_delta: q/k [{}, {}, {}] v [{}, {}, {}] out [{}, {}, {}] (heads contiguous, q and k one token stride)",
+               S, Hk, T, vr.ne0, vr.n1, vr.n2, orow.ne0, orow.n1, orow.n2);
+    KILN_CHECK(g.is_contiguous() && beta.is_contiguous() && g.n_elements() == Hv * T && beta.n_elements() == Hv * T,
+               "gated_delta: g, beta must be contiguous [{}, {}]", Hv, T);
+    KILN_CHECK(state.ne[0] == S && state.ne[1] == S && state.ne[2] == Hv && state.nb[1] == size_t(S) * 4 &&
+                   state.nb[2] == size_t(S * S) * 4,
+               "gated_delta: state must be [{}, {}, {}, n_seq] with contiguous slots", S, S, Hv);
+    const int32_t* sq = seq_of(seq, T, state.ne[3]);
+    void* ws = chunk > 0 ? ensure(gated_delta_workspace(S, chunk, T)) : nullptr;
+    for_runs(sq, T, [&](int64_t t0, int64_t n) {
+      K::DeltaArgs a;
+      a.q = qr.row(0, t0);
+      a.k = kr.row(0, t0);
+      a.qk_stride = qr.s2;
+      a.v = vr.row(0, t0);
+      a.v_stride = vr.s2;
+      a.g = fptr(g) + t0 * Hv;
+      a.beta = fptr(beta) + t0 * Hv;
+      a.state = static_cast<float*>(slot_ptr(state, sq[t0]));
+      a.out = orow.row(0, t0);
+      a.out_stride = orow.s2;
+      a.S = S;
+      a.Hk = Hk;
+      a.Hv = Hv;
+      a.n_t = n;
+      if (chunk > 0 && n >= chunk) K::gated_delta_rule_chunked(a, kDeltaChunk, ws, pool_);
+      else K::gated_delta_rule(a, pool_);
+    });
   }
 
  private:
@@ -217,7 +429,8 @@ class CpuStream final : public Stream {
 
 class CpuDevice final : public Device {
  public:
-  explicit CpuDevice(int n_threads) : pool_(n_threads) {}
+  explicit CpuDevice(int n_threads) : own_(std::make_unique<ThreadPool>(n_threads)), pool_(*own_) {}
+  explicit CpuDevice(ThreadPool& pool) : pool_(pool) {}
   DeviceType type() const override { return DeviceType::Cpu; }
   std::string name() const override {
     const auto& f = cpu_features();
@@ -236,11 +449,13 @@ class CpuDevice final : public Device {
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(*this, pool_); }
 
  private:
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_;
+  ThreadPool& pool_;
 };
 
 }  // namespace
 
 std::unique_ptr<Device> make_cpu_device(int n_threads) { return std::make_unique<CpuDevice>(n_threads); }
+std::unique_ptr<Device> make_cpu_device(ThreadPool& pool) { return std::make_unique<CpuDevice>(pool); }
 
 }  // namespace kiln::backend

@@ -1,95 +1,264 @@
-// Context: scratch planning, batch validation, and the trunk loop shared by every architecture.
+// model/context.cpp — Context: devices and streams, scratch planning (one Arena per device), batch
+// validation, and the step shared by every architecture: embeddings (host), the layers on their
+// devices, the output rows; graph capture / replay when the whole step is on one GPU.
 #include <algorithm>
 #include <cstring>
+#include <map>
 
-#include "model/forward.h"
+#include "core/log.h"
+#include "model/blocks.h"
 
 namespace kiln::model {
 
-Context::Impl::Impl(const Model& model, ThreadPool& p, const ContextOptions& o)
-    : m(model), c(model.config()), pool(p), opt(o) {
-  const int64_t E = c.n_embd, D = c.head_dim, B = opt.n_batch;
-  n_out_max = opt.n_outputs_max > 0 ? std::min(opt.n_outputs_max, B) : B;
-  const bool hybrid = arch_is_hybrid(c.arch);
-  tok.reserve(size_t(B));
-  pos.reserve(size_t(B));
-  runs.reserve(size_t(B));
-  auto sz = [&](int64_t w) { return size_t(std::max<int64_t>(w, 1) * B); };
-  x.resize(sz(E));
-  cur.resize(sz(E));
-  tmp.resize(sz(E));
-  q.resize(sz((hybrid ? 2 : 1) * D * c.n_head));
-  k.resize(sz(D * c.n_head_kv));
-  v.resize(sz(D * c.n_head_kv));
-  att.resize(sz(D * c.n_head));
-  const int64_t ff = std::max({c.n_ff, c.n_ff_exp, c.n_ff_shexp});
-  fa.resize(sz(ff));
-  fb.resize(sz(ff));
-  if (hybrid) {
-    mixed.resize(sz(c.ssm_conv_dim()));
-    z.resize(sz(c.ssm_value_dim()));
-    beta.resize(sz(c.ssm_dt_rank));
-    g.resize(sz(c.ssm_dt_rank));
-    dout.resize(sz(c.ssm_value_dim()));
-  }
-  if (c.n_expert > 0) {
-    router.resize(sz(c.n_expert));
-    ids.resize(sz(c.n_expert_used));
-    wts.resize(sz(c.n_expert_used));
-    xe.resize(sz(E));
-    ye.resize(sz(E));
-    eout.resize(sz(E * c.n_expert_used));
-    etok.resize(size_t(B));
-    ewt.resize(size_t(B));
-  }
-  out_idx.reserve(size_t(B));
-  hidden.resize(sz(E));
-  logits.resize(size_t(c.n_vocab) * size_t(n_out_max));
+using backend::Binary;
+using backend::DeviceType;
 
-  // Matmul workspace: the largest any weight needs at m = n_batch.
-  size_t w = 0;
-  auto need = [&](const Weight& wt) {
-    if (wt.present() && wt.ne[1] > 1) w = std::max(w, kernels::matmul_workspace(wt.type, wt.ne[0], B, pool.size()));
+namespace {
+
+struct Run {  // validation only: consecutive tokens of one sequence
+  int32_t seq = 0;
+  int64_t t0 = 0, n = 0;
+  int32_t pos0 = 0;
+};
+
+// Arena offsets of one device's scratch (planned for n_batch tokens; SIZE_MAX: not on this device).
+struct Plan {
+  static constexpr size_t kNone = SIZE_MAX;
+  size_t x = kNone, cur = kNone, tmp = kNone, q = kNone, k = kNone, v = kNone, att = kNone, fa = kNone, fb = kNone;
+  size_t mixed = kNone, z = kNone, beta = kNone, g = kNone, dout = kNone;
+  size_t router = kNone, ids = kNone, wts = kNone, ye = kNone;
+  size_t pos = kNone, seq = kNone, tok = kNone;
+  size_t out_idx = kNone, hidden = kNone, logits = kNone;
+};
+
+}  // namespace
+
+struct Context::Impl {
+  struct Dev {
+    backend::Device* dev = nullptr;  // the host: Impl::host
+    std::unique_ptr<backend::Stream> st;
+    backend::Arena arena;
+    Plan plan;
+    bool layers = false, output = false;
+    size_t ws = 0;  // workspace reserved
+    // Views for the current batch.
+    Act a;
+    Tensor tok;                   // I32 [T] (host only)
+    Tensor out_idx;               // I32 [n_out]: batch index of each output row
+    Tensor hidden;                // [E, n_out]
+    Tensor logits;                // [V, n_out]
   };
-  need(m.output);
-  for (const auto& L : m.layers)
+
+  const Model& m;
+  const ModelConfig& c;
+  const ContextOptions& opt;
+  int64_t n_out_max = 0;
+  std::unique_ptr<backend::Device> host;  // on the Context's pool
+  std::vector<Dev> devs;                  // [0]: the host
+  std::vector<int> layer_dev;             // [n_layer]: index into devs
+  int out_dev = 0;
+  bool graph_step = false;  // every layer and the output on devs[1]
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out) -> step
+  const Memory* graph_mem = nullptr;  // the Memory the graphs write
+  bool graphs_unsupported = false;
+  int64_t n_kv_reserved = 0;
+
+  // Per-batch host state.
+  std::vector<Run> runs;
+  std::vector<int32_t> out_idx;
+  std::vector<float> logits;                // [V, n_out_max]
+  std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
+
+  Impl(const Model& model, ThreadPool& pool, const ContextOptions& o);
+  int dev_index(backend::Device& d);
+  void plan(Dev& d);
+  void reserve(Dev& d);
+  void bind(Dev& d, int64_t T, int64_t n_out);
+  void run_layer(Dev& d, int64_t il, Memory& mem, int64_t T);
+  void run_output(Dev& d, int64_t T, int64_t n_out);
+  void move_x(Dev& from, Dev& to, int64_t T);
+};
+
+int Context::Impl::dev_index(backend::Device& d) {
+  if (d.type() == DeviceType::Cpu) return 0;
+  for (size_t i = 1; i < devs.size(); ++i)
+    if (devs[i].dev == &d) return int(i);
+  devs.emplace_back();
+  devs.back().dev = &d;
+  return int(devs.size() - 1);
+}
+
+Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& o) : m(model), c(model.config()), opt(o) {
+  const int64_t B = opt.n_batch;
+  n_out_max = opt.n_outputs_max > 0 ? std::min(opt.n_outputs_max, B) : B;
+  host = backend::make_cpu_device(pool);
+  devs.reserve(2);
+  devs.emplace_back();
+  devs[0].dev = host.get();
+  for (int64_t il = 0; il < c.n_layer; ++il) layer_dev.push_back(dev_index(model.layer_device(il)));
+  out_dev = dev_index(model.output_device());
+  for (int i : layer_dev) devs[size_t(i)].layers = true;
+  devs[size_t(out_dev)].output = true;
+  graph_step = devs.size() == 2 && !devs[0].layers && out_dev == 1;
+  runs.reserve(size_t(B));
+  out_idx.reserve(size_t(B));
+  logits.resize(size_t(c.n_vocab) * size_t(n_out_max));
+  for (Dev& d : devs) {
+    d.st = d.dev->create_stream();
+    plan(d);
+    d.arena.allocate(*d.dev);
+    reserve(d);
+  }
+  if (out_dev == 0) logits_buf = host->wrap(logits.data(), logits.size() * sizeof(float));
+}
+
+// Scratch of one device: the residual stream always; the block activations and per-token inputs
+// where layers run; the output rows where the output runs; token ids on the host.
+void Context::Impl::plan(Dev& d) {
+  const int64_t E = c.n_embd, D = c.head_dim, B = opt.n_batch, K = std::max<int64_t>(1, c.n_expert_used);
+  const bool hybrid = arch_is_hybrid(c.arch);
+  backend::Arena& A = d.arena;
+  Plan& p = d.plan;
+  auto f32 = [&](int64_t w) { return A.reserve_tensor(gguf::GgmlType::F32, {std::max<int64_t>(w, 1), B, 1, 1}); };
+  auto i32 = [&](int64_t n) { return A.reserve_tensor(gguf::GgmlType::I32, {std::max<int64_t>(n, 1), 1, 1, 1}); };
+  p.x = f32(E);                                          // [E, B]
+  if (d.dev->type() == DeviceType::Cpu) p.tok = i32(B);  // [B]
+  if (d.layers) {
+    p.cur = f32(E);                                      // [E, B]
+    p.tmp = f32(E);                                      // [E, B]
+    p.q = f32((hybrid ? 2 : 1) * D * c.n_head);          // [(2)*D*Hq, B]
+    p.k = f32(D * c.n_head_kv);                          // [D*Hkv, B]
+    p.v = f32(D * c.n_head_kv);                          // [D*Hkv, B]
+    p.att = f32(D * c.n_head);                           // [D*Hq, B]
+    const int64_t ff = std::max({c.n_ff, c.n_ff_shexp, c.n_ff_exp * K});
+    p.fa = f32(ff);                                      // [max(n_ff, n_ff_shexp, n_ff_exp*K), B]
+    p.fb = f32(ff);
+    if (hybrid) {
+      p.mixed = f32(c.ssm_conv_dim());                   // [conv_dim, B]
+      p.z = f32(c.ssm_value_dim());                      // [value_dim, B]
+      p.beta = f32(c.ssm_dt_rank);                       // [Hv, B]
+      p.g = f32(c.ssm_dt_rank);                          // [Hv, B]
+      p.dout = f32(c.ssm_value_dim());                   // [value_dim, B]
+    }
+    if (c.n_expert > 0) {
+      p.router = f32(c.n_expert);                        // [n_expert, B]
+      p.ids = A.reserve_tensor(gguf::GgmlType::I32, {K, B, 1, 1});  // [K, B]
+      p.wts = f32(K);                                    // [K, B]
+      p.ye = f32(E * K);                                 // [E, K, B]
+    }
+    p.pos = i32(B);                                      // [B]
+    p.seq = i32(B);                                      // [B]
+  }
+  if (d.output) {
+    p.out_idx = i32(n_out_max);                          // [n_out_max]
+    p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});  // [E, n_out_max]
+    if (d.dev->type() != DeviceType::Cpu)                // [V, n_out_max] (host: `logits` itself)
+      p.logits = A.reserve_tensor(gguf::GgmlType::F32, {c.n_vocab, n_out_max, 1, 1});
+  }
+}
+
+// Workspaces (rule 4): the largest any op on this device needs at n_batch tokens; attention's is
+// added in decode() once the Memory's n_ctx is known.
+void Context::Impl::reserve(Dev& d) {
+  const int64_t B = opt.n_batch, K = std::max<int64_t>(1, c.n_expert_used);
+  backend::Stream& st = *d.st;
+  size_t w = 64;
+  auto mm = [&](const Weight& wt, int64_t cols) {
+    if (wt.present()) w = std::max(w, st.matmul_workspace(wt.type, wt.ne[0], wt.ne[1], cols));
+  };
+  auto mm_id = [&](const Weight& wt) {
+    if (wt.present()) w = std::max(w, st.matmul_id_workspace(wt.type, wt.ne[0], wt.ne[1], K * B));
+  };
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    if (&devs[size_t(layer_dev[size_t(il)])] != &d) continue;
+    const LayerWeights& L = m.layers[size_t(il)];
     for (const Weight* wt : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ssm_qkv, &L.ssm_gate, &L.ssm_beta,
                              &L.ssm_alpha, &L.ssm_out, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ffn_gate_inp,
-                             &L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps, &L.ffn_gate_shexp, &L.ffn_up_shexp,
-                             &L.ffn_down_shexp})
-      need(*wt);
-  ws.reserve(std::max<size_t>(w, 64));
-  if (hybrid) dws.reserve(std::max<size_t>(kernels::gated_delta_chunked_workspace(c.ssm_d_state, delta_chunk, pool.size()), 64));
+                             &L.ffn_gate_shexp, &L.ffn_up_shexp, &L.ffn_down_shexp, &L.ffn_gate_inp_shexp})
+      mm(*wt, B);
+    for (const Weight* wt : {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps}) mm_id(*wt);
+    if (c.is_recurrent(il)) w = std::max(w, st.gated_delta_workspace(c.ssm_d_state, opt.delta_chunk_min, B));
+  }
+  if (d.output) mm(m.output, n_out_max);
+  d.ws = w;
+  st.reserve_workspace(w);
 }
 
-void Context::Impl::matmul(const Weight& w, const float* xin, int64_t mcols, float* y, int64_t e, int64_t x_stride,
-                           int64_t y_stride) {
-  kernels::MatmulArgs a;
-  a.wt = w.type;
-  a.w = w.data + size_t(e) * size_t(w.ne[1]) * w.row_bytes;
-  a.w_stride = w.row_bytes;
-  a.k = w.ne[0];
-  a.n = w.ne[1];
-  a.m = mcols;
-  a.x = xin;
-  a.x_stride = x_stride ? x_stride : a.k;
-  a.y = y;
-  a.y_stride = y_stride ? y_stride : a.n;
-  a.expert = w.ne[2] > 1;  // an expert of a stacked MoE tensor: llama.cpp's mul_mat_id orders
-  kernels::matmul(a, ws.p, pool);
+void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
+  const Plan& p = d.plan;
+  const backend::Arena& A = d.arena;
+  // [w, T] views (w as planned).
+  auto act = [&](size_t off, int64_t w) {
+    return off == Plan::kNone ? Tensor{} : A.tensor(off, gguf::GgmlType::F32, {std::max<int64_t>(w, 1), T, 1, 1});
+  };
+  auto i32 = [&](size_t off, int64_t n) { return off == Plan::kNone ? Tensor{} : A.tensor(off, gguf::GgmlType::I32, {n, 1, 1, 1}); };
+  const int64_t E = c.n_embd, D = c.head_dim, K = std::max<int64_t>(1, c.n_expert_used);
+  const bool hybrid = arch_is_hybrid(c.arch);
+  const int64_t ff = std::max({c.n_ff, c.n_ff_shexp, c.n_ff_exp * K});
+  Act& a = d.a;
+  a.x = act(p.x, E);
+  a.cur = act(p.cur, E);
+  a.tmp = act(p.tmp, E);
+  a.q = act(p.q, (hybrid ? 2 : 1) * D * c.n_head);
+  a.k = act(p.k, D * c.n_head_kv);
+  a.v = act(p.v, D * c.n_head_kv);
+  a.att = act(p.att, D * c.n_head);
+  a.fa = act(p.fa, ff);
+  a.fb = act(p.fb, ff);
+  a.mixed = act(p.mixed, c.ssm_conv_dim());
+  a.z = act(p.z, c.ssm_value_dim());
+  a.beta = act(p.beta, c.ssm_dt_rank);
+  a.g = act(p.g, c.ssm_dt_rank);
+  a.dout = act(p.dout, c.ssm_value_dim());
+  a.router = act(p.router, c.n_expert);
+  a.ids = p.ids == Plan::kNone ? Tensor{} : A.tensor(p.ids, gguf::GgmlType::I32, {K, T, 1, 1});
+  a.wts = act(p.wts, K);
+  a.ye = act(p.ye, E * K);
+  a.pos = i32(p.pos, T);
+  a.seq = i32(p.seq, T);
+  d.tok = i32(p.tok, T);
+  d.out_idx = i32(p.out_idx, std::max<int64_t>(n_out, 1));
+  d.hidden = p.hidden == Plan::kNone ? Tensor{} : A.tensor(p.hidden, gguf::GgmlType::F32, {E, n_out, 1, 1});
+  if (d.output)
+    d.logits = p.logits != Plan::kNone ? A.tensor(p.logits, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1})
+                                       : Tensor::make(logits_buf.get(), 0, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1});
 }
 
-void Context::Impl::rms_norm(const float* in, const Weight& w, float* out, int64_t ne0, int64_t rows) {
-  kernels::rms_norm(kernels::crows3(in, ne0, rows), w.f32(), kernels::rows3(out, ne0, rows), c.rms_eps, pool);
+void Context::Impl::run_layer(Dev& d, int64_t il, Memory& mem, int64_t T) {
+  const LayerWeights& L = m.layers[size_t(il)];
+  backend::Stream& st = *d.st;
+  const Step s{st, d.a, c, opt, T};
+  st.rms_norm(d.a.x, &L.attn_norm.t, d.a.cur, c.rms_eps);
+  if (c.is_recurrent(il)) delta_net(s, L, il, mem);
+  else if (arch_is_hybrid(c.arch)) gated_attention(s, L, il, mem);
+  else dense_attention(s, L, il, mem);
+  st.binary(Binary::Add, d.a.x, d.a.tmp, d.a.x);
+  st.rms_norm(d.a.x, &L.ffn_norm.t, d.a.cur, c.rms_eps);
+  if (c.arch == Arch::Qwen35Moe) moe_ffn(s, L);
+  else dense_ffn(s, L);
+  st.binary(Binary::Add, d.a.x, d.a.tmp, d.a.x);
 }
 
-void Context::Impl::swiglu(int64_t n, int64_t cols) {
-  for (int64_t t = 0; t < cols; ++t) kernels::swiglu(fa.data() + t * n, fb.data() + t * n, fa.data() + t * n, n);
+// The output rows of x (gathered by index), normed, times the output matrix.
+void Context::Impl::run_output(Dev& d, int64_t T, int64_t n_out) {
+  if (n_out == 0) return;
+  d.st->get_rows(d.a.x, d.out_idx, d.hidden);
+  d.st->rms_norm(d.hidden, &m.output_norm.t, d.hidden, c.rms_eps);
+  d.st->matmul(m.output.t, d.hidden, d.logits);
 }
 
-void Context::Impl::add_bias(float* y, const Weight& b, int64_t n, int64_t mcols) {
-  if (!b.present()) return;
-  for (int64_t t = 0; t < mcols; ++t) kernels::add(y + t * n, b.f32(), y + t * n, n);
+// The residual stream [E, T] from one device to another: download + synchronize + upload (one of
+// the two is the host, whose memory the other side reads or writes directly).
+void Context::Impl::move_x(Dev& from, Dev& to, int64_t T) {
+  const size_t bytes = size_t(c.n_embd * T) * sizeof(float);
+  const bool from_host = from.dev->type() == DeviceType::Cpu, to_host = to.dev->type() == DeviceType::Cpu;
+  KILN_CHECK(from_host || to_host, "moving activations between two GPUs is not supported");
+  if (from_host) {
+    to.st->upload(to.a.x, from.a.x.host(), bytes);
+  } else {
+    from.st->download(to.a.x.host(), from.a.x, bytes);
+    from.st->synchronize();
+  }
 }
 
 Context::Context(const Model& model, const ContextOptions& opt) : model_(model), opt_(opt) {
@@ -116,8 +285,6 @@ Status Context::decode(const Batch& b, Memory& mem) {
     return err("batch arrays have different lengths");
   // Split into runs and validate.
   s.runs.clear();
-  s.tok.assign(b.token.begin(), b.token.end());
-  s.pos.assign(b.pos.begin(), b.pos.end());
   for (int64_t t = 0; t < T; ++t) {
     if (b.token[size_t(t)] < 0 || b.token[size_t(t)] >= c.n_vocab)
       return err("batch token {}: id {} outside the vocabulary [0, {})", t, b.token[size_t(t)], c.n_vocab);
@@ -142,40 +309,86 @@ Status Context::decode(const Batch& b, Memory& mem) {
     if (r.pos0 + r.n > mem.n_ctx())
       return err("sequence {}: positions up to {} exceed the context size {}", r.seq, r.pos0 + r.n - 1, mem.n_ctx());
   }
-  int64_t n_req = 0;
-  for (int64_t t = 0; t < T; ++t) n_req += b.output[size_t(t)] != 0;
-  if (n_req > s.n_out_max) return err("batch asks for {} output rows, the context holds {} (n_outputs_max)", n_req, s.n_out_max);
-  s.T = T;
-  const int64_t E = c.n_embd;
-
-  // Embeddings.
-  const Weight& te = model_.token_embd;
-  kernels::get_rows(te.type, te.data, te.row_bytes, te.ne[1], E, s.tok.data(), T, s.x.data(), E, s.pool);
-
-  for (int64_t il = 0; il < c.n_layer; ++il) {
-    const LayerWeights& L = model_.layers[size_t(il)];
-    s.rms_norm(s.x.data(), L.attn_norm, s.cur.data(), E, T);
-    if (c.is_recurrent(il)) delta_net(s, L, il, mem);
-    else if (arch_is_hybrid(c.arch)) gated_attention(s, L, il, mem);
-    else dense_attention(s, L, il, mem);
-    kernels::add(s.x.data(), s.tmp.data(), s.x.data(), E * T);
-    s.rms_norm(s.x.data(), L.ffn_norm, s.cur.data(), E, T);
-    if (c.arch == Arch::Qwen35Moe) moe_ffn(s, L);
-    else dense_ffn(s, L);
-    kernels::add(s.x.data(), s.tmp.data(), s.x.data(), E * T);
-  }
-  for (const Run& r : s.runs) mem.set_seq_pos(r.seq, r.pos0 + r.n);
-
-  // Output rows.
   s.out_idx.clear();
   for (int64_t t = 0; t < T; ++t)
     if (b.output[size_t(t)]) s.out_idx.push_back(int32_t(t));
   const int64_t n_out = int64_t(s.out_idx.size());
-  if (n_out == 0) return {};
-  for (int64_t i = 0; i < n_out; ++i)
-    std::memcpy(s.hidden.data() + i * E, s.x.data() + int64_t(s.out_idx[size_t(i)]) * E, size_t(E) * sizeof(float));
-  s.rms_norm(s.hidden.data(), model_.output_norm, s.hidden.data(), E, n_out);
-  s.matmul(model_.output, s.hidden.data(), n_out, s.logits.data());
+  if (n_out > s.n_out_max)
+    return err("batch asks for {} output rows, the context holds {} (n_outputs_max)", n_out, s.n_out_max);
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    backend::Device &md = mem.layer_device(il), &ld = model_.layer_device(il);
+    if (&md != &ld && !(md.type() == DeviceType::Cpu && ld.type() == DeviceType::Cpu))
+      return err("layer {} runs on {} but its memory is on {} (create the Memory from the Model)", il, ld.name(),
+                 md.name());
+  }
+  // Attention workspaces for this memory's context length (once per longer n_ctx).
+  if (mem.n_ctx() > s.n_kv_reserved) {
+    s.n_kv_reserved = mem.n_ctx();
+    backend::AttnSpec spec{c.head_dim, c.n_head, c.n_head_kv, 1.f, opt_.flash_attn};
+    for (Impl::Dev& d : s.devs)
+      if (d.layers && c.n_attn_layers() > 0) {
+        d.ws = std::max(d.ws, d.st->attention_workspace(spec, opt_.n_batch, s.n_kv_reserved));
+        d.st->reserve_workspace(d.ws);
+      }
+  }
+
+  // Per-batch inputs, uploaded once; the embeddings on the host.
+  for (Impl::Dev& d : s.devs) s.bind(d, T, n_out);
+  Impl::Dev& h = s.devs[0];
+  Impl::Dev& o = s.devs[size_t(s.out_dev)];
+  h.st->upload(h.tok, b.token.data(), size_t(T) * 4);
+  for (Impl::Dev& d : s.devs)
+    if (d.layers) {
+      d.st->upload(d.a.pos, b.pos.data(), size_t(T) * 4);
+      d.st->upload(d.a.seq, b.seq.data(), size_t(T) * 4);
+    }
+  if (n_out > 0) o.st->upload(o.out_idx, s.out_idx.data(), size_t(n_out) * 4);
+  h.st->get_rows(model_.token_embd.t, h.tok, h.a.x);
+
+  if (s.graph_step) {
+    Impl::Dev& g = s.devs[1];
+    s.move_x(h, g, T);
+    auto step = [&] {
+      for (int64_t il = 0; il < c.n_layer; ++il) s.run_layer(g, il, mem, T);
+      s.run_output(g, T, n_out);
+    };
+    if (s.graph_mem != &mem) {
+      s.graphs.clear();
+      s.graph_mem = &mem;
+    }
+    if (s.graphs_unsupported) {
+      step();
+    } else {
+      auto it = s.graphs.find({T, n_out});
+      if (it == s.graphs.end()) {
+        auto gr = g.st->capture(step);
+        if (!gr) {
+          s.graphs_unsupported = true;
+          KILN_LOG_INFO("{}: no graph capture; the step runs op by op", g.dev->name());
+          step();
+        } else {
+          it = s.graphs.emplace(std::pair{T, n_out}, std::move(gr)).first;
+        }
+      }
+      if (it != s.graphs.end()) g.st->replay(*it->second);
+    }
+  } else {
+    int cur = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const int d = s.layer_dev[size_t(il)];
+      if (d != cur) s.move_x(s.devs[size_t(cur)], s.devs[size_t(d)], T);
+      cur = d;
+      s.run_layer(s.devs[size_t(d)], il, mem, T);
+    }
+    if (n_out > 0) {
+      if (s.out_dev != cur) s.move_x(s.devs[size_t(cur)], o, T);
+      s.run_output(o, T, n_out);
+    }
+  }
+  if (n_out > 0 && o.dev->type() != DeviceType::Cpu)
+    o.st->download(s.logits.data(), o.logits, size_t(c.n_vocab * n_out) * sizeof(float));
+  for (Impl::Dev& d : s.devs) d.st->synchronize();
+  for (const Run& r : s.runs) mem.set_seq_pos(r.seq, r.pos0 + r.n);
   n_out_ = n_out;
   return {};
 }

@@ -1,9 +1,16 @@
 // model/context.h — running a Model: Batch (tokens of one or more sequences) and Context (thread
-//   pool, scratch planned once for a maximum batch size, output logits) whose decode() runs the
-//   forward pass of the model's architecture and writes the sequences' Memory.
-// Owns: scratch buffers and the logits of the last decode(); a ThreadPool.
-// Must not: allocate in decode() (all scratch is sized in the constructor for n_batch tokens);
-//   sample, tokenize or see requests.
+//   pool, one Stream and one scratch Arena per device the model runs on, planned once for a maximum
+//   batch size, output logits) whose decode() runs the forward pass of the model's architecture and
+//   writes the sequences' Memory.
+// Owns: the host device (on its ThreadPool) and a Stream per device used (host always; the GPU when
+//   layers are placed there); scratch Arenas; the logits of the last decode(); recorded step Graphs.
+// Placement: each layer runs on its device's stream (Model::layer_device); the residual stream moves
+//   across a device boundary once (download + synchronize + upload). When every layer and the output
+//   are on one non-host device, the step (layers + output) is recorded as a Graph per (T, n_outputs)
+//   the first time and replayed afterwards.
+// Must not: allocate in decode() (all scratch is sized in the constructor for n_batch tokens; only
+//   the first step of a new (T, n_outputs) on a GPU records a graph); sample, tokenize or see
+//   requests.
 // Batch rules: a batch holds one or more runs; a run is consecutive tokens of ONE sequence at
 //   consecutive positions pos0, pos0+1, ... (a prefill chunk or a single decode token). Every run
 //   must start at the sequence's current position in Memory (seq_pos); attention-only models may

@@ -1,5 +1,7 @@
-// load_model: open the GGUF, read the config, and bind + validate every tensor the architecture
-// needs (name, type, shape). Tensor names follow gguf-py constants.py TENSOR_NAMES.
+// load_model: open the GGUF, read the config, bind + validate every tensor the architecture needs
+// (name, type, shape), and place the layers (host: Tensors over Device::wrap of the mapping; GPU:
+// one upload per layer). Tensor names follow gguf-py constants.py TENSOR_NAMES.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <unordered_set>
@@ -21,8 +23,9 @@ enum class Kind {
 
 class Binder {
  public:
-  Binder(const gguf::File& f, std::vector<std::unique_ptr<float[]>>& owned, std::string arch)
-      : f_(f), owned_(owned), arch_(std::move(arch)) {}
+  Binder(const gguf::File& f, std::vector<std::unique_ptr<float[]>>& owned, backend::Device& host,
+         std::vector<std::unique_ptr<backend::Buffer>>& bufs, std::string arch)
+      : f_(f), owned_(owned), host_(host), bufs_(bufs), arch_(std::move(arch)) {}
 
   // Binds `name` with expected shape `ne` (ne[0] first). Missing + required -> error.
   Status bind(Weight& w, const std::string& name, std::vector<int64_t> ne, Kind kind, bool required = true) {
@@ -73,6 +76,10 @@ class Binder {
         break;
       }
     }
+    // The host Tensor: a wrap of the bytes in place (the mapping or the F32 copy).
+    const size_t n_bytes = backend::Tensor::make(nullptr, 0, w.type, w.ne).n_bytes();
+    bufs_.push_back(host_.wrap(w.data, n_bytes));
+    w.t = backend::Tensor::make(bufs_.back().get(), 0, w.type, w.ne);
     bytes_ += t->n_bytes;
     return {};
   }
@@ -83,12 +90,88 @@ class Binder {
  private:
   const gguf::File& f_;
   std::vector<std::unique_ptr<float[]>>& owned_;
+  backend::Device& host_;
+  std::vector<std::unique_ptr<backend::Buffer>>& bufs_;
   std::unordered_set<std::string> used_;
   std::string arch_;
   uint64_t bytes_ = 0;
 };
 
+// Every weight of a block (absent ones included: callers test present()).
+template <class F>
+void for_each_weight(LayerWeights& L, F&& f) {
+  for (Weight* w : {&L.attn_norm, &L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.attn_q_bias, &L.attn_k_bias,
+                    &L.attn_v_bias, &L.attn_output_bias, &L.attn_q_norm, &L.attn_k_norm, &L.ssm_qkv, &L.ssm_gate,
+                    &L.ssm_conv1d, &L.ssm_dt, &L.ssm_a, &L.ssm_beta, &L.ssm_alpha, &L.ssm_norm, &L.ssm_out, &L.ffn_norm,
+                    &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ffn_gate_inp, &L.ffn_gate_exps, &L.ffn_up_exps,
+                    &L.ffn_down_exps, &L.ffn_gate_inp_shexp, &L.ffn_gate_shexp, &L.ffn_up_shexp, &L.ffn_down_shexp,
+                    &L.nextn_eh_proj, &L.nextn_enorm, &L.nextn_hnorm, &L.nextn_shared_head_norm,
+                    &L.nextn_embed_tokens, &L.nextn_shared_head_head})
+    f(*w);
+}
+
+// Copies the weights onto `dev` in one Buffer (each tensor 256-byte aligned) through `st`; their
+// Tensors then point there. Returns the bytes uploaded.
+uint64_t upload_weights(backend::Device& dev, backend::Stream& st, const std::vector<Weight*>& ws,
+                        std::vector<std::unique_ptr<backend::Buffer>>& bufs) {
+  size_t total = 0;
+  for (const Weight* w : ws) total = (total + 255) / 256 * 256 + w->t.n_bytes();
+  if (total == 0) return 0;
+  bufs.push_back(dev.alloc(total));
+  backend::Buffer* b = bufs.back().get();
+  size_t off = 0;
+  for (Weight* w : ws) {
+    off = (off + 255) / 256 * 256;
+    const size_t n = w->t.n_bytes();
+    w->t = backend::Tensor::make(b, off, w->type, w->ne);
+    st.upload(w->t, w->data, n);
+    off += n;
+  }
+  return total;
+}
+
 }  // namespace
+
+// Placement (LoadOptions::n_gpu_layers): the GPU layers' weights (and the output's when all are
+// placed) are uploaded once; everything else keeps its host Tensor.
+Status place_model(Model& m, const LoadOptions& opt) {
+  const ModelConfig& c = m.cfg_;
+  const bool have_gpu = backend::cuda_device_count() > 0;
+  int64_t ngl = opt.n_gpu_layers == kGpuLayersAuto ? (have_gpu ? c.n_layer + 1 : 0)
+                : opt.n_gpu_layers < 0           ? c.n_layer + 1
+                                                 : opt.n_gpu_layers;
+  if (ngl != 0 && !have_gpu) {
+    KILN_LOG_WARN("n_gpu_layers {}: {}; running on the CPU", opt.n_gpu_layers, backend::cuda_unavailable_reason());
+    ngl = 0;
+  }
+  m.layer_dev_.assign(size_t(c.n_layer), m.host_.get());
+  m.out_dev_ = m.host_.get();
+  if (ngl == 0) return {};
+  if (opt.main_gpu < 0 || opt.main_gpu >= backend::cuda_device_count())
+    return err("main_gpu {}: there are {} CUDA device(s)", opt.main_gpu, backend::cuda_device_count());
+  backend::Device& gpu = backend::cuda_device(opt.main_gpu);
+  auto st = gpu.create_stream();
+  const int64_t first = std::max<int64_t>(0, c.n_layer - ngl);
+  for (int64_t il = first; il < c.n_layer; ++il) {
+    std::vector<Weight*> ws;
+    for_each_weight(m.layers[size_t(il)], [&](Weight& w) {
+      if (w.present()) ws.push_back(&w);
+    });
+    m.info_.gpu_bytes += upload_weights(gpu, *st, ws, m.bufs_);
+    m.layer_dev_[size_t(il)] = &gpu;
+  }
+  m.info_.n_gpu_layers = c.n_layer - first;
+  if (ngl > c.n_layer) {
+    // A tied output keeps token_embd's host Tensor for get_rows; the output gets its own copy.
+    m.info_.gpu_bytes += upload_weights(gpu, *st, {&m.output_norm, &m.output}, m.bufs_);
+    m.out_dev_ = &gpu;
+    m.info_.output_on_gpu = true;
+  }
+  st->synchronize();
+  KILN_LOG_INFO("{}: {} of {} layers{} on {} ({:.1f} MiB)", m.file().path(), m.info_.n_gpu_layers, c.n_layer,
+                m.info_.output_on_gpu ? " and the output" : "", gpu.name(), double(m.info_.gpu_bytes) / (1 << 20));
+  return {};
+}
 
 Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -112,7 +195,8 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
   m->cfg_ = std::move(*cfg);
   ModelConfig& c = m->cfg_;
 
-  Binder b(f, m->owned_, c.arch_str);
+  m->host_ = backend::make_cpu_device(1);
+  Binder b(f, m->owned_, *m->host_, m->bufs_, c.arch_str);
   // Vocabulary size comes from token_embd.
   const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
   if (!te) return err("{}: tensor 'token_embd.weight' is missing", f.path());
@@ -201,6 +285,7 @@ Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, cons
     KILN_TRY(b.bind(L.nextn_embed_tokens, p + "nextn.embed_tokens.weight", {E, V}, Kind::Table, false));
     KILN_TRY(b.bind(L.nextn_shared_head_head, p + "nextn.shared_head_head.weight", {E, V}, Kind::Matrix, false));
   }
+  KILN_TRY(place_model(*m, opt));
   for (const auto& t : f.tensors())
     if (!b.used().count(t.name)) m->info_.unused.push_back(t.name);
   if (!m->info_.unused.empty()) {

@@ -4,11 +4,31 @@
 #include <cstring>
 
 #include "core/overflow.h"
+#include "model/model.h"
 #include "tensor/quant.h"
 
 namespace kiln::model {
 
+using backend::Tensor;
+
+Memory::~Memory() = default;
+
 Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const MemoryOptions& opt) {
+  return create(cfg, opt, std::vector<backend::Device*>(size_t(cfg.n_layer), nullptr));
+}
+
+Result<std::unique_ptr<Memory>> Memory::create(const Model& m, const MemoryOptions& opt) {
+  std::vector<backend::Device*> devs(size_t(m.config().n_layer), nullptr);
+  for (int64_t il = 0; il < m.config().n_layer; ++il) {
+    backend::Device& d = m.layer_device(il);
+    if (d.type() != backend::DeviceType::Cpu) devs[size_t(il)] = &d;
+  }
+  return create(m.config(), opt, devs);
+}
+
+// devs[il]: the device of layer il's state; nullptr: the host.
+Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const MemoryOptions& opt,
+                                               const std::vector<backend::Device*>& devs) {
   auto m = std::unique_ptr<Memory>(new Memory());
   m->opt_ = opt;
   if (opt.n_ctx <= 0 || opt.n_ctx > (int64_t(1) << 24)) return err("context size {} out of range", opt.n_ctx);
@@ -23,27 +43,54 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   m->n_head_kv_ = cfg.n_head_kv;
   m->k_row_ = tensor::row_size(opt.type_k, cfg.head_dim);
   m->v_row_ = tensor::row_size(opt.type_v, cfg.head_dim);
-  m->attn_index_.assign(size_t(cfg.n_layer), -1);
-  m->rec_index_.assign(size_t(cfg.n_layer), -1);
-  for (int64_t il = 0; il < cfg.n_layer; ++il) {
-    if (cfg.is_recurrent(il)) {
-      m->rec_index_[size_t(il)] = int64_t(m->rec_layers_.size());
-      m->rec_layers_.push_back(il);
-    } else {
-      m->attn_index_[size_t(il)] = int64_t(m->attn_layers_.size());
-      m->attn_layers_.push_back(il);
-    }
-  }
-  m->kv_layer_seq_bytes_ = size_t(opt.n_ctx) * (m->k_pos_stride() + m->v_pos_stride());
-  m->conv_floats_ = size_t(std::max<int64_t>(0, cfg.ssm_d_conv - 1) * cfg.ssm_conv_dim());
-  m->ssm_floats_ = size_t(cfg.ssm_d_state * cfg.ssm_d_state * cfg.ssm_dt_rank);
-  size_t kv_total = 0;
-  if (!checked_mul(m->kv_layer_seq_bytes_, m->attn_layers_.size() * size_t(opt.n_seq), &kv_total))
+  const int64_t dc = std::max<int64_t>(0, cfg.ssm_d_conv - 1), C = cfg.ssm_conv_dim(), S = cfg.ssm_d_state,
+                Hv = cfg.ssm_dt_rank, D = cfg.head_dim, Hkv = cfg.n_head_kv, N = opt.n_seq;
+  m->conv_floats_ = size_t(dc * C);
+  m->ssm_floats_ = size_t(S * S * Hv);
+  size_t kv_layer = 0;
+  if (!checked_mul(m->k_pos_stride() + m->v_pos_stride(), size_t(opt.n_ctx) * size_t(N), &kv_layer))
     return err("KV cache size overflows (context {}, {} sequences)", opt.n_ctx, opt.n_seq);
-  m->kv_.resize(kv_total);
-  m->rec_.assign(m->rec_layers_.size() * size_t(opt.n_seq) * (m->conv_floats_ + m->ssm_floats_), 0.f);
+  m->layers_.resize(size_t(cfg.n_layer));
+  auto stream_of = [&](backend::Device* d) {
+    for (auto& [dev, st] : m->streams_)
+      if (dev == d) return st.get();
+    m->streams_.emplace_back(d, d->create_stream());
+    return m->streams_.back().second.get();
+  };
+  auto at = [](size_t off) { return (off + 255) / 256 * 256; };
+  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+    Layer& L = m->layers_[size_t(il)];
+    L.dev = devs[size_t(il)];
+    if (!L.dev) {
+      if (!m->host_) m->host_ = backend::make_cpu_device(1);
+      L.dev = m->host_.get();
+    }
+    L.st = stream_of(L.dev);
+    Tensor a, b;
+    if (cfg.is_recurrent(il)) {
+      m->rec_layers_.push_back(il);
+      a = Tensor::make(nullptr, 0, GgmlType::F32, {dc, C, 1, N});
+      b = Tensor::make(nullptr, 0, GgmlType::F32, {S, S, Hv, N});
+    } else {
+      m->attn_layers_.push_back(il);
+      a = Tensor::make(nullptr, 0, opt.type_k, {D, Hkv, opt.n_ctx, N});
+      b = Tensor::make(nullptr, 0, opt.type_v, {D, Hkv, opt.n_ctx, N});
+    }
+    const size_t b_off = at(a.n_bytes());
+    L.buf = L.dev->alloc(b_off + b.n_bytes());
+    L.a = Tensor::make(L.buf.get(), 0, a.type, a.ne);
+    L.b = Tensor::make(L.buf.get(), b_off, b.type, b.ne);
+    m->total_bytes_ += a.n_bytes() + b.n_bytes();
+    L.st->fill_zero(L.a);
+    L.st->fill_zero(L.b);
+  }
+  m->sync();
   m->pos_.assign(size_t(opt.n_seq), 0);
   return m;
+}
+
+void Memory::sync() const {
+  for (auto& [dev, st] : streams_) st->synchronize();
 }
 
 int64_t Memory::seq_pos(int seq) const {
@@ -51,29 +98,30 @@ int64_t Memory::seq_pos(int seq) const {
   return pos_[size_t(seq)];
 }
 
-uint8_t* Memory::k_data(int64_t il, int seq) {
-  const int64_t a = attn_index_[size_t(il)];
-  KILN_CHECK(a >= 0 && seq >= 0 && seq < opt_.n_seq, "k_data({}, {})", il, seq);
-  return kv_.data() + (size_t(seq) * attn_layers_.size() + size_t(a)) * kv_layer_seq_bytes_;
-}
-uint8_t* Memory::v_data(int64_t il, int seq) { return k_data(il, seq) + size_t(opt_.n_ctx) * k_pos_stride(); }
+const Tensor& Memory::k_cache(int64_t il) const { return layers_[size_t(il)].a; }
+const Tensor& Memory::v_cache(int64_t il) const { return layers_[size_t(il)].b; }
+const Tensor& Memory::conv_state(int64_t il) const { return layers_[size_t(il)].a; }
+const Tensor& Memory::ssm_state(int64_t il) const { return layers_[size_t(il)].b; }
+backend::Device& Memory::layer_device(int64_t il) const { return *layers_[size_t(il)].dev; }
 
-float* Memory::conv_state(int64_t il, int seq) {
-  const int64_t r = rec_index_[size_t(il)];
-  KILN_CHECK(r >= 0 && seq >= 0 && seq < opt_.n_seq, "conv_state({}, {})", il, seq);
-  return rec_.data() + (size_t(seq) * rec_layers_.size() + size_t(r)) * (conv_floats_ + ssm_floats_);
+Tensor Memory::kv_rows(const Tensor& cache, int seq, int64_t p0, int64_t n) {
+  return Tensor::make(cache.buf, cache.offset + size_t(seq) * cache.nb[3] + size_t(p0) * cache.nb[2], cache.type,
+                      {cache.ne[0], cache.ne[1], n, 1});
 }
-float* Memory::ssm_state(int64_t il, int seq) { return conv_state(il, seq) + conv_floats_; }
-
-float* Memory::rec_data(int seq) {
-  KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
-  return rec_.data() + size_t(seq) * rec_floats();
+Tensor Memory::slot(const Tensor& state, int seq) {
+  return Tensor::make(state.buf, state.offset + size_t(seq) * state.nb[3], state.type,
+                      {state.ne[0], state.ne[1], state.ne[2], 1});
 }
 
 void Memory::seq_clear(int seq) {
   KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
   pos_[size_t(seq)] = 0;
-  std::fill_n(rec_data(seq), rec_floats(), 0.f);
+  for (int64_t il : rec_layers_) {
+    const Layer& L = layers_[size_t(il)];
+    L.st->fill_zero(slot(L.a, seq));
+    L.st->fill_zero(slot(L.b, seq));
+  }
+  sync();
 }
 
 Status Memory::seq_keep(int seq, int64_t n_pos) {
@@ -95,42 +143,89 @@ void Memory::seq_copy(int src, int dst) {
   const int64_t n = seq_pos(src);
   (void)seq_pos(dst);
   for (int64_t il : attn_layers_) {
-    std::memcpy(k_data(il, dst), k_data(il, src), size_t(n) * k_pos_stride());
-    std::memcpy(v_data(il, dst), v_data(il, src), size_t(n) * v_pos_stride());
+    const Layer& L = layers_[size_t(il)];
+    if (n == 0) break;
+    L.st->copy(kv_rows(L.a, dst, 0, n), kv_rows(L.a, src, 0, n));
+    L.st->copy(kv_rows(L.b, dst, 0, n), kv_rows(L.b, src, 0, n));
   }
-  std::copy_n(rec_data(src), rec_floats(), rec_data(dst));
+  for (int64_t il : rec_layers_) {
+    const Layer& L = layers_[size_t(il)];
+    L.st->copy(slot(L.a, dst), slot(L.a, src));
+    L.st->copy(slot(L.b, dst), slot(L.b, src));
+  }
+  sync();
   pos_[size_t(dst)] = n;
+}
+
+void Memory::read_kv(int seq, int64_t pos0, int64_t n, uint8_t* out) const {
+  (void)seq_pos(seq);
+  KILN_CHECK(pos0 >= 0 && n >= 0 && pos0 + n <= opt_.n_ctx, "read_kv positions [{}, +{})", pos0, n);
+  const size_t kb = size_t(n) * k_pos_stride(), vb = size_t(n) * v_pos_stride();
+  if (n > 0)
+    for (int64_t il : attn_layers_) {
+      const Layer& L = layers_[size_t(il)];
+      L.st->download(out, kv_rows(L.a, seq, pos0, n), kb);
+      L.st->download(out + kb, kv_rows(L.b, seq, pos0, n), vb);
+      out += kb + vb;
+    }
+  sync();
+}
+
+void Memory::write_kv(int seq, int64_t pos0, const uint8_t* in, int64_t rows, int64_t r0, int64_t r1) {
+  (void)seq_pos(seq);
+  KILN_CHECK(0 <= r0 && r0 <= r1 && r1 <= rows && pos0 >= 0 && pos0 + r1 <= opt_.n_ctx, "write_kv rows [{}, {}) of {}",
+             r0, r1, rows);
+  const size_t ks = k_pos_stride(), vs = v_pos_stride();
+  if (r1 > r0)
+    for (int64_t il : attn_layers_) {
+      const Layer& L = layers_[size_t(il)];
+      L.st->upload(kv_rows(L.a, seq, pos0 + r0, r1 - r0), in + size_t(r0) * ks, size_t(r1 - r0) * ks);
+      in += size_t(rows) * ks;
+      L.st->upload(kv_rows(L.b, seq, pos0 + r0, r1 - r0), in + size_t(r0) * vs, size_t(r1 - r0) * vs);
+      in += size_t(rows) * vs;
+    }
+  sync();
+}
+
+void Memory::read_rec(int seq, float* out) const {
+  (void)seq_pos(seq);
+  for (int64_t il : rec_layers_) {
+    const Layer& L = layers_[size_t(il)];
+    L.st->download(out, slot(L.a, seq), conv_floats_ * sizeof(float));
+    L.st->download(out + conv_floats_, slot(L.b, seq), ssm_floats_ * sizeof(float));
+    out += conv_floats_ + ssm_floats_;
+  }
+  sync();
+}
+
+void Memory::write_rec(int seq, const float* in) {
+  (void)seq_pos(seq);
+  for (int64_t il : rec_layers_) {
+    const Layer& L = layers_[size_t(il)];
+    L.st->upload(slot(L.a, seq), in, conv_floats_ * sizeof(float));
+    L.st->upload(slot(L.b, seq), in + conv_floats_, ssm_floats_ * sizeof(float));
+    in += conv_floats_ + ssm_floats_;
+  }
+  sync();
 }
 
 Snapshot Memory::snapshot(int seq) const {
   Snapshot s;
   s.n_pos = seq_pos(seq);
-  auto* self = const_cast<Memory*>(this);
-  const size_t kb = size_t(s.n_pos) * k_pos_stride(), vb = size_t(s.n_pos) * v_pos_stride();
-  s.kv.resize(attn_layers_.size() * (kb + vb));
-  uint8_t* o = s.kv.data();
-  for (int64_t il : attn_layers_) {
-    std::memcpy(o, self->k_data(il, seq), kb);
-    std::memcpy(o + kb, self->v_data(il, seq), vb);
-    o += kb + vb;
-  }
-  s.rec.assign(self->rec_data(seq), self->rec_data(seq) + rec_floats());
+  s.kv.resize(size_t(s.n_pos) * kv_bytes_per_pos());
+  read_kv(seq, 0, s.n_pos, s.kv.data());
+  s.rec.resize(rec_floats());
+  read_rec(seq, s.rec.data());
   return s;
 }
 
 Status Memory::restore(int seq, const Snapshot& s) {
   (void)seq_pos(seq);
-  const size_t kb = size_t(s.n_pos) * k_pos_stride(), vb = size_t(s.n_pos) * v_pos_stride();
-  if (s.n_pos < 0 || s.n_pos > opt_.n_ctx || s.kv.size() != attn_layers_.size() * (kb + vb) ||
+  if (s.n_pos < 0 || s.n_pos > opt_.n_ctx || s.kv.size() != size_t(s.n_pos) * kv_bytes_per_pos() ||
       s.rec.size() != rec_floats())
     return err("restore: snapshot of {} positions does not match this memory's layout", s.n_pos);
-  const uint8_t* in = s.kv.data();
-  for (int64_t il : attn_layers_) {
-    std::memcpy(k_data(il, seq), in, kb);
-    std::memcpy(v_data(il, seq), in + kb, vb);
-    in += kb + vb;
-  }
-  std::copy(s.rec.begin(), s.rec.end(), rec_data(seq));
+  write_kv(seq, 0, s.kv.data(), s.n_pos, 0, s.n_pos);
+  write_rec(seq, s.rec.data());
   pos_[size_t(seq)] = s.n_pos;
   return {};
 }

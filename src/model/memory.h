@@ -4,15 +4,24 @@
 //   between sequences.
 // Lives in model/ (not engine/) because the forward pass writes it and model must not depend on
 //   engine; the engine owns Memory objects and decides which sequence uses which slot.
-// Owns: all cache memory, allocated once in create() (sized from n_ctx and n_seq); nothing is
-//   allocated afterwards except by snapshot() (which the caller asks for explicitly).
+// Layout: each layer's state is one Buffer on the device that layer runs on (Model::layer_device;
+//   the host for create(config)), seen as 4-D backend Tensors whose ne[3] is the slot: K and V
+//   [head_dim, n_head_kv, n_ctx, n_seq] per attention layer; conv [d_conv-1, conv_dim, 1, n_seq] and
+//   SSM [S, S, Hv, n_seq] per recurrent layer. Every move of state (clear, copy, snapshot, restore,
+//   the runner's read/write of rows) goes through a Stream of that device: device copies when source
+//   and destination are both there, no host round trip; snapshots are host bytes.
+// Owns: all cache memory, allocated (and zeroed) once in create() (sized from n_ctx and n_seq); one
+//   Stream per device used, for the copies; nothing is allocated afterwards except by snapshot()
+//   (which the caller asks for explicitly).
 // Must not: know about tokens, requests or scheduling; run kernels other than copies.
-// Threading: one thread at a time (the one running Context::decode on it).
+// Threading: one thread at a time (the one running Context::decode on it). Every method has
+//   synchronized its streams when it returns.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/result.h"
 #include "gguf/types.h"
 #include "model/config.h"
@@ -20,6 +29,7 @@
 namespace kiln::model {
 
 using gguf::GgmlType;
+class Model;
 
 struct MemoryOptions {
   int64_t n_ctx = 4096;                 // positions per sequence (KV rows per attention layer)
@@ -40,14 +50,18 @@ struct Snapshot {
 
 class Memory {
  public:
-  // Errors (cache type unsupported, head_dim not a multiple of the block size, sizes) name the option.
+  // Every layer's state on the host. Errors (cache type unsupported, head_dim not a multiple of the
+  // block size, sizes) name the option.
   static Result<std::unique_ptr<Memory>> create(const ModelConfig& cfg, const MemoryOptions& opt);
+  // Each layer's state on the device the model runs that layer on.
+  static Result<std::unique_ptr<Memory>> create(const Model& m, const MemoryOptions& opt);
+  ~Memory();
 
   const MemoryOptions& options() const { return opt_; }
   int64_t n_ctx() const { return opt_.n_ctx; }
   int n_seq() const { return opt_.n_seq; }
   bool has_recurrent() const { return !rec_layers_.empty(); }
-  size_t total_bytes() const { return kv_.size() + rec_.size() * sizeof(float); }
+  size_t total_bytes() const { return total_bytes_; }
 
   // Number of positions stored for sequence `seq` (the next token's position).
   int64_t seq_pos(int seq) const;
@@ -62,38 +76,56 @@ class Memory {
   Status restore(int seq, const Snapshot& s);
 
   // ---- for the forward pass ----
-  // Attention layer `il` (trunk index), sequence seq: cache base pointers. Row (pos p, head h) is at
-  // base + p*pos_stride + h*head_stride.
-  uint8_t* k_data(int64_t il, int seq);
-  uint8_t* v_data(int64_t il, int seq);
-  size_t k_pos_stride() const { return k_row_ * size_t(n_head_kv_); }
-  size_t v_pos_stride() const { return v_row_ * size_t(n_head_kv_); }
-  size_t k_head_stride() const { return k_row_; }
-  size_t v_head_stride() const { return v_row_; }
-  // Recurrent layer `il`: conv state [d_conv-1, conv_dim] (row c = channel c), SSM state [S, S, Hv].
-  float* conv_state(int64_t il, int seq);
-  float* ssm_state(int64_t il, int seq);
+  // Attention layer `il` (trunk index): K / V caches [head_dim, n_head_kv, n_ctx, n_seq].
+  const backend::Tensor& k_cache(int64_t il) const;
+  const backend::Tensor& v_cache(int64_t il) const;
+  // Recurrent layer `il`: conv state [d_conv-1, conv_dim, 1, n_seq] (row c = channel c), SSM state
+  // [S, S, Hv, n_seq], F32.
+  const backend::Tensor& conv_state(int64_t il) const;
+  const backend::Tensor& ssm_state(int64_t il) const;
+  // The device holding layer il's state.
+  backend::Device& layer_device(int64_t il) const;
   void set_seq_pos(int seq, int64_t n) { pos_[size_t(seq)] = n; }
 
-  // ---- layout, for copying a sequence's state in pieces (engine::ModelRunner) ----
+  // ---- one sequence's state in pieces (engine::ModelRunner, the prefix cache) ----
   const std::vector<int64_t>& attn_layers() const { return attn_layers_; }  // trunk indices, ascending
-  // The recurrent state of one sequence, all recurrent layers (each: conv state then SSM state),
-  // contiguous at rec_data(seq): rec_floats() floats (0 without recurrent layers).
+  size_t k_pos_stride() const { return k_row_ * size_t(n_head_kv_); }  // bytes of one position's K row
+  size_t v_pos_stride() const { return v_row_ * size_t(n_head_kv_); }
+  // KV payload of n positions: per attention layer, K rows [n, k_pos_stride] then V rows.
+  size_t kv_bytes_per_pos() const { return attn_layers_.size() * (k_pos_stride() + v_pos_stride()); }
+  void read_kv(int seq, int64_t pos0, int64_t n, uint8_t* out) const;
+  // Writes rows [r0, r1) of a payload of `rows` positions that starts at position pos0.
+  void write_kv(int seq, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1);
+  // The recurrent state of one sequence, all recurrent layers (each: conv state then SSM state):
+  // rec_floats() floats (0 without recurrent layers).
   size_t rec_floats() const { return rec_layers_.size() * (conv_floats_ + ssm_floats_); }
-  float* rec_data(int seq);
+  void read_rec(int seq, float* out) const;
+  void write_rec(int seq, const float* in);
 
  private:
+  struct Layer {  // one layer's state: a, b = K, V (attention) or conv, SSM (recurrent)
+    backend::Device* dev = nullptr;
+    backend::Stream* st = nullptr;  // of dev, owned by streams_
+    std::unique_ptr<backend::Buffer> buf;
+    backend::Tensor a, b;
+  };
   Memory() = default;
+  static Result<std::unique_ptr<Memory>> create(const ModelConfig& cfg, const MemoryOptions& opt,
+                                                const std::vector<backend::Device*>& devs);
+  // Contiguous view of positions [p0, p0 + n) of slot seq of a K/V cache.
+  static backend::Tensor kv_rows(const backend::Tensor& cache, int seq, int64_t p0, int64_t n);
+  static backend::Tensor slot(const backend::Tensor& state, int seq);  // contiguous view of one slot
+  void sync() const;
+
   MemoryOptions opt_;
   int64_t n_head_kv_ = 0;
   size_t k_row_ = 0, v_row_ = 0;         // bytes of one head row
-  size_t kv_layer_seq_bytes_ = 0;        // K + V bytes of one layer for one sequence
   size_t conv_floats_ = 0, ssm_floats_ = 0;
-  std::vector<int64_t> attn_index_;      // trunk layer -> attention layer index, or -1
-  std::vector<int64_t> rec_index_;       // trunk layer -> recurrent layer index, or -1
+  size_t total_bytes_ = 0;
   std::vector<int64_t> attn_layers_, rec_layers_;
-  std::vector<uint8_t> kv_;              // [seq][attn layer][K (n_ctx rows) | V (n_ctx rows)]
-  std::vector<float> rec_;               // [seq][rec layer][conv | ssm]
+  std::unique_ptr<backend::Device> host_;  // for host layers (created lazily in create())
+  std::vector<std::pair<backend::Device*, std::unique_ptr<backend::Stream>>> streams_;
+  std::vector<Layer> layers_;              // [n_layer] (empty dev for none)
   std::vector<int64_t> pos_;
 };
 

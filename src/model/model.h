@@ -1,7 +1,12 @@
-// model/model.h — a loaded model: config, validated weights (views into the GGUF mapping), and the
-//   entry point load_model().
+// model/model.h — a loaded model: config, validated weights (views into the GGUF mapping, or
+//   device copies for the layers placed on a GPU), their placement, and the entry point load_model().
 // Owns: the gguf::File (and so the mapping) for the model's lifetime; small F32 copies of 1-D
-//   tensors (norms, biases, ssm_a, ...) and of ssm_conv1d when they are stored in another type.
+//   tensors (norms, biases, ssm_a, ...) and of ssm_conv1d when they are stored in another type; a
+//   host device whose Buffers wrap the mapping (Device::wrap, no copy); the device Buffers of the
+//   GPU layers (uploaded once in load_model()).
+// Placement (LoadOptions::n_gpu_layers, llama.cpp's -ngl): the last n_gpu_layers trunk layers run
+//   on the GPU, the output norm and matrix too when n_gpu_layers > n_layer; token_embd (get_rows on
+//   the token ids) and the MTP blocks stay on the host.
 // Must not: hold per-sequence state (model/memory.h) or scratch (model/context.h); see requests.
 // Loading: every tensor the architecture needs is checked for name, type and shape; errors name
 //   the file and the tensor. An MTP block (qwen35*) is bound into `mtp`, not run. Tensors the
@@ -15,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/mmap.h"
 #include "core/result.h"
 #include "gguf/reader.h"
@@ -24,12 +30,15 @@ namespace kiln::model {
 
 using gguf::GgmlType;
 
-// A weight used in place: ne[0] contiguous; row r of matrix slice e at data + (e*ne[1] + r)*row_bytes.
+// A weight used in place: ne[0] contiguous; row r of matrix slice e at data + (e*ne[1] + r)*row_bytes
+// (host memory: the mapping or the F32 copy). `t` is the same weight as a backend Tensor on the device
+// its layer runs on: a view of a Device::wrap of `data` on the host, the uploaded copy on a GPU.
 struct Weight {
   GgmlType type = GgmlType::F32;
   const uint8_t* data = nullptr;
   std::array<int64_t, 4> ne = {1, 1, 1, 1};
   size_t row_bytes = 0;  // bytes of one ne[0] row
+  backend::Tensor t;
   bool present() const { return data != nullptr; }
   const float* f32() const { return reinterpret_cast<const float*>(data); }  // only for F32 weights
 };
@@ -75,8 +84,12 @@ inline constexpr int kGpuLayersAll = -1, kGpuLayersAuto = -2;
 
 struct LoadOptions {
   LoadMode load_mode = LoadMode::Mmap;  // mmap (default), mlock, or read into memory ("none")
-  int n_gpu_layers = 0;  // -ngl: layers on the GPU (the last ones), kGpuLayersAll or kGpuLayersAuto
-  int main_gpu = 0;      // --main-gpu: the CUDA device ordinal
+  // llama.cpp's -ngl: trunk layer il runs on the GPU when il >= n_layer - n_gpu_layers; the output
+  // norm and matrix when n_gpu_layers > n_layer. kGpuLayersAll: all (layers and output); 0: CPU only;
+  // kGpuLayersAuto: all when a CUDA device is usable, else 0. Without a usable CUDA device the model
+  // loads on the CPU (one log line says why, unless auto).
+  int n_gpu_layers = 0;
+  int main_gpu = 0;  // the CUDA device (ordinal) of the GPU layers
   // Called with (tensors checked, total) while validating; optional.
   std::function<void(size_t, size_t)> progress;
 };
@@ -86,6 +99,9 @@ struct LoadInfo {
   uint64_t file_bytes = 0;
   uint64_t weight_bytes = 0;         // bytes of the tensors used
   std::vector<std::string> unused;   // tensors present in the file but not run (e.g. nextn.*)
+  int64_t n_gpu_layers = 0;          // trunk layers placed on the GPU (after clamping / CPU fallback)
+  bool output_on_gpu = false;
+  uint64_t gpu_bytes = 0;            // weight bytes uploaded to the GPU
 };
 
 class Model {
@@ -100,13 +116,24 @@ class Model {
   std::vector<LayerWeights> layers;  // n_layer trunk layers
   std::vector<LayerWeights> mtp;     // n_nextn MTP blocks (blk.<n_layer + i>), gated attention + FFN + nextn.*
 
+  // Placement: the device trunk layer il runs on (its weights' device), the output's, and the host
+  // device (the wrapped mapping, token_embd).
+  backend::Device& layer_device(int64_t il) const { return *layer_dev_[size_t(il)]; }
+  backend::Device& output_device() const { return *out_dev_; }
+  backend::Device& host_device() const { return *host_; }
+
  private:
   friend Result<std::unique_ptr<Model>> load_model(const std::string&, const LoadOptions&);
   friend Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File>, const LoadOptions&);
+  friend Status place_model(Model&, const LoadOptions&);
   ModelConfig cfg_;
   std::unique_ptr<gguf::File> file_;
   LoadInfo info_;
   std::vector<std::unique_ptr<float[]>> owned_;  // F32 copies of small tensors
+  std::unique_ptr<backend::Device> host_;        // wraps the mapping (and owned_)
+  std::vector<backend::Device*> layer_dev_;      // [n_layer]: host_ or a CUDA device
+  backend::Device* out_dev_ = nullptr;
+  std::vector<std::unique_ptr<backend::Buffer>> bufs_;  // wraps and GPU uploads (destroyed before host_)
 };
 
 Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opt = {});

@@ -221,6 +221,41 @@ TEST(ModelLoad, HybridAllocatesKvOnlyForAttentionLayers) {
   EXPECT_EQ((*mem)->total_bytes(), kv + rec);
 }
 
+// -ngl without a usable CUDA device: the model loads on the CPU (one log line) and computes what a
+// plain CPU load computes; the memory's layer states are host tensors of the documented shapes.
+TEST(ModelLoad, GpuLayersWithoutCudaRunOnTheCpu) {
+  if (backend::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is usable: the CPU fallback is not taken";
+  LoadOptions lo;
+  lo.n_gpu_layers = -1;
+  auto m = load_model(model_path("qwen35"), lo);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ((*m)->info().n_gpu_layers, 0);
+  EXPECT_FALSE((*m)->info().output_on_gpu);
+  for (int64_t il = 0; il < c.n_layer; ++il) EXPECT_EQ((*m)->layer_device(il).type(), backend::DeviceType::Cpu);
+  EXPECT_EQ((*m)->output_device().type(), backend::DeviceType::Cpu);
+  MemoryOptions mo;
+  mo.n_ctx = 64;
+  mo.n_seq = 2;
+  mo.type_k = mo.type_v = GgmlType::F32;
+  auto mem = Memory::create(**m, mo);
+  ASSERT_TRUE(mem.ok());
+  const std::array<int64_t, 4> kv = {c.head_dim, c.n_head_kv, 64, 2}, conv = {c.ssm_d_conv - 1, c.ssm_conv_dim(), 1, 2},
+                               ssm = {c.ssm_d_state, c.ssm_d_state, c.ssm_dt_rank, 2};
+  EXPECT_EQ((*mem)->k_cache(3).ne, kv);
+  EXPECT_EQ((*mem)->v_cache(3).ne, kv);
+  EXPECT_EQ((*mem)->conv_state(0).ne, conv);
+  EXPECT_EQ((*mem)->ssm_state(0).ne, ssm);
+  ContextOptions co;
+  co.n_batch = 64;
+  co.n_threads = 2;
+  Context cx(**m, co);
+  Fixture plain("qwen35");
+  auto pm = plain.memory(1);
+  const auto toks = random_tokens(12, c.n_vocab, 13);
+  EXPECT_EQ(max_diff(run(cx, **mem, 1, toks, 5), run(*plain.cx, *pm, 0, toks, 5)), 0.f);
+}
+
 TEST(ModelLoad, MissingFileNamesThePath) {
   auto m = load_model("/nonexistent/model.gguf");
   ASSERT_FALSE(m.ok());

@@ -419,7 +419,7 @@ int cmd_bench(int argc, char** argv) {
                   mo.n_seq = 1;
                   mo.type_k = ktype;
                   mo.type_v = vtype;
-                  auto mem = model::Memory::create((*m)->config(), mo);
+                  auto mem = model::Memory::create(**m, mo);
                   if (!mem) return fail(mem.error());
                   Runner run;
                   run.cx = &cx;

@@ -108,7 +108,7 @@ int cmd_logits(int argc, char** argv) {
   if (chunk <= 0) return fail(err("--chunk must be positive"));
   mo.n_ctx = ctx > 0 ? ctx : longest;
   mo.n_seq = int(seqs.size());
-  auto mem = model::Memory::create((*m)->config(), mo);
+  auto mem = model::Memory::create(**m, mo);
   if (!mem) return fail(mem.error());
   co.n_batch = chunk * int64_t(seqs.size());
   co.n_threads = threads;

@@ -106,7 +106,7 @@ int cmd_perplexity(int argc, char** argv) {
   std::fprintf(stderr, "perplexity: %zu tokens, %lld chunks of %lld\n", toks.size(), (long long)n_chunk, (long long)ctx);
 
   mo.n_ctx = ctx;
-  auto mem = model::Memory::create((*m)->config(), mo);
+  auto mem = model::Memory::create(**m, mo);
   if (!mem) return fail(mem.error());
   co.n_batch = std::max<int64_t>(1, std::min(n_batch, ctx));  // -b <= 0: 1, as in kiln run
   co.n_threads = threads;

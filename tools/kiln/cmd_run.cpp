@@ -163,7 +163,7 @@ int cmd_run(int argc, char** argv) {
   auto tk = model::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());
   mo.n_ctx = ctx;
-  auto mem = model::Memory::create((*m)->config(), mo);
+  auto mem = model::Memory::create(**m, mo);
   if (!mem) return fail(mem.error());
   co.n_batch = std::max<int64_t>(1, std::min(n_batch, ctx));
   co.n_threads = threads;

@@ -102,7 +102,9 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
 void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float* w, int d_conv, int64_t C,
                  const int32_t* seq, SeqMem state, float* y, int64_t y_stride, int64_t T);
 // q, k rows [S, Hk, T]; v rows [S, Hv, T]; g, beta [Hv, T] contiguous; state (ne0 = S, ne1 = S,
-// ne2 = Hv) F32; out rows [S, Hv, T]. chunk > 0: runs of >= chunk tokens may take the chunked form.
+// ne2 = Hv) F32; out rows [S, Hv, T]. chunk = 0: the recurrence for every run; > 0: runs of at least
+// `chunk` tokens take the chunked form (ContextOptions::delta_chunk_min; the chunk length is the
+// launcher's own choice), shorter runs the recurrence.
 size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok);
 void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta, const int32_t* seq,
                  SeqMem state, Rows out, int chunk);
