@@ -15,6 +15,8 @@ using backend::DeviceType;
 
 namespace {
 
+constexpr int64_t kGraphMaxTokens = 64;  // steps of at most this many tokens are recorded as graphs
+
 struct Run {  // validation only: consecutive tokens of one sequence
   int32_t seq = 0;
   int64_t t0 = 0, n = 0;
@@ -356,7 +358,9 @@ Status Context::decode(const Batch& b, Memory& mem) {
       s.graphs.clear();
       s.graph_mem = &mem;
     }
-    if (s.graphs_unsupported) {
+    // Graphs pay off where launches dominate: decode-sized steps. Larger batches (prompt chunks,
+    // whose sizes vary) run op by op, so the map holds at most one graph per small (T, n_out).
+    if (s.graphs_unsupported || T > kGraphMaxTokens) {
       step();
     } else {
       auto it = s.graphs.find({T, n_out});
