@@ -151,71 +151,136 @@ struct AttnK {
   float* part_ml;  // [n_split][T][Hq][2]: m (log2 units), l
 };
 
-// Eight consecutive elements e..e+7 of a cache row (e a multiple of 8), as floats.
-__device__ __forceinline__ void load8(const CacheArg& c, const char* __restrict__ row, int e, float f[8]) {
+// One item = eight consecutive elements e..e+7 of a cache row (e a multiple of 8). A tile is
+// fetched whole (global loads into registers) before any item is converted, so all its loads are in
+// flight at once. F16 / Q8_0 / Q4_0 items fit 16 bytes (F16: 8 halves; Q8_0 / Q4_0: x, y = the 8 quant
+// bytes (Q4_0: the 8 bytes holding the nibbles), z = d); F32 items take two float4.
+__device__ __forceinline__ uint4 fetch16(const CacheArg& c, const char* __restrict__ row, int e) {
+  if (c.code == kF16) {
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + e;
+    if (c.vec) return *reinterpret_cast<const uint4*>(p);
+    return make_uint4(p[0] | uint32_t(p[1]) << 16, p[2] | uint32_t(p[3]) << 16, p[4] | uint32_t(p[5]) << 16,
+                      p[6] | uint32_t(p[7]) << 16);
+  }
+  // Q8_0 / Q4_0: blocks of 34 / 18 bytes, only 2-byte aligned: 16-bit loads.
+  const bool q8 = c.code == kQ8;
+  const int eb = e & 31;
+  const unsigned short* blk = reinterpret_cast<const unsigned short*>(row + size_t(e >> 5) * (q8 ? 34 : 18));
+  const unsigned short* qs = blk + 1 + ((q8 ? eb : (eb & 15)) >> 1);
+  return make_uint4(uint32_t(qs[0]) | uint32_t(qs[1]) << 16, uint32_t(qs[2]) | uint32_t(qs[3]) << 16, blk[0], 0u);
+}
+__device__ __forceinline__ void convert16(int code, const uint4& r, int e, float f[8]) {
+  if (code == kF16) {
+    f[0] = half_bits_to_float(r.x & 0xffff), f[1] = half_bits_to_float(r.x >> 16);
+    f[2] = half_bits_to_float(r.y & 0xffff), f[3] = half_bits_to_float(r.y >> 16);
+    f[4] = half_bits_to_float(r.z & 0xffff), f[5] = half_bits_to_float(r.z >> 16);
+    f[6] = half_bits_to_float(r.w & 0xffff), f[7] = half_bits_to_float(r.w >> 16);
+  } else if (code == kQ8) {
+    const float d = half_bits_to_float((unsigned short)r.z);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = d * float(int8_t(((j < 4 ? r.x : r.y) >> (8 * (j & 3))) & 0xff));
+  } else {
+    const float d = half_bits_to_float((unsigned short)r.z);
+    const int sh = (e & 31) >= 16 ? 4 : 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = d * float(int(((j < 4 ? r.x : r.y) >> (8 * (j & 3) + sh)) & 0xf) - 8);
+  }
+}
+__device__ __forceinline__ void store8(float* dst, const float f[8]) {
+  float4* o = reinterpret_cast<float4*>(dst);
+  o[0] = make_float4(f[0], f[1], f[2], f[3]);
+  o[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+
+// Item `it` of this thread in a [BK][DM] tile: row (key) and first element.
+template <int DM>
+__device__ __forceinline__ void item_pos(int it, int& row, int& e) {
+  const int idx = threadIdx.x + it * kThreads;
+  row = idx / (DM / 8), e = (idx % (DM / 8)) * 8;
+}
+
+// Keys k0..k0+BK-1 of one (kv head, slot) into dst [BK][DM+4] as floats; rows >= kv_hi and columns
+// >= D are zero (no NaN from unwritten cache rows reaches the P.V sums).
+template <int DM, int BK>
+__device__ __forceinline__ void load_one(const CacheArg& c, const char* base, int k0, int kv_hi, int D, float* dst) {
+  constexpr int LD = DM + 4, NIT = BK * (DM / 8) / kThreads;
+  static_assert(BK * (DM / 8) % kThreads == 0);
   if (c.code == kF32) {
-    const float* p = reinterpret_cast<const float*>(row) + e;
-    if (c.vec) {
-      const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-      f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-    } else {
+    float4 ra[NIT], rb[NIT];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = p[j];
-    }
-  } else if (c.code == kF16) {
-    const __half* p = reinterpret_cast<const __half*>(row) + e;
-    if (c.vec) {
-      const uint4 u = *reinterpret_cast<const uint4*>(p);
-      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-        f[2 * j] = x.x, f[2 * j + 1] = x.y;
+    for (int it = 0; it < NIT; ++it) {
+      int row, e;
+      item_pos<DM>(it, row, e);
+      if (k0 + row < kv_hi && e < D) {
+        const float* p = reinterpret_cast<const float*>(base + size_t(k0 + row) * c.nb2) + e;
+        if (c.vec) {
+          ra[it] = *reinterpret_cast<const float4*>(p), rb[it] = *reinterpret_cast<const float4*>(p + 4);
+        } else {
+          ra[it] = make_float4(p[0], p[1], p[2], p[3]), rb[it] = make_float4(p[4], p[5], p[6], p[7]);
+        }
       }
-    } else {
+    }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = __half2float(p[j]);
+    for (int it = 0; it < NIT; ++it) {
+      int row, e;
+      item_pos<DM>(it, row, e);
+      const bool ok = k0 + row < kv_hi && e < D;
+      float4* o = reinterpret_cast<float4*>(dst + row * LD + e);
+      o[0] = ok ? ra[it] : make_float4(0.f, 0.f, 0.f, 0.f);
+      o[1] = ok ? rb[it] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   } else {
-    // Q8_0 / Q4_0: blocks of 34 / 18 bytes, only 2-byte aligned: 16-bit loads.
-    const int b = e >> 5, eb = e & 31;
-    const unsigned short* blk =
-        reinterpret_cast<const unsigned short*>(row + size_t(b) * (c.code == kQ8 ? 34 : 18));
-    const float d = half_bits_to_float(blk[0]);
-    const unsigned short* qs = blk + 1 + ((c.code == kQ8 ? eb : (eb & 15)) >> 1);
-    const uint32_t lo = uint32_t(qs[0]) | uint32_t(qs[1]) << 16, hi = uint32_t(qs[2]) | uint32_t(qs[3]) << 16;
-    if (c.code == kQ8) {
+    uint4 r[NIT];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = d * float(int8_t(((j < 4 ? lo : hi) >> (8 * (j & 3))) & 0xff));
-    } else {
-      const int sh = eb >= 16 ? 4 : 0;
+    for (int it = 0; it < NIT; ++it) {
+      int row, e;
+      item_pos<DM>(it, row, e);
+      if (k0 + row < kv_hi && e < D) r[it] = fetch16(c, base + size_t(k0 + row) * c.nb2, e);
+    }
 #pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = d * float(int((((j < 4 ? lo : hi) >> (8 * (j & 3) + sh)) & 0xf)) - 8);
+    for (int it = 0; it < NIT; ++it) {
+      int row, e;
+      item_pos<DM>(it, row, e);
+      float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (k0 + row < kv_hi && e < D) convert16(c.code, r[it], e, f);
+      store8(dst + row * LD + e, f);
     }
   }
 }
 
-// Keys k0..k0+BK-1 of (kv head, slot) into dst [BK][DM+4] as floats; rows >= kv_hi and columns
-// >= D are zero (no NaN from unwritten cache rows reaches the P.V sums).
+// The K and V tiles. Neither F32: all loads of both tiles in flight together; otherwise one tile
+// after the other.
 template <int DM, int BK>
-__device__ __forceinline__ void load_tile(const CacheArg& c, int64_t kvh, int64_t slot, int k0, int kv_hi, int D,
-                                          float* dst) {
-  constexpr int LD = DM + 4, IPR = DM / 8, NIT = BK * IPR / kThreads;
-  static_assert(BK * IPR % kThreads == 0);
-  const char* base = c.p + size_t(kvh) * c.nb1 + size_t(slot) * c.nb3;
+__device__ __forceinline__ void load_kv(const CacheArg& k, const CacheArg& v, int64_t kvh, int64_t slot, int k0,
+                                        int kv_hi, int D, float* ks, float* vs) {
+  constexpr int LD = DM + 4, NIT = BK * (DM / 8) / kThreads;
+  const char* kb = k.p + size_t(kvh) * k.nb1 + size_t(slot) * k.nb3;
+  const char* vb = v.p + size_t(kvh) * v.nb1 + size_t(slot) * v.nb3;
+  if (k.code == kF32 || v.code == kF32) {
+    load_one<DM, BK>(k, kb, k0, kv_hi, D, ks);
+    load_one<DM, BK>(v, vb, k0, kv_hi, D, vs);
+    return;
+  }
+  uint4 rk[NIT], rv[NIT];
 #pragma unroll
   for (int it = 0; it < NIT; ++it) {
-    const int idx = threadIdx.x + it * kThreads, r = idx / IPR, e = (idx % IPR) * 8;
-    float f[8];
-    if (k0 + r < kv_hi && e < D) {
-      load8(c, base + size_t(k0 + r) * c.nb2, e, f);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = 0.0f;
+    int row, e;
+    item_pos<DM>(it, row, e);
+    if (k0 + row < kv_hi && e < D) {
+      rk[it] = fetch16(k, kb + size_t(k0 + row) * k.nb2, e);
+      rv[it] = fetch16(v, vb + size_t(k0 + row) * v.nb2, e);
     }
-    float4* o = reinterpret_cast<float4*>(dst + r * LD + e);
-    o[0] = make_float4(f[0], f[1], f[2], f[3]);
-    o[1] = make_float4(f[4], f[5], f[6], f[7]);
+  }
+#pragma unroll
+  for (int it = 0; it < NIT; ++it) {
+    int row, e;
+    item_pos<DM>(it, row, e);
+    const bool ok = k0 + row < kv_hi && e < D;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (ok) convert16(k.code, rk[it], e, f);
+    store8(ks + row * LD + e, f);
+    if (ok) convert16(v.code, rv[it], e, f);
+    store8(vs + row * LD + e, f);
   }
 }
 
@@ -285,8 +350,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
 
     for (int k0 = kv_lo; k0 < kv_hi; k0 += BK) {
       __syncthreads();  // Qs / rpos_s written; the previous tile's Ks / Vs / Ps consumed
-      load_tile<DM, BK>(p.k, kvh, slot, k0, kv_hi, p.D, Ks);
-      load_tile<DM, BK>(p.v, kvh, slot, k0, kv_hi, p.D, Vs);
+      load_kv<DM, BK>(p.k, p.v, kvh, slot, k0, kv_hi, p.D, Ks, Vs);
       __syncthreads();
       {  // scores s[r][kk] = q_r . k_kk
         float s[RPT];

@@ -1,15 +1,15 @@
 // kernels/cuda/deltanet.cu — the Gated-DeltaNet sequence ops behind cuda_ops.h: the causal
 //   depthwise conv + SiLU with its per-slot input state, and the gated delta rule recurrence.
-// Owns: conv1d_silu — one thread per channel walks the whole batch in token order (8 tokens' inputs
-//   loaded ahead), so y may alias x; a run reads its slot's state at its first token and writes the
-//   last d_conv-1 inputs back at its last. gated_delta — per (v head, group of value columns j) a block
-//   keeps the state columns M[:, j] in registers (16 key rows per thread, S/16 threads per column,
-//   rounded up to a power of two) and loops over the run's tokens in the kernel; the token's two
-//   column dots (M.k, M.q) and k.q are one pass and one shuffle tree: kvm = e^g (M.k),
-//   out = (e^g (M.q) + d (k.q)) / sqrt(S), M = e^g M + k d (the same values as ops.h's order up to
-//   rounding). Runs are found on the device: grid.z splits the batch into token ranges and a block
-//   takes every run that starts in its range. chunk > 0 is accepted; the chunked form is not
-//   implemented here, every run takes the recurrence.
+// Owns: conv1d_silu — one thread per channel walks the whole batch in token order (32 tokens'
+//   inputs loaded ahead), so y may alias x; a run reads its slot's state at its first token and writes
+//   the last d_conv-1 inputs back at its last. gated_delta — per (v head, group of value columns j) a
+//   block keeps the state columns M[:, j] in registers (16 key rows per thread, S/16 threads per
+//   column, rounded up to a power of two) and loops over the run's tokens in the kernel, staging 16
+//   tokens' q, k, v, g, beta at a time in shared memory; the token's two column dots (M.k, M.q) and
+//   k.q are one pass and one shuffle tree: kvm = e^g (M.k), out = (e^g (M.q) + d (k.q)) / sqrt(S),
+//   M = e^g M + k d (the same values as ops.h's order up to rounding). Runs are found on the device:
+//   grid.z splits the batch into token ranges and a block takes every run that starts in its range.
+//   chunk > 0 is accepted; the chunked form is not implemented here, every run takes the recurrence.
 // Must not: allocate, synchronize or read device memory on the host; argument errors are KILN_CHECK
 //   failures before any enqueue.
 // Threading: launchers only enqueue on L.stream.
@@ -32,6 +32,7 @@ namespace {
   } while (0)
 
 constexpr int kThreads = 128;
+constexpr int kConvThreads = 64;  // conv1d_silu: one channel per thread; small blocks spread C over the SMs
 constexpr int64_t kMaxRanges = 64;  // gated_delta: token ranges (grid.z) at most
 
 // ---- conv1d_silu ------------------------------------------------------------------------------
@@ -48,9 +49,9 @@ struct ConvK {
 };
 
 template <int K>
-__global__ void __launch_bounds__(kThreads) conv_kernel(const ConvK a) {
-  constexpr int U = 8;  // tokens whose inputs are loaded ahead (all read before any is overwritten)
-  const int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+__global__ void __launch_bounds__(kConvThreads) conv_kernel(const ConvK a) {
+  constexpr int U = 32;  // tokens whose inputs are loaded ahead (all read before any is overwritten)
+  const int64_t c = int64_t(blockIdx.x) * kConvThreads + threadIdx.x;
   if (c >= a.C) return;
   float w[K], win[K - 1];
 #pragma unroll
@@ -113,28 +114,21 @@ struct GdnK {
   float qscale;
 };
 
-template <bool VEC>
-__device__ __forceinline__ void load16(const float* p, float x[16]) {
-  if constexpr (VEC) {
-#pragma unroll
-    for (int e = 0; e < 16; e += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(p + e);
-      x[e] = f.x, x[e + 1] = f.y, x[e + 2] = f.z, x[e + 3] = f.w;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 16; ++e) x[e] = p[e];
-  }
-}
-
 // grid (column blocks, Hv, token ranges). TPC threads per value column j, each with key rows
-// i0..i0+15 of M[:, j].
+// i0..i0+15 of M[:, j] in registers. The run's inputs are staged kCh tokens at a time in shared
+// memory (all loads of a chunk in flight together), then the recurrence walks them.
+constexpr int kCh = 16;
+constexpr int kMaxS = 256;
+
 template <int TPC, bool VEC>
 __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
   constexpr int CPB = kThreads / TPC;
-  const int tid = threadIdx.x, gl = tid % TPC;
-  const int col = blockIdx.x * CPB + tid / TPC, h = blockIdx.y, hk = h % a.Hk, i0 = gl * 16;
-  const bool rows_ok = i0 < a.S, col_ok = col < a.S, act = rows_ok && col_ok;
+  __shared__ __align__(16) float qs[kCh][kMaxS], ks[kCh][kMaxS];
+  __shared__ float vs[kCh][CPB], gs[kCh], bs[kCh];
+  __shared__ int ss[kCh];
+  const int tid = threadIdx.x, gl = tid % TPC, S = a.S;
+  const int col0 = blockIdx.x * CPB, col = col0 + tid / TPC, h = blockIdx.y, hk = h % a.Hk, i0 = gl * 16;
+  const bool rows_ok = i0 < S, col_ok = col < S, act = rows_ok && col_ok;
   const int tb = blockIdx.z * a.range, te = min(a.T, tb + a.range);
   for (int ts = tb; ts < te; ++ts) {
     const int slot = a.seq[ts];
@@ -142,55 +136,75 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
     float* sp = reinterpret_cast<float*>(a.st + size_t(col_ok ? col : 0) * a.nb1 + size_t(h) * a.nb2 +
                                          size_t(slot) * a.nb3) + i0;
     float M[16];
-    if (act) load16<VEC>(sp, M);
-    else
+    if (act) {
+      if constexpr (VEC) {
 #pragma unroll
-      for (int e = 0; e < 16; ++e) M[e] = 0.0f;
-
-    // token t's inputs in (qn, kn, vn, gn, bn), loaded one token ahead
-    float qn[16], kn[16], vn = 0.0f, gn = 0.0f, bn = 0.0f;
-    auto load_tok = [&](int t) {
-      if (rows_ok) {
-        load16<VEC>(a.q + int64_t(t) * a.q_s2 + int64_t(hk) * a.q_s1 + i0, qn);
-        load16<VEC>(a.k + int64_t(t) * a.k_s2 + int64_t(hk) * a.k_s1 + i0, kn);
+        for (int e = 0; e < 16; e += 4) {
+          const float4 f = *reinterpret_cast<const float4*>(sp + e);
+          M[e] = f.x, M[e + 1] = f.y, M[e + 2] = f.z, M[e + 3] = f.w;
+        }
       } else {
 #pragma unroll
-        for (int e = 0; e < 16; ++e) qn[e] = kn[e] = 0.0f;
+        for (int e = 0; e < 16; ++e) M[e] = sp[e];
       }
-      vn = col_ok ? a.v[int64_t(t) * a.v_s2 + int64_t(h) * a.v_s1 + col] : 0.0f;
-      gn = a.g[int64_t(t) * a.Hv + h];
-      bn = a.beta[int64_t(t) * a.Hv + h];
-    };
-    load_tok(ts);
-    for (int t = ts;; ++t) {
-      float qc[16], kc[16];
+    } else {
 #pragma unroll
-      for (int e = 0; e < 16; ++e) qc[e] = qn[e], kc[e] = kn[e];
-      const float vc = vn, gc = gn, bc = bn;
-      const bool in_batch = t + 1 < a.T;
-      const int s_next = in_batch ? a.seq[t + 1] : -1;
-      if (in_batch) load_tok(t + 1);  // harmless when t+1 belongs to another run
-
-      float pk = 0.0f, pq = 0.0f, kq = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 16; ++e) {
-        pk = fmaf(M[e], kc[e], pk);
-        pq = fmaf(M[e], qc[e], pq);
-        kq = fmaf(kc[e], qc[e], kq);
+      for (int e = 0; e < 16; ++e) M[e] = 0.0f;
+    }
+    for (int t0 = ts;; t0 += kCh) {
+      const int n = min(kCh, a.T - t0);
+      for (int idx = tid; idx < n * S; idx += kThreads) {
+        const int u = idx / S, i = idx - u * S;
+        qs[u][i] = a.q[int64_t(t0 + u) * a.q_s2 + int64_t(hk) * a.q_s1 + i];
+        ks[u][i] = a.k[int64_t(t0 + u) * a.k_s2 + int64_t(hk) * a.k_s1 + i];
       }
-#pragma unroll
-      for (int o = TPC / 2; o > 0; o >>= 1) {
-        pk += __shfl_xor_sync(0xffffffffu, pk, o);
-        pq += __shfl_xor_sync(0xffffffffu, pq, o);
-        kq += __shfl_xor_sync(0xffffffffu, kq, o);
+      for (int idx = tid; idx < n * CPB; idx += kThreads) {
+        const int u = idx / CPB, j = idx - u * CPB;
+        vs[u][j] = col0 + j < S ? a.v[int64_t(t0 + u) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j] : 0.0f;
       }
-      const float decay = expf(gc);
-      const float dl = (vc - decay * pk) * bc;
-      const float o = (decay * pq + dl * kq) * a.qscale;
+      if (tid < n) {
+        gs[tid] = a.g[int64_t(t0 + tid) * a.Hv + h];
+        bs[tid] = a.beta[int64_t(t0 + tid) * a.Hv + h];
+        ss[tid] = a.seq[t0 + tid];
+      }
+      __syncthreads();
+      int u = 0;
+      for (; u < n && ss[u] == slot; ++u) {
+        float qc[16], kc[16];
+        if (rows_ok) {
 #pragma unroll
-      for (int e = 0; e < 16; ++e) M[e] = fmaf(kc[e], dl, M[e] * decay);
-      if (gl == 0 && col_ok) a.out[int64_t(t) * a.o_s2 + int64_t(h) * a.o_s1 + col] = o;
-      if (s_next != slot) break;
+          for (int e = 0; e < 16; e += 4) {
+            const float4 fq = *reinterpret_cast<const float4*>(&qs[u][i0 + e]);
+            const float4 fk = *reinterpret_cast<const float4*>(&ks[u][i0 + e]);
+            qc[e] = fq.x, qc[e + 1] = fq.y, qc[e + 2] = fq.z, qc[e + 3] = fq.w;
+            kc[e] = fk.x, kc[e + 1] = fk.y, kc[e + 2] = fk.z, kc[e + 3] = fk.w;
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) qc[e] = kc[e] = 0.0f;
+        }
+        float pk = 0.0f, pq = 0.0f, kq = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          pk = fmaf(M[e], kc[e], pk);
+          pq = fmaf(M[e], qc[e], pq);
+          kq = fmaf(kc[e], qc[e], kq);
+        }
+#pragma unroll
+        for (int o = TPC / 2; o > 0; o >>= 1) {
+          pk += __shfl_xor_sync(0xffffffffu, pk, o);
+          pq += __shfl_xor_sync(0xffffffffu, pq, o);
+          kq += __shfl_xor_sync(0xffffffffu, kq, o);
+        }
+        const float decay = expf(gs[u]);
+        const float dl = (vs[u][tid / TPC] - decay * pk) * bs[u];
+        const float o = (decay * pq + dl * kq) * a.qscale;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) M[e] = fmaf(kc[e], dl, M[e] * decay);
+        if (gl == 0 && col_ok) a.out[int64_t(t0 + u) * a.o_s2 + int64_t(h) * a.o_s1 + col] = o;
+      }
+      __syncthreads();  // the chunk is consumed before the next one is staged
+      if (u < kCh) break;  // the run (or the batch) ended inside this chunk
     }
     if (act) {
       if constexpr (VEC) {
@@ -210,13 +224,6 @@ void launch_gdn(const GdnK& k, bool vec, dim3 grid, cudaStream_t st) {
   else gdn_kernel<TPC, false><<<grid, kThreads, 0, st>>>(k);
 }
 
-bool aligned16(const void* p, std::initializer_list<int64_t> strides_in_floats) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  for (int64_t s : strides_in_floats)
-    if (s % 4 != 0) return false;
-  return true;
-}
-
 }  // namespace
 
 void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float* w, int d_conv, int64_t C,
@@ -226,15 +233,15 @@ void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float*
   KILN_CHECK(state.type == GgmlType::F32 && state.ne0 == d_conv - 1 && state.ne1 == C,
              "conv1d_silu: state must be F32 [{}, {}] (got [{}, {}])", d_conv - 1, C, state.ne0, state.ne1);
   ConvK a{x, x_stride, w, seq, static_cast<char*>(state.p), state.nb1, state.nb3, y, y_stride, C, T};
-  const unsigned blocks = unsigned((C + kThreads - 1) / kThreads);
+  const unsigned blocks = unsigned((C + kConvThreads - 1) / kConvThreads);
   switch (d_conv) {
-    case 2: conv_kernel<2><<<blocks, kThreads, 0, L.stream>>>(a); break;
-    case 3: conv_kernel<3><<<blocks, kThreads, 0, L.stream>>>(a); break;
-    case 4: conv_kernel<4><<<blocks, kThreads, 0, L.stream>>>(a); break;
-    case 5: conv_kernel<5><<<blocks, kThreads, 0, L.stream>>>(a); break;
-    case 6: conv_kernel<6><<<blocks, kThreads, 0, L.stream>>>(a); break;
-    case 7: conv_kernel<7><<<blocks, kThreads, 0, L.stream>>>(a); break;
-    default: conv_kernel<8><<<blocks, kThreads, 0, L.stream>>>(a); break;
+    case 2: conv_kernel<2><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    case 3: conv_kernel<3><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    case 4: conv_kernel<4><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    case 5: conv_kernel<5><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    case 6: conv_kernel<6><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    case 7: conv_kernel<7><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    default: conv_kernel<8><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
   }
   KILN_DN_LAUNCHED("conv1d_silu");
 }
@@ -262,9 +269,8 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
   a.qscale = float(1.0 / std::sqrt(double(S)));
   const int64_t ranges = std::min<int64_t>(T, kMaxRanges);
   a.range = int((T + ranges - 1) / ranges);
-  const bool vec = aligned16(q.p, {q.s1, q.s2}) && aligned16(k.p, {k.s1, k.s2}) &&
-                   aligned16(state.p, {int64_t(state.nb1 / 4), int64_t(state.nb2 / 4), int64_t(state.nb3 / 4)}) &&
-                   state.nb1 % 16 == 0 && state.nb2 % 16 == 0 && state.nb3 % 16 == 0;
+  const bool vec = reinterpret_cast<uintptr_t>(state.p) % 16 == 0 && state.nb1 % 16 == 0 && state.nb2 % 16 == 0 &&
+                   state.nb3 % 16 == 0;
   int tpc = 1;
   while (tpc * 16 < S) tpc *= 2;
   const dim3 grid(unsigned((S + kThreads / tpc - 1) / (kThreads / tpc)), unsigned(Hv),
