@@ -302,8 +302,10 @@ TEST_F(CudaSeq, Conv1dSiluStateAcrossCalls) {
     const cuda::SeqMem smem{std_.p, GgmlType::F32, K - 1, C, 1, size_t(K - 1) * 4, size_t(K - 1) * 4 * size_t(C),
                             size_t(K - 1) * 4 * size_t(C)};
     std::vector<int> next(n_slot, 0);
+    // the third batch crosses the kernel's 64-token tiles inside runs (a 2-token run across one)
     for (const auto& spec : std::vector<std::vector<std::pair<int, int>>>{{{2, 37}, {0, 1}, {3, 2}, {1, 9}},
-                                                                          {{0, 1}, {1, 1}, {2, 1}, {3, 5}}}) {
+                                                                          {{0, 1}, {1, 1}, {2, 1}, {3, 5}},
+                                                                          {{0, 3}, {1, 60}, {2, 2}, {3, 70}}}) {
       const Batch b = make_batch(spec, next);
       const int T = b.T();
       const auto x = randv(size_t(xs * T), rng, -1, 1);
@@ -335,7 +337,7 @@ TEST_F(CudaSeq, Conv1dSiluStateAcrossCalls) {
       EXPECT_LE(ec.err, 1e-5);
       EXPECT_EQ(sg, st_ref) << "conv state";
       EXPECT_EQ(sg, st_cpu) << "conv state vs CPU op";
-      std::printf("[conv] C=%5lld d_conv=%d T=%2d max|err| vs ref %.2e  vs cpu %.2e\n", (long long)C, K, T, er.err,
+      std::printf("[conv] C=%5lld d_conv=%d T=%3d max|err| vs ref %.2e  vs cpu %.2e\n", (long long)C, K, T, er.err,
                   ec.err);
     }
   }

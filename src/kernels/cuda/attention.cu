@@ -327,15 +327,26 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
     for (int t = ta; t < tb; ++t) pmax = max(pmax, p.pos[t]);
     const int kv_lo = split * p.chunk, kv_hi = min(kv_lo + p.chunk, pmax + 1);
 
-    for (int idx = tid; idx < RM * (DM / 4); idx += kThreads) {
-      const int r = idx / (DM / 4), e = (idx % (DM / 4)) * 4;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (r < nrow) {
-        const int t = ta + r / p.hg, h = h0 + r % p.hg;
-        const float* src = p.q + int64_t(t) * p.q_s2 + int64_t(h) * p.q_s1 + e;
-        if (e < p.D) v = make_float4(src[0] * p.qscale, src[1] * p.qscale, src[2] * p.qscale, src[3] * p.qscale);
+    {  // q rows (all loads in flight before the stores)
+      constexpr int QIT = (RM * (DM / 4) + kThreads - 1) / kThreads;
+      float4 qv[QIT];
+#pragma unroll
+      for (int it = 0; it < QIT; ++it) {
+        const int idx = tid + it * kThreads, r = idx / (DM / 4), e = (idx % (DM / 4)) * 4;
+        qv[it] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (idx < RM * (DM / 4) && r < nrow && e < p.D) {
+          const int t = ta + r / p.hg, h = h0 + r % p.hg;
+          const float* src = p.q + int64_t(t) * p.q_s2 + int64_t(h) * p.q_s1 + e;
+          qv[it] = make_float4(src[0], src[1], src[2], src[3]);
+        }
       }
-      *reinterpret_cast<float4*>(Qs + r * LD + e) = v;
+#pragma unroll
+      for (int it = 0; it < QIT; ++it) {
+        const int idx = tid + it * kThreads, r = idx / (DM / 4), e = (idx % (DM / 4)) * 4;
+        if (idx < RM * (DM / 4))
+          *reinterpret_cast<float4*>(Qs + r * LD + e) =
+              make_float4(qv[it].x * p.qscale, qv[it].y * p.qscale, qv[it].z * p.qscale, qv[it].w * p.qscale);
+      }
     }
     if (tid < RM) rpos_s[tid] = tid < nrow ? p.pos[ta + tid / p.hg] : -1;
 
@@ -352,10 +363,10 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
       __syncthreads();  // Qs / rpos_s written; the previous tile's Ks / Vs / Ps consumed
       load_kv<DM, BK>(p.k, p.v, kvh, slot, k0, kv_hi, p.D, Ks, Vs);
       __syncthreads();
-      {  // scores s[r][kk] = q_r . k_kk
-        float s[RPT];
+      {  // scores s[r][kk] = q_r . k_kk, four partial sums per row (short FMA chains)
+        float4 s[RPT];
 #pragma unroll
-        for (int i = 0; i < RPT; ++i) s[i] = 0.0f;
+        for (int i = 0; i < RPT; ++i) s[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         const float* kr = Ks + kk * LD;
 #pragma unroll 4
         for (int d = 0; d < DM; d += 4) {
@@ -365,14 +376,17 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
             const int r = rg + i * NRG;
             if (r < RM && r < nrow) {
               const float4 qv = *reinterpret_cast<const float4*>(Qs + r * LD + d);
-              s[i] = fmaf(qv.x, kv.x, fmaf(qv.y, kv.y, fmaf(qv.z, kv.z, fmaf(qv.w, kv.w, s[i]))));
+              s[i].x = fmaf(qv.x, kv.x, s[i].x);
+              s[i].y = fmaf(qv.y, kv.y, s[i].y);
+              s[i].z = fmaf(qv.z, kv.z, s[i].z);
+              s[i].w = fmaf(qv.w, kv.w, s[i].w);
             }
           }
         }
 #pragma unroll
         for (int i = 0; i < RPT; ++i) {
           const int r = rg + i * NRG;
-          if (r < RM && r < nrow) Ps[r * BK + kk] = s[i];
+          if (r < RM && r < nrow) Ps[r * BK + kk] = (s[i].x + s[i].y) + (s[i].z + s[i].w);
         }
       }
       __syncthreads();
@@ -471,43 +485,50 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
   }
 }
 
-// One block per (token, q head): out = sum_s w_s O_s / sum_s w_s l_s with w_s = 2^(m_s - max m).
-__global__ void __launch_bounds__(kThreads) attn_merge(const AttnK p) {
-  __shared__ float w_s[kMaxSplit], red[kThreads / 32];
+// grid (token x q head, column groups of 32): out = sum_s w_s O_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max m). Lanes take columns, the 8 warps take every 8th split (loads in flight
+// together), then the warps' sums are added.
+constexpr int kMergeThreads = 256;
+static_assert(kMaxSplit <= kMergeThreads);
+__global__ void __launch_bounds__(kMergeThreads) attn_merge(const AttnK p) {
+  constexpr int NW = kMergeThreads / 32;
+  __shared__ float w_s[kMaxSplit], red[NW], acc_s[NW][33];
   const int64_t row = blockIdx.x, t = row / p.Hq, h = row % p.Hq, rows = int64_t(p.T) * p.Hq;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float mx = -INFINITY;
-  for (int s = tid; s < p.n_split; s += kThreads) {
-    const float* ml = p.part_ml + (s * rows + row) * 2;
-    if (ml[1] > 0.0f) mx = fmaxf(mx, ml[0]);
+  float m = -INFINITY, l = 0.0f;
+  if (tid < p.n_split) {
+    const float* ml = p.part_ml + (tid * rows + row) * 2;
+    l = ml[1];
+    if (l > 0.0f) m = ml[0];
   }
-  mx = warp_max(mx);
+  float mx = warp_max(m);
   if (lane == 0) red[warp] = mx;
   __syncthreads();
   mx = red[0];
-  for (int i = 1; i < kThreads / 32; ++i) mx = fmaxf(mx, red[i]);
+#pragma unroll
+  for (int i = 1; i < NW; ++i) mx = fmaxf(mx, red[i]);
+  const float w = l > 0.0f ? exp2f(m - mx) : 0.0f;
+  if (tid < kMaxSplit) w_s[tid] = w;
+  __syncthreads();  // red[] read by all before it is reused
+  float lsum = warp_sum(w * l);
+  if (lane == 0) red[warp] = lsum;
   __syncthreads();
-  float l = 0.0f;
-  for (int s = tid; s < p.n_split; s += kThreads) {
-    const float* ml = p.part_ml + (s * rows + row) * 2;
-    const float w = ml[1] > 0.0f ? exp2f(ml[0] - mx) : 0.0f;
-    w_s[s] = w;
-    l += w * ml[1];
+  lsum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NW; ++i) lsum += red[i];
+  const int d = blockIdx.y * 32 + lane;
+  float a = 0.0f;
+  if (d < p.D) {
+#pragma unroll 4
+    for (int s = warp; s < p.n_split; s += NW) a = fmaf(w_s[s], p.part_o[(s * rows + row) * p.D + d], a);
   }
-  l = warp_sum(l);
-  if (lane == 0) red[warp] = l;
+  acc_s[warp][lane] = a;
   __syncthreads();
-  l = 0.0f;
-  for (int i = 0; i < kThreads / 32; ++i) l += red[i];
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  float* o = p.out + t * p.o_s2 + h * p.o_s1;
-  for (int d = tid; d < p.D; d += kThreads) {
-    float a = 0.0f;
-    for (int s = 0; s < p.n_split; ++s) {
-      const float w = w_s[s];
-      if (w != 0.0f) a = fmaf(w, p.part_o[(s * rows + row) * p.D + d], a);
-    }
-    o[d] = a * inv;
+  if (warp == 0 && d < p.D) {
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) o += acc_s[i][lane];
+    p.out[t * p.o_s2 + h * p.o_s1 + d] = lsum > 0.0f ? o / lsum : 0.0f;
   }
 }
 
@@ -651,7 +672,7 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
   }
   KILN_ATTN_LAUNCHED("attention");
   if (pl.n_split > 1) {
-    attn_merge<<<unsigned(T * a.n_head), kThreads, 0, L.stream>>>(p);
+    attn_merge<<<dim3(unsigned(T * a.n_head), unsigned((D + 31) / 32)), kMergeThreads, 0, L.stream>>>(p);
     KILN_ATTN_LAUNCHED("attention merge");
   }
 }

@@ -1,11 +1,11 @@
 // kernels/cuda/deltanet.cu — the Gated-DeltaNet sequence ops behind cuda_ops.h: the causal
 //   depthwise conv + SiLU with its per-slot input state, and the gated delta rule recurrence.
-// Owns: conv1d_silu — one thread per channel walks the whole batch in token order (32 tokens'
-//   inputs loaded ahead), so y may alias x; a run reads its slot's state at its first token and writes
-//   the last d_conv-1 inputs back at its last. gated_delta — per (v head, group of value columns j) a
+// Owns: conv1d_silu — a block per 32 channels walks the batch in tiles of 64 tokens staged in
+//   shared memory (y may alias x); a run reads its slot's state at its first token and writes the
+//   last d_conv-1 inputs back at its last. gated_delta — per (v head, group of value columns j) a
 //   block keeps the state columns M[:, j] in registers (16 key rows per thread, S/16 threads per
 //   column, rounded up to a power of two) and loops over the run's tokens in the kernel, staging 16
-//   tokens' q, k, v, g, beta at a time in shared memory; the token's two column dots (M.k, M.q) and
+//   tokens' q, k, v, g, beta at a time in shared memory (cp.async); the token's two column dots (M.k, M.q) and
 //   k.q are one pass and one shuffle tree: kvm = e^g (M.k), out = (e^g (M.q) + d (k.q)) / sqrt(S),
 //   M = e^g M + k d (the same values as ops.h's order up to rounding). Runs are found on the device:
 //   grid.z splits the batch into token ranges and a block takes every run that starts in its range.
@@ -13,6 +13,7 @@
 // Must not: allocate, synchronize or read device memory on the host; argument errors are KILN_CHECK
 //   failures before any enqueue.
 // Threading: launchers only enqueue on L.stream.
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,7 +33,6 @@ namespace {
   } while (0)
 
 constexpr int kThreads = 128;
-constexpr int kConvThreads = 64;  // conv1d_silu: one channel per thread; small blocks spread C over the SMs
 constexpr int64_t kMaxRanges = 64;  // gated_delta: token ranges (grid.z) at most
 
 // ---- conv1d_silu ------------------------------------------------------------------------------
@@ -48,49 +48,81 @@ struct ConvK {
   int64_t ys, C, T;
 };
 
+// One block per 32 channels (one per lane) walks the batch in tiles of kConvTT tokens: the tile's
+// inputs are staged in shared memory (with the previous tile's last d_conv-1 as a halo), then the 8
+// warps compute its outputs in parallel, then the run ends leave their states. Every input is read
+// before any output of its tile is written, and a slot's state is read (run start) before it is
+// written (run end, after a barrier), so y may alias x.
+constexpr int kConvCh = 32, kConvWarps = 8, kConvTT = 64;
+
 template <int K>
-__global__ void __launch_bounds__(kConvThreads) conv_kernel(const ConvK a) {
-  constexpr int U = 32;  // tokens whose inputs are loaded ahead (all read before any is overwritten)
-  const int64_t c = int64_t(blockIdx.x) * kConvThreads + threadIdx.x;
-  if (c >= a.C) return;
-  float w[K], win[K - 1];
+__global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK a) {
+  constexpr int H = K - 1;
+  __shared__ float xs[kConvTT + H][kConvCh + 1];  // row H + r: token t0 + r; rows 0..H-1: the halo
+  __shared__ int sq[kConvTT + H + 1];             // the same rows' slots; row H + n: the token after the tile
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t c = int64_t(blockIdx.x) * kConvCh + lane;
+  const bool cok = c < a.C;
+  float w[K];
 #pragma unroll
-  for (int j = 0; j < K; ++j) w[j] = a.w[c * K + j];
+  for (int j = 0; j < K; ++j) w[j] = cok ? a.w[c * K + j] : 0.0f;
+  if (tid < H) sq[tid] = -1;  // no token before the batch
+  auto state = [&](int slot) { return reinterpret_cast<float*>(a.st + size_t(c) * a.nb1 + size_t(slot) * a.nb3); };
+  for (int64_t t0 = 0; t0 < a.T; t0 += kConvTT) {
+    const int n = a.T - t0 < kConvTT ? int(a.T - t0) : kConvTT;
 #pragma unroll
-  for (int j = 0; j < K - 1; ++j) win[j] = 0.0f;
-  int slot = -1;
-  for (int64_t t0 = 0; t0 < a.T; t0 += U) {
-    float xv[U];
-    int sv[U + 1];
-#pragma unroll
-    for (int u = 0; u <= U; ++u) {
-      const int64_t t = t0 + u;
-      if (u < U) xv[u] = t < a.T ? a.x[t * a.xs + c] : 0.0f;
-      sv[u] = t < a.T ? a.seq[t] : -1;
+    for (int i = 0; i < kConvTT / kConvWarps; ++i) {
+      const int r = warp + i * kConvWarps;
+      if (r < n) xs[H + r][lane] = cok ? a.x[(t0 + r) * a.xs + c] : 0.0f;
     }
+    for (int r = tid; r <= n; r += kConvCh * kConvWarps)
+      sq[H + r] = r < n ? a.seq[t0 + r] : (t0 + n < a.T ? a.seq[t0 + n] : -1);
+    __syncthreads();
+    // outputs: tap j of token t is the input m = H - j tokens back; `back` of them are in t's run,
+    // the older ones come from the slot's state (index H - (m - back))
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t t = t0 + u;
-      if (t >= a.T) break;
-      if (sv[u] != slot) {  // a run starts: continue from the slot's state
-        slot = sv[u];
-        const float* sp = reinterpret_cast<const float*>(a.st + size_t(c) * a.nb1 + size_t(slot) * a.nb3);
+    for (int i = 0; i < kConvTT / kConvWarps; ++i) {
+      const int r = warp + i * kConvWarps;
+      if (r >= n || !cok) continue;
+      const int sl = sq[H + r];
+      int back = 0;
+      while (back < H && sq[H + r - back - 1] == sl) ++back;
+      float acc = w[K - 1] * xs[H + r][lane];
 #pragma unroll
-        for (int j = 0; j < K - 1; ++j) win[j] = sp[j];
+      for (int j = 0; j < H; ++j) {
+        const int m = H - j;
+        const float v = m <= back ? xs[H + r - m][lane] : state(sl)[H - (m - back)];
+        acc = fmaf(w[j], v, acc);
       }
-      float acc = w[K - 1] * xv[u];
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j) acc = fmaf(w[j], win[j], acc);
-#pragma unroll
-      for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
-      win[K - 2] = xv[u];
-      a.y[t * a.ys + c] = acc / (1.0f + expf(-acc));
-      if (sv[u + 1] != slot) {  // the run ends: leave its last inputs
-        float* sp = reinterpret_cast<float*>(a.st + size_t(c) * a.nb1 + size_t(slot) * a.nb3);
-#pragma unroll
-        for (int j = 0; j < K - 1; ++j) sp[j] = win[j];
-      }
+      a.y[(t0 + r) * a.ys + c] = acc / (1.0f + expf(-acc));
     }
+    __syncthreads();  // every run start has read its state
+    // run ends: the state becomes the run's last H inputs (older ones from the old state)
+#pragma unroll
+    for (int i = 0; i < kConvTT / kConvWarps; ++i) {
+      const int r = warp + i * kConvWarps;
+      if (r >= n || !cok || sq[H + r + 1] == sq[H + r]) continue;
+      const int sl = sq[H + r];
+      int back = 0;
+      while (back < H && sq[H + r - back - 1] == sl) ++back;
+      float* sp = state(sl);
+      float nv[H];
+#pragma unroll
+      for (int j = 0; j < H; ++j) {
+        const int m = H - 1 - j;
+        nv[j] = m <= back ? xs[H + r - m][lane] : sp[H - (m - back)];
+      }
+#pragma unroll
+      for (int j = 0; j < H; ++j) sp[j] = nv[j];
+    }
+    __syncthreads();
+    if (n == kConvTT) {  // the tile's last H tokens become the next tile's halo
+      if (warp == 0)
+#pragma unroll
+        for (int j = 0; j < H; ++j) xs[j][lane] = xs[n + j][lane];
+      if (tid < H) sq[tid] = sq[n + tid];
+    }
+    __syncthreads();
   }
 }
 
@@ -153,20 +185,27 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
     }
     for (int t0 = ts;; t0 += kCh) {
       const int n = min(kCh, a.T - t0);
+      // asynchronous copies (cp.async on sm_80+): every load of the chunk in flight at once
       for (int idx = tid; idx < n * S; idx += kThreads) {
         const int u = idx / S, i = idx - u * S;
-        qs[u][i] = a.q[int64_t(t0 + u) * a.q_s2 + int64_t(hk) * a.q_s1 + i];
-        ks[u][i] = a.k[int64_t(t0 + u) * a.k_s2 + int64_t(hk) * a.k_s1 + i];
+        __pipeline_memcpy_async(&qs[u][i], a.q + int64_t(t0 + u) * a.q_s2 + int64_t(hk) * a.q_s1 + i, sizeof(float));
+        __pipeline_memcpy_async(&ks[u][i], a.k + int64_t(t0 + u) * a.k_s2 + int64_t(hk) * a.k_s1 + i, sizeof(float));
       }
       for (int idx = tid; idx < n * CPB; idx += kThreads) {
         const int u = idx / CPB, j = idx - u * CPB;
-        vs[u][j] = col0 + j < S ? a.v[int64_t(t0 + u) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j] : 0.0f;
+        if (col0 + j < S)
+          __pipeline_memcpy_async(&vs[u][j], a.v + int64_t(t0 + u) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j,
+                                  sizeof(float));
+        else
+          vs[u][j] = 0.0f;
       }
       if (tid < n) {
-        gs[tid] = a.g[int64_t(t0 + tid) * a.Hv + h];
-        bs[tid] = a.beta[int64_t(t0 + tid) * a.Hv + h];
-        ss[tid] = a.seq[t0 + tid];
+        __pipeline_memcpy_async(&gs[tid], a.g + int64_t(t0 + tid) * a.Hv + h, sizeof(float));
+        __pipeline_memcpy_async(&bs[tid], a.beta + int64_t(t0 + tid) * a.Hv + h, sizeof(float));
+        __pipeline_memcpy_async(&ss[tid], a.seq + t0 + tid, sizeof(int));
       }
+      __pipeline_commit();
+      __pipeline_wait_prior(0);
       __syncthreads();
       int u = 0;
       for (; u < n && ss[u] == slot; ++u) {
@@ -233,15 +272,15 @@ void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float*
   KILN_CHECK(state.type == GgmlType::F32 && state.ne0 == d_conv - 1 && state.ne1 == C,
              "conv1d_silu: state must be F32 [{}, {}] (got [{}, {}])", d_conv - 1, C, state.ne0, state.ne1);
   ConvK a{x, x_stride, w, seq, static_cast<char*>(state.p), state.nb1, state.nb3, y, y_stride, C, T};
-  const unsigned blocks = unsigned((C + kConvThreads - 1) / kConvThreads);
+  const unsigned blocks = unsigned((C + kConvCh - 1) / kConvCh);
   switch (d_conv) {
-    case 2: conv_kernel<2><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
-    case 3: conv_kernel<3><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
-    case 4: conv_kernel<4><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
-    case 5: conv_kernel<5><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
-    case 6: conv_kernel<6><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
-    case 7: conv_kernel<7><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
-    default: conv_kernel<8><<<blocks, kConvThreads, 0, L.stream>>>(a); break;
+    case 2: conv_kernel<2><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
+    case 3: conv_kernel<3><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
+    case 4: conv_kernel<4><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
+    case 5: conv_kernel<5><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
+    case 6: conv_kernel<6><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
+    case 7: conv_kernel<7><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
+    default: conv_kernel<8><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
   }
   KILN_DN_LAUNCHED("conv1d_silu");
 }
