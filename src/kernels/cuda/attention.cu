@@ -8,7 +8,9 @@
 //   slots inside a tile are taken one sub-run at a time. When tiles x head groups alone cannot fill the
 //   GPU (decode), the key range is split across blocks (flash-decoding): each writes an unnormalised
 //   partial (O, m, l) to the workspace and attn_merge combines them. Scores are in log2 units (q is
-//   pre-scaled by scale * log2 e); K/V tiles are staged in shared memory as F32; sums are F32.
+//   pre-scaled by scale * log2 e); K/V tiles are staged in shared memory as F32 (for F16 / Q8_0 /
+//   Q4_0 caches the global loads of tile n+1 are issued into registers before tile n is computed);
+//   sums are F32. CUDA cores only (tensor cores: later).
 // Must not: allocate, synchronize or read device memory on the host; rotate (the Hadamard rotation of
 //   quantized caches is the caller's). Argument errors are KILN_CHECK failures before any enqueue.
 // Threading: launchers only enqueue on L.stream; the one-time shared-memory attribute set-up is a
@@ -248,38 +250,40 @@ __device__ __forceinline__ void load_one(const CacheArg& c, const char* base, in
   }
 }
 
-// The K and V tiles. Neither F32: all loads of both tiles in flight together; otherwise one tile
-// after the other.
+// The K and V tiles of 16-bit-or-narrower types: fetch_kv issues the global loads of both tiles
+// into registers (the kernel fetches tile n+1 before it computes tile n), store_kv converts them
+// into shared memory. F32 (or either F32) caches take load_one per tile, unpipelined.
 template <int DM, int BK>
-__device__ __forceinline__ void load_kv(const CacheArg& k, const CacheArg& v, int64_t kvh, int64_t slot, int k0,
-                                        int kv_hi, int D, float* ks, float* vs) {
-  constexpr int LD = DM + 4, NIT = BK * (DM / 8) / kThreads;
-  const char* kb = k.p + size_t(kvh) * k.nb1 + size_t(slot) * k.nb3;
-  const char* vb = v.p + size_t(kvh) * v.nb1 + size_t(slot) * v.nb3;
-  if (k.code == kF32 || v.code == kF32) {
-    load_one<DM, BK>(k, kb, k0, kv_hi, D, ks);
-    load_one<DM, BK>(v, vb, k0, kv_hi, D, vs);
-    return;
-  }
-  uint4 rk[NIT], rv[NIT];
+struct KvRegs {
+  static constexpr int NIT = BK * (DM / 8) / kThreads;
+  uint4 k[NIT], v[NIT];
+};
+template <int DM, int BK>
+__device__ __forceinline__ void fetch_kv(const CacheArg& k, const char* kb, const CacheArg& v, const char* vb, int k0,
+                                         int kv_hi, int D, KvRegs<DM, BK>& r) {
 #pragma unroll
-  for (int it = 0; it < NIT; ++it) {
+  for (int it = 0; it < KvRegs<DM, BK>::NIT; ++it) {
     int row, e;
     item_pos<DM>(it, row, e);
     if (k0 + row < kv_hi && e < D) {
-      rk[it] = fetch16(k, kb + size_t(k0 + row) * k.nb2, e);
-      rv[it] = fetch16(v, vb + size_t(k0 + row) * v.nb2, e);
+      r.k[it] = fetch16(k, kb + size_t(k0 + row) * k.nb2, e);
+      r.v[it] = fetch16(v, vb + size_t(k0 + row) * v.nb2, e);
     }
   }
+}
+template <int DM, int BK>
+__device__ __forceinline__ void store_kv(int kcode, int vcode, int k0, int kv_hi, int D, const KvRegs<DM, BK>& r,
+                                         float* ks, float* vs) {
+  constexpr int LD = DM + 4;
 #pragma unroll
-  for (int it = 0; it < NIT; ++it) {
+  for (int it = 0; it < KvRegs<DM, BK>::NIT; ++it) {
     int row, e;
     item_pos<DM>(it, row, e);
     const bool ok = k0 + row < kv_hi && e < D;
     float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (ok) convert16(k.code, rk[it], e, f);
+    if (ok) convert16(kcode, r.k[it], e, f);
     store8(ks + row * LD + e, f);
-    if (ok) convert16(v.code, rv[it], e, f);
+    if (ok) convert16(vcode, r.v[it], e, f);
     store8(vs + row * LD + e, f);
   }
 }
@@ -359,9 +363,20 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
 #pragma unroll
       for (int j = 0; j < CPT; ++j) acc[i][j] = 0.0f;
 
+    const char* kb = p.k.p + size_t(kvh) * p.k.nb1 + size_t(slot) * p.k.nb3;
+    const char* vb = p.v.p + size_t(kvh) * p.v.nb1 + size_t(slot) * p.v.nb3;
+    const bool narrow = p.k.code != kF32 && p.v.code != kF32;
+    KvRegs<DM, BK> kvr;
+    if (narrow && kv_lo < kv_hi) fetch_kv<DM, BK>(p.k, kb, p.v, vb, kv_lo, kv_hi, p.D, kvr);
     for (int k0 = kv_lo; k0 < kv_hi; k0 += BK) {
       __syncthreads();  // Qs / rpos_s written; the previous tile's Ks / Vs / Ps consumed
-      load_kv<DM, BK>(p.k, p.v, kvh, slot, k0, kv_hi, p.D, Ks, Vs);
+      if (narrow) {
+        store_kv<DM, BK>(p.k.code, p.v.code, k0, kv_hi, p.D, kvr, Ks, Vs);
+        if (k0 + BK < kv_hi) fetch_kv<DM, BK>(p.k, kb, p.v, vb, k0 + BK, kv_hi, p.D, kvr);  // in flight meanwhile
+      } else {
+        load_one<DM, BK>(p.k, kb, k0, kv_hi, p.D, Ks);
+        load_one<DM, BK>(p.v, vb, k0, kv_hi, p.D, Vs);
+      }
       __syncthreads();
       {  // scores s[r][kk] = q_r . k_kk, four partial sums per row (short FMA chains)
         float4 s[RPT];

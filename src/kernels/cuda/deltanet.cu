@@ -58,7 +58,7 @@ constexpr int kConvCh = 32, kConvWarps = 8, kConvTT = 64;
 template <int K>
 __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK a) {
   constexpr int H = K - 1;
-  __shared__ float xs[kConvTT + H][kConvCh + 1];  // row H + r: token t0 + r; rows 0..H-1: the halo
+  __shared__ float xt[kConvTT + H][kConvCh + 1];  // row H + r: token t0 + r; rows 0..H-1: the halo
   __shared__ int sq[kConvTT + H + 1];             // the same rows' slots; row H + n: the token after the tile
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t c = int64_t(blockIdx.x) * kConvCh + lane;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
 #pragma unroll
     for (int i = 0; i < kConvTT / kConvWarps; ++i) {
       const int r = warp + i * kConvWarps;
-      if (r < n) xs[H + r][lane] = cok ? a.x[(t0 + r) * a.xs + c] : 0.0f;
+      if (r < n) xt[H + r][lane] = cok ? a.x[(t0 + r) * a.xs + c] : 0.0f;
     }
     for (int r = tid; r <= n; r += kConvCh * kConvWarps)
       sq[H + r] = r < n ? a.seq[t0 + r] : (t0 + n < a.T ? a.seq[t0 + n] : -1);
@@ -87,11 +87,11 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
       const int sl = sq[H + r];
       int back = 0;
       while (back < H && sq[H + r - back - 1] == sl) ++back;
-      float acc = w[K - 1] * xs[H + r][lane];
+      float acc = w[K - 1] * xt[H + r][lane];
 #pragma unroll
       for (int j = 0; j < H; ++j) {
         const int m = H - j;
-        const float v = m <= back ? xs[H + r - m][lane] : state(sl)[H - (m - back)];
+        const float v = m <= back ? xt[H + r - m][lane] : state(sl)[H - (m - back)];
         acc = fmaf(w[j], v, acc);
       }
       a.y[(t0 + r) * a.ys + c] = acc / (1.0f + expf(-acc));
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
 #pragma unroll
       for (int j = 0; j < H; ++j) {
         const int m = H - 1 - j;
-        nv[j] = m <= back ? xs[H + r - m][lane] : sp[H - (m - back)];
+        nv[j] = m <= back ? xt[H + r - m][lane] : sp[H - (m - back)];
       }
 #pragma unroll
       for (int j = 0; j < H; ++j) sp[j] = nv[j];
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
     if (n == kConvTT) {  // the tile's last H tokens become the next tile's halo
       if (warp == 0)
 #pragma unroll
-        for (int j = 0; j < H; ++j) xs[j][lane] = xs[n + j][lane];
+        for (int j = 0; j < H; ++j) xt[j][lane] = xt[n + j][lane];
       if (tid < H) sq[tid] = sq[n + tid];
     }
     __syncthreads();
