@@ -127,7 +127,8 @@ TEST_P(CudaModel, LogitsNearCpu) {
   const Rows ref = run_model(**mc, mo, 5), got = run_model(**mg, mo, 5);
   const Cmp r = compare(ref, got);
   std::printf("[cuda-model] %s %s kv %s: rows %zu mean KL %.3e top-1 %.2f%% max |d|/spread %.3e\n", k.preset,
-              gguf::type_name(k.w), gguf::type_name(k.kv), got.r.size(), r.mean_kl, 100 * r.top1, r.max_rel);
+              std::string(gguf::type_name(k.w)).c_str(), std::string(gguf::type_name(k.kv)).c_str(), got.r.size(),
+              r.mean_kl, 100 * r.top1, r.max_rel);
   // Stated bounds (docs/fidelity.md, "GPU vs CPU"): the two devices' arithmetic differs in rounding
   // (F16 tensor-core prefill, int8/F32 activations in mat-vecs, summation orders).
   EXPECT_LT(r.mean_kl, 2e-3);
@@ -153,8 +154,8 @@ const Case kCases[] = {
     {"tiny-qwen3", gguf::GgmlType::Q2_K, gguf::GgmlType::F16},
 };
 INSTANTIATE_TEST_SUITE_P(All, CudaModel, ::testing::ValuesIn(kCases), [](const auto& info) {
-  std::string s = std::string(info.param.preset) + "_" + gguf::type_name(info.param.w) + "_kv_" +
-                  gguf::type_name(info.param.kv);
+  std::string s = std::string(info.param.preset) + "_" + std::string(gguf::type_name(info.param.w)) + "_kv_" +
+                  std::string(gguf::type_name(info.param.kv));
   for (char& ch : s)
     if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
   return s;
