@@ -150,7 +150,9 @@ def test_users_command_lines(kiln_bin, work_dir):
             {"role": "user", "content": "hi"}], "max_tokens": 3})
         assert r.status_code == 200
         assert requests.get(laptop.url + "/props").json()["n_ctx"] == 4096
-        assert "CPU" in laptop.log_text()  # -ngl is accepted and said once in the log
+        # -ngl 99: every layer on the GPU, or without a usable one the CPU, said once in the log.
+        log = laptop.log_text()
+        assert ("layers and the output on CUDA" in log) != ("running on the CPU" in log), log
     model = gen_model(kiln_bin, work_dir, "tiny-qwen35")
     mmproj = work_dir / "mmproj-F16.gguf"
     mmproj.write_bytes(b"")
