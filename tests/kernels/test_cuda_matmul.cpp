@@ -292,6 +292,43 @@ TEST(CudaMatmul, EveryTypeEveryPath) {
   }
 }
 
+// Three int8-x mat-vecs enqueued back to back on one workspace (quantize_x of the next call must not
+// overwrite x while the previous kernel reads it, also with programmatic dependent launch).
+TEST(CudaMatmul, BackToBackSharedWorkspace) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  const GgmlType t = GgmlType::Q4_K;
+  const int64_t k = 4096, n = 4099;
+  const Weights w = make_weights(t, k, n, 0, 77);
+  Dev<uint8_t> dw(w.bytes);
+  const int64_t ms[3] = {1, 3, 1};
+  std::vector<std::vector<float>> xs;
+  std::vector<Dev<float>*> dx, dy;
+  size_t need = 0;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(kt::randv(size_t(k * ms[i]), 300 + i));
+    dx.push_back(new Dev<float>(xs.back()));
+    dy.push_back(new Dev<float>(size_t(n * ms[i])));
+    need = std::max(need, cu::matmul_workspace(t, k, n, ms[i]));
+  }
+  cu::Launch L = gpu.launch(need);
+  for (int i = 0; i < 3; ++i) cu::matmul(L, t, dw.p, w.stride, k, n, dx[i]->p, k, dy[i]->p, n, ms[i]);
+  gpu.sync();
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    const std::vector<float> y = dy[i]->down();
+    Q8Acc qa;
+    for (int64_t c = 0; c < ms[i]; ++c) {
+      const float* xc = xs[i].data() + c * k;
+      const std::vector<float> xt = quantize_x_host(xc, k);
+      for (int64_t r = 0; r < n; ++r) qa.add(y[size_t(c * n + r)], w.deq.data() + r * k, xc, xt.data(), k);
+    }
+    qa.expect();
+    delete dx[i];
+    delete dy[i];
+  }
+}
+
 TEST(CudaMatmul, ExpertsAnyTokenCount) {
   KILN_REQUIRE_GPU();
   Gpu gpu;
@@ -389,7 +426,8 @@ TEST(CudaMatmul, GetRowsExact) {
 
 // ---- timing (KILN_CUDA_BENCH=1) -------------------------------------------------------------------
 // Per type and shape: the mat-vec path's time per call (the int8 path's includes quantize_x) and the
-// weight bytes it streams per second, F32 x and int8 x, m = 1, 2, 4, 8; the int8 kernel alone at each
+// weight bytes it streams per second, F32 x, int8 x, and int8 x without programmatic dependent
+// launch, m = 1, 2, 4, 8; the int8 kernel alone at each
 // k-split (m = 1); a device-to-device copy for the memory ceiling. KILN_CUDA_BENCH_GEMM=1 adds the
 // tensor-core path (m = 512, 2048).
 TEST(CudaMatmulBench, Decode) {
@@ -432,8 +470,8 @@ TEST(CudaMatmulBench, Decode) {
   const Shape shapes[] = {{4096, 12288}, {12288, 4096}, {4096, 248320}};
   const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::IQ4_NL,
                             GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16};
-  std::printf("BENCH %-6s %5s %6s %2s | %9s %7s | %9s %7s | %s\n", "type", "k", "n", "m", "F32x us", "GB/s",
-              "int8x us", "GB/s", "int8 kernel alone (m=1) per k-split");
+  std::printf("BENCH %-6s %5s %6s %2s | %9s %7s | %9s %7s | %9s %7s | %s\n", "type", "k", "n", "m", "F32x us", "GB/s",
+              "int8x us", "GB/s", "no PDL us", "GB/s", "int8 kernel alone (m=1) per k-split");
   for (GgmlType t : types)
     for (const Shape& s : shapes) {
       const bool vocab = s.n > 100000;
@@ -458,20 +496,24 @@ TEST(CudaMatmulBench, Decode) {
       const char* tn = kiln::gguf::type_name(t).data();
       const bool q8 = cu::detail::matvec_q8_supported(t);
       for (int64_t m : {1, 2, 4, 8}) {
-        double sec[2] = {0, 0};
-        for (int mode : {1, 2}) {
-          if (mode == 2 && !q8) continue;
-          XMode xm(mode);
+        double sec[3] = {0, 0, 0};  // F32 x, int8 x, int8 x without programmatic dependent launch
+        for (int mode : {1, 2, 3}) {
+          if (mode >= 2 && !q8) continue;
+          XMode xm(mode == 3 ? 2 : mode);
+          if (mode == 3) cu::detail::set_matvec_pdl(false);
           sec[mode - 1] = time_it(m, reps);
+          if (mode == 3) cu::detail::set_matvec_pdl(true);
         }
         std::printf("BENCH %-6s %5lld %6lld %2lld | %9.2f %7.1f", tn, (long long)s.k, (long long)s.n, (long long)m,
                     sec[0] * 1e6, double(bytes) / sec[0] * 1e-9);
-        if (q8) std::printf(" | %9.2f %7.1f", sec[1] * 1e6, double(bytes) / sec[1] * 1e-9);
+        if (q8)
+          std::printf(" | %9.2f %7.1f | %9.2f %7.1f", sec[1] * 1e6, double(bytes) / sec[1] * 1e-9, sec[2] * 1e6,
+                      double(bytes) / sec[2] * 1e-9);
         if (q8 && m == 1) {
           // The int8 kernel alone at each k-split (the launcher picks one from n and the GPU's size).
           namespace dt = cu::detail;
           cu::Launch L = gpu.launch(cu::matmul_workspace(t, s.k, s.n, 1));
-          dt::quantize_x(x.p, s.k, 0, 1, s.k, 1, dt::matvec_q8_x_layout(t), L.ws, gpu.stream);
+          dt::quantize_x(x.p, s.k, 0, 1, s.k, 1, dt::matvec_q8_x_layout(t), L.ws, false, gpu.stream);
           std::printf(" |");
           for (int ks : {1, 2, 4}) {
             dt::MvArgs a;

@@ -3,7 +3,11 @@
 // Owns: the choice of path. m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
 //   sums — for the types of matvec_q8_supported x is first quantized to int8 per 32 values
 //   (quantize_x, into the workspace) and the int8 kernel (matvec_q8.cuh) takes __dp4a sums; the other
-//   types, or all with KILN_CUDA_MMV_F32X=1 (or set_matvec_x_mode), use the F32-x kernel (matvec.cuh). m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
+//   types, or all with KILN_CUDA_MMV_F32X=1 (or set_matvec_x_mode), use the F32-x kernel (matvec.cuh).
+//   On sm_90+ quantize_x and the int8 kernel use programmatic dependent launch (KILN_CUDA_PDL=0: off):
+//   the int8 kernel requests its first weight bytes before the stream dependency on the kernels before
+//   it is resolved, so W must not be written by the kernels just enqueued before (model weights are
+//   constant; expert matrices are addressed only after the wait, their ids come from the router). m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
 //   in chunks of at most 64 MiB (F16 weights are used in place), X columns rounded to F16 in chunks
 //   of at most 32 MiB, cublasGemmEx F16 x F16 -> F32 with F32 compute; F32 weights: F32 cublasGemmEx
 //   on W and X in place. matmul_id runs the mat-vec kernel once per (token, slot) with that slot's
@@ -97,6 +101,7 @@ GemmPlan gemm_plan(GgmlType wt, int64_t k, int64_t n, int64_t m) {
 }
 
 std::atomic<int> g_x_mode{0};
+std::atomic<int> g_pdl{-1};  // -1: from the environment
 bool env_f32x() {
   static const bool on = [] {
     const char* v = std::getenv("KILN_CUDA_MMV_F32X");
@@ -200,6 +205,15 @@ bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
 
 namespace detail {
 void set_matvec_x_mode(int mode) { g_x_mode.store(mode); }
+void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
+bool matvec_pdl(int sm) {
+  static const bool env_off = [] {
+    const char* v = std::getenv("KILN_CUDA_PDL");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  const int p = g_pdl.load();
+  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
+}
 bool matvec_uses_q8(GgmlType t) {
   const int mode = g_x_mode.load();
   return matvec_q8_supported(t) && (mode == 2 || (mode == 0 && !env_f32x()));
@@ -239,7 +253,8 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     const size_t need = detail::q8_x_bytes(k, m);
     KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul",
                   "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
-    detail::quantize_x(x, x_stride, 0, 1, k, m, detail::matvec_q8_x_layout(wt), L.ws, L.stream);
+    detail::quantize_x(x, x_stride, 0, 1, k, m, detail::matvec_q8_x_layout(wt), L.ws, detail::matvec_pdl(L.sm),
+                       L.stream);
   }
   for (int64_t c0 = 0; c0 < m; c0 += detail::kMvCols) {
     MvArgs a;
@@ -249,7 +264,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
     a.ks = mv_ks(L, k, n, 1);
     if (q8) {
-      a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32);
+      a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32), a.pdl = detail::matvec_pdl(L.sm);
       mv_q8(wt, a, 1, L.stream);
     } else {
       mv(wt, a, 1, L.stream);
@@ -284,7 +299,9 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
     const size_t need = detail::q8_x_bytes(k, ncols);
     KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul_id",
                   "workspace smaller than matmul_id_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
-    detail::quantize_x(x, x_tok, x_slot, nx, k, ncols, detail::matvec_q8_x_layout(wt), L.ws, L.stream);
+    detail::quantize_x(x, x_tok, x_slot, nx, k, ncols, detail::matvec_q8_x_layout(wt), L.ws, detail::matvec_pdl(L.sm),
+                       L.stream);
+    a.pdl = detail::matvec_pdl(L.sm);
     a.xq = static_cast<const int8_t*>(L.ws);
     a.xs = static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, ncols);
   }

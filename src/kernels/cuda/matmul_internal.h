@@ -41,6 +41,7 @@ struct MvArgs {
   // mode: column nx_one ? t : slot).
   const int8_t* xq = nullptr;
   const void* xs = nullptr;
+  bool pdl = false;  // launched with programmatic dependent launch (sm_90+; after quantize_x)
 };
 
 // Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the
@@ -66,12 +67,18 @@ size_t q8_x_bytes(int64_t k, int64_t ncols);
 // Quantizes ncols columns of k floats (column c at x + (c / nx) * s_outer + (c % nx) * s_inner) per
 // 32 values: d = max|x| / 127, q = round(x / d) (round half to even of x * (127 / max|x|)), in the
 // given x order; ws 16-byte aligned.
+// pdl: launched with programmatic dependent launch (the kernel waits for its predecessor's results
+// before touching memory and lets the mat-vec kernel after it start its weight prefetch early).
 void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,
-                void* ws, cudaStream_t s);
+                void* ws, bool pdl, cudaStream_t s);
 // Which x the mat-vec path uses: 0 = the default (int8 x for the types above, unless the environment
 // has KILN_CUDA_MMV_F32X=1), 1 = F32 x always, 2 = int8 x where supported. For tests and fidelity
 // comparisons; not meant to change while launches are being enqueued on other threads.
 void set_matvec_x_mode(int mode);
+// Programmatic dependent launch of quantize_x and the int8 kernel on sm_90+: on unless the
+// environment has KILN_CUDA_PDL=0 or set_matvec_pdl(false) (tests, timing comparisons).
+void set_matvec_pdl(bool on);
+bool matvec_pdl(int sm);
 bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path takes int8 x for t now
 
 // Rows of a weight / table of type t into F32 (half = false) or F16 (half = true) rows of k values:

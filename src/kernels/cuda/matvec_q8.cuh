@@ -11,7 +11,9 @@
 //   (dequant_q8.cuh) and, per x column, takes __dp4a sums against the unit's 32 int8 x values
 //   (two 16-byte loads through L1, shared by the 4 rows): per unit and half an exact int32 sum, then
 //   F32: acc += dx * (d * (isum - kOff * xsum) + m * xsum). Sums: F32 per lane in k order, a warp
-//   tree, then the ks warps of the group.
+//   tree, then the ks warps of the group. With programmatic dependent launch (sm_90+) the ring's
+//   first steps are requested before waiting for quantize_x (expert mode: after, the ids come from
+//   the kernels before).
 // Must not: allocate or synchronize, or read a byte outside the weight rows.
 // Threading: kernels only.
 #pragma once
@@ -32,7 +34,8 @@ struct MvqGeom {
   static constexpr int kVPR = (kSB + 15) / 16 + 1;         // vectors per row slot (one more when misaligned)
   static constexpr int kLV = (kVPR + 7) / 8;               // vectors per lane (8 lanes per row)
   static constexpr int kSV = kMvRowsPerCta * kVPR + 1;     // vectors per stage (+1: room for the word reads)
-  static constexpr int kStages = kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
+  // Ring of steps per warp: as many (2..4) as fit the 46 KiB of static shared memory.
+  static constexpr int kStages = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
   static_assert(D::kBS / kUPB >= 16, "a unit must hold at least 16 bytes (interior-step vectors stay in the row)");
 };
 
@@ -50,7 +53,9 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
   const int8_t* xq = a.xq;
   const uint2* xs = static_cast<const uint2*>(a.xs);
   float* y = a.y;
+  q8::pdl_launch_dependents();
   if (a.ids != nullptr) {
+    q8::pdl_wait();  // the expert ids come from the kernels before
     const int64_t s = a.slot0 + blockIdx.y, t = s / a.K, j = s - t * a.K;
     w += size_t(a.ids[s]) * a.w_expert_stride;
     const int64_t col = a.nx_one ? t : s;
@@ -117,6 +122,7 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
 
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(kpart + int64_t(i) * ks, i);
+  q8::pdl_wait();  // the weights are constant; x (quantize_x) and y are touched only after this
   int slot = 0;
   for (int64_t s = kpart; s < nsteps; s += ks) {
     mv_cp_wait<S - 2>();  // this step's group has landed (S - 2 younger ones may be in flight)
@@ -185,10 +191,11 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
 
 template <GgmlType T, int A>
 void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
-  if (a.m <= 1) matvec_q8_kernel<T, 1, A><<<grid, kMvThreads, 0, s>>>(a);
-  else if (a.m <= 2) matvec_q8_kernel<T, 2, A><<<grid, kMvThreads, 0, s>>>(a);
-  else if (a.m <= 4) matvec_q8_kernel<T, 4, A><<<grid, kMvThreads, 0, s>>>(a);
-  else matvec_q8_kernel<T, 8, A><<<grid, kMvThreads, 0, s>>>(a);
+  const dim3 block(kMvThreads);
+  if (a.m <= 1) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 1, A>, a);
+  else if (a.m <= 2) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 2, A>, a);
+  else if (a.m <= 4) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 4, A>, a);
+  else q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 8, A>, a);
 }
 
 // Picks the alignment variant: the type's natural one when the rows (and experts) allow it.

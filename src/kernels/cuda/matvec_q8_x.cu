@@ -18,6 +18,8 @@ size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 // One warp per 32 values: lane p takes x order position p.
 __global__ void quantize_x_kernel(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k,
                                   int64_t total, int layout, int8_t* xq, Q8Meta* meta) {
+  q8::pdl_launch_dependents();  // the mat-vec kernel may start its weight prefetch
+  q8::pdl_wait();               // x (and the workspace's last reader) are done
   const int lane = threadIdx.x & 31;
   const int64_t nblk = k / 32;
   const int e = layout == q8::kXPairs ? (lane >> 1) + 16 * (lane & 1) : lane;  // element of position lane
@@ -44,13 +46,14 @@ size_t q8_x_bytes(int64_t k, int64_t ncols) {
 }
 
 void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,
-                void* ws, cudaStream_t s) {
+                void* ws, bool pdl, cudaStream_t s) {
   const int64_t total = ncols * (k / 32);
   if (total <= 0) return;
   auto* xq = static_cast<int8_t*>(ws);
   auto* meta = reinterpret_cast<Q8Meta*>(static_cast<uint8_t*>(ws) + q8_x_meta_offset(k, ncols));
   const int64_t blocks = std::min<int64_t>((total + 7) / 8, 8192);
-  quantize_x_kernel<<<unsigned(blocks), 256, 0, s>>>(x, s_outer, s_inner, nx, k, total, layout, xq, meta);
+  q8::launch(pdl, dim3(unsigned(blocks)), dim3(256), s, quantize_x_kernel, x, s_outer, s_inner, nx, k, total, layout,
+             xq, meta);
 }
 
 bool matvec_q8_supported(GgmlType t) {
