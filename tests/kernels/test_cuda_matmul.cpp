@@ -2,14 +2,20 @@
 // matmul_id, get_rows) for every weight type against a double-precision host reference on the
 // host-dequantized weights (tensor::dequantize_row of the tensor::quantize_row bytes).
 // Bounds, relative to S = sum_i |w_i x_i| of each output:
-//   mat-vec path (m <= 16, F32 x, F32 sums):                 |y - ref| <= 2e-5 * S
+//   mat-vec path, F32 x (m <= 16, F32 sums):                 |y - ref| <= 2e-5 * S
+//   mat-vec path, int8 x (m <= 16, the types of matvec_q8_supported; x rounded per 32 values to
+//     q * d, d = max|x| / 127): against the reference on those rounded x~ (host mirror of the
+//     quantizer, bit-exact): |y - ref~| <= 2e-5 * sum|w x~| (int32 sums, F32 scales); against the
+//     exact reference: |y - ref| <= sum_i |w_i| d_i / 2 (+ 2e-5 S) always, and for this test's
+//     uniform random data |y - ref| <= 5e-2 / sqrt(k) * S (the rounding is a random walk: expected
+//     ~5e-3 / sqrt(k) * S per output; the printed table gives the worst sqrt(k) |y - ref| / S).
 //   tensor-core path (m > 16): F32 weights (F32 GEMM)       |y - ref| <= 2e-5 * S
 //                              other types (W, X in F16):    |y - ref| <= 2e-3 * S  (two F16
 //                              roundings, 2^-11 each, plus F32 sums)
 //   get_rows: bit-identical to tensor::dequantize_row.
 // Launcher-level: the test owns its device buffers, stream, cuBLAS handle and workspace. Without a
 // usable GPU every test is skipped with the reason. CudaMatmulBench.Decode (timings, printed, not
-// asserted) runs only with KILN_CUDA_BENCH=1.
+// asserted) runs only with KILN_CUDA_BENCH=1. Both mat-vec x paths are tested (detail::set_matvec_x_mode).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -140,6 +146,62 @@ struct ErrAcc {
 };
 
 constexpr double kMvBound = 2e-5, kF32GemmBound = 2e-5, kF16GemmBound = 2e-3;
+constexpr double kQ8Rel = 5e-2;  // int8 x: |y - ref| <= kQ8Rel / sqrt(k) * S on uniform random data
+
+// Host mirror of detail::quantize_x: x~ = q * d per 32 values (element order; the x order on the
+// device does not change the values).
+std::vector<float> quantize_x_host(const float* x, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(k));
+  for (int64_t b = 0; b < k; b += 32) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b + i]));
+    const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    for (int i = 0; i < 32; ++i) {
+      const float q = amax > 0.f ? std::min(127.f, std::max(-127.f, std::nearbyint(x[b + i] * inv))) : 0.f;
+      out[size_t(b + i)] = q * d;
+    }
+  }
+  return out;
+}
+
+// The int8-x checks of one output: against x~ (tight), the deterministic rounding bound, and the
+// statistical bound; worst values kept for the report.
+struct Q8Acc {
+  double worst_tilde = 0, worst_det = 0, worst_stat = 0;  // |y-ref~|/S~, |y-ref|/det bound, sqrt(k)|y-ref|/S
+  void add(float got, const float* w, const float* x, const float* xt, int64_t k) {
+    double ref = 0, reft = 0, s = 0, st = 0, det = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      ref += double(w[i]) * double(x[i]);
+      reft += double(w[i]) * double(xt[i]);
+      s += std::fabs(double(w[i]) * double(x[i]));
+      st += std::fabs(double(w[i]) * double(xt[i]));
+    }
+    for (int64_t b = 0; b < k; b += 32) {
+      double amax = 0, sw = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(double(x[b + i]))), sw += std::fabs(double(w[b + i]));
+      det += sw * amax / 254.0;
+    }
+    if (!std::isfinite(got)) {
+      worst_tilde = worst_det = worst_stat = 1e30;
+      return;
+    }
+    const double e = std::fabs(double(got) - ref);
+    worst_tilde = std::max(worst_tilde, std::fabs(double(got) - reft) / std::max(st, 1e-30));
+    worst_det = std::max(worst_det, e / std::max(det + kMvBound * s, 1e-30));
+    worst_stat = std::max(worst_stat, e / std::max(s, 1e-30) * std::sqrt(double(k)));
+  }
+  void expect() const {
+    EXPECT_LE(worst_tilde, kMvBound) << "against the reference on the rounded x";
+    EXPECT_LE(worst_det, 1.0) << "|y - ref| / (sum |w| d / 2 + 2e-5 S)";
+    EXPECT_LE(worst_stat, kQ8Rel) << "sqrt(k) |y - ref| / S";
+  }
+};
+
+// Sets the mat-vec x path for one scope.
+struct XMode {
+  explicit XMode(int m) { cu::detail::set_matvec_x_mode(m); }
+  ~XMode() { cu::detail::set_matvec_x_mode(0); }
+};
 
 struct Case {
   int64_t k, n;
@@ -161,18 +223,22 @@ std::vector<Case> cases_for(GgmlType t) {
 
 std::map<std::string, std::map<std::string, double>> g_report;  // type -> path -> worst error
 
-TEST(CudaMatmul, EveryTypeEveryPath) {
-  KILN_REQUIRE_GPU();
+// mode 1: F32 x everywhere; mode 2: int8 x for the types that have it (only their m <= 16 runs).
+void every_type(int mode) {
   Gpu gpu;
+  XMode xm(mode);
   uint32_t seed = 1;
   for (GgmlType t : kt::kMatmulTypes) {
     const std::string tn(kiln::gguf::type_name(t));
-    SCOPED_TRACE(tn);
+    SCOPED_TRACE(tn + (mode == 2 ? " int8 x" : " F32 x"));
     ASSERT_TRUE(cu::matmul_supported(t));
+    const bool q8 = mode == 2 && cu::detail::matvec_q8_supported(t);
+    if (mode == 2 && !q8) continue;
     for (const Case& c : cases_for(t)) {
       const Weights w = make_weights(t, c.k, c.n, c.pad, seed++);
       Dev<uint8_t> dw(w.bytes);
       for (int64_t m : c.ms) {
+        if (q8 && m > 16) continue;
         SCOPED_TRACE("k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) + " m=" + std::to_string(m) +
                      (c.pad ? " padded rows" : "") + (c.odd_x ? " odd x stride" : ""));
         const int64_t xs = c.odd_x ? c.k + 1 : c.k + 4, ys = c.n + 3, xoff = c.odd_x ? 1 : 0;
@@ -184,9 +250,23 @@ TEST(CudaMatmul, EveryTypeEveryPath) {
         gpu.sync();
         const std::vector<float> y = dy.down();
         ErrAcc err;
-        for (int64_t col = 0; col < m; ++col)
-          for (int64_t r = 0; r < c.n; ++r)
-            err.add(y[size_t(col * ys + r)], w.deq.data() + r * c.k, x.data() + xoff + col * xs, c.k);
+        Q8Acc qa;
+        for (int64_t col = 0; col < m; ++col) {
+          const float* xc = x.data() + xoff + col * xs;
+          const std::vector<float> xt = q8 ? quantize_x_host(xc, c.k) : std::vector<float>();
+          for (int64_t r = 0; r < c.n; ++r) {
+            if (q8) qa.add(y[size_t(col * ys + r)], w.deq.data() + r * c.k, xc, xt.data(), c.k);
+            else err.add(y[size_t(col * ys + r)], w.deq.data() + r * c.k, xc, c.k);
+          }
+        }
+        if (q8) {
+          qa.expect();
+          auto& rep = g_report[tn];
+          rep["q8_tilde"] = std::max(rep["q8_tilde"], qa.worst_tilde);
+          rep["q8_det"] = std::max(rep["q8_det"], qa.worst_det);
+          rep["q8_stat"] = std::max(rep["q8_stat"], qa.worst_stat);
+          continue;
+        }
         const bool mv = m <= 16;
         const double bound = mv ? kMvBound : (t == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
         EXPECT_LE(err.worst, bound);
@@ -195,51 +275,119 @@ TEST(CudaMatmul, EveryTypeEveryPath) {
       }
     }
   }
-  std::printf("\nworst |y - ref| / sum|w x| per type (bounds: matvec %.0e, gemm %.0e F16 / %.0e F32)\n", kMvBound,
-              kF16GemmBound, kF32GemmBound);
-  for (auto& [tn, m] : g_report) std::printf("  %-7s matvec %.2e  gemm %.2e\n", tn.c_str(), m["matvec"], m["gemm"]);
+}
+
+TEST(CudaMatmul, EveryTypeEveryPath) {
+  KILN_REQUIRE_GPU();
+  every_type(1);
+  every_type(2);
+  std::printf("\nworst |y - ref| / sum|w x| per type (bounds: matvec F32 x %.0e, gemm %.0e F16 / %.0e F32)\n"
+              "int8 x: against x~ (bound %.0e), |y - ref| / deterministic bound (<= 1), sqrt(k) |y - ref| / S "
+              "(bound %.0e)\n", kMvBound, kF16GemmBound, kF32GemmBound, kMvBound, kQ8Rel);
+  for (auto& [tn, m] : g_report) {
+    std::printf("  %-7s matvec %.2e  gemm %.2e", tn.c_str(), m["matvec"], m["gemm"]);
+    if (m.count("q8_tilde"))
+      std::printf("  int8 x: x~ %.2e  det %.3f  stat %.2e", m["q8_tilde"], m["q8_det"], m["q8_stat"]);
+    std::printf("\n");
+  }
+}
+
+// Three int8-x mat-vecs enqueued back to back on one workspace (quantize_x of the next call must not
+// overwrite x while the previous kernel reads it, also with programmatic dependent launch).
+TEST(CudaMatmul, BackToBackSharedWorkspace) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  const GgmlType t = GgmlType::Q4_K;
+  const int64_t k = 4096, n = 4099;
+  const Weights w = make_weights(t, k, n, 0, 77);
+  Dev<uint8_t> dw(w.bytes);
+  const int64_t ms[3] = {1, 3, 1};
+  std::vector<std::vector<float>> xs;
+  std::vector<Dev<float>*> dx, dy;
+  size_t need = 0;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(kt::randv(size_t(k * ms[i]), 300 + i));
+    dx.push_back(new Dev<float>(xs.back()));
+    dy.push_back(new Dev<float>(size_t(n * ms[i])));
+    need = std::max(need, cu::matmul_workspace(t, k, n, ms[i]));
+  }
+  cu::Launch L = gpu.launch(need);
+  for (int i = 0; i < 3; ++i) cu::matmul(L, t, dw.p, w.stride, k, n, dx[i]->p, k, dy[i]->p, n, ms[i]);
+  gpu.sync();
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE("call " + std::to_string(i));
+    const std::vector<float> y = dy[i]->down();
+    Q8Acc qa;
+    for (int64_t c = 0; c < ms[i]; ++c) {
+      const float* xc = xs[i].data() + c * k;
+      const std::vector<float> xt = quantize_x_host(xc, k);
+      for (int64_t r = 0; r < n; ++r) qa.add(y[size_t(c * n + r)], w.deq.data() + r * k, xc, xt.data(), k);
+    }
+    qa.expect();
+    delete dx[i];
+    delete dy[i];
+  }
 }
 
 TEST(CudaMatmul, ExpertsAnyTokenCount) {
   KILN_REQUIRE_GPU();
   Gpu gpu;
-  uint32_t seed = 1000;
   const int64_t E = 5, n = 77, K = 3, T = 7;
   double worst_all = 0;
-  for (GgmlType t : kt::kMatmulTypes) {
-    const std::string tn(kiln::gguf::type_name(t));
-    SCOPED_TRACE(tn);
-    const int64_t k = k_type(t) ? 512 : 96;
-    const Weights w = make_weights(t, k, n * E, 0, seed++);  // experts stacked: expert e = rows [e n, (e+1) n)
-    Dev<uint8_t> dw(w.bytes);
-    std::mt19937 rng(seed++);
-    std::vector<int32_t> ids(size_t(K * T));
-    for (auto& v : ids) v = int32_t(rng() % E);
-    Dev<int32_t> dids(ids);
-    for (int64_t nx : {int64_t(1), K}) {
-      SCOPED_TRACE("nx=" + std::to_string(nx));
-      const int64_t x_slot = k + 4, x_tok = nx * x_slot, y_slot = n + 3, y_tok = K * y_slot;
-      const std::vector<float> x = kt::randv(size_t(x_tok * T), seed++);
-      Dev<float> dx(x);
-      Dev<float> dy(size_t(y_tok * T));
-      cu::Launch L = gpu.launch(cu::matmul_id_workspace(t, k, n, K * T));
-      cu::matmul_id(L, t, dw.p, w.stride, w.stride * size_t(n), k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy.p,
-                    y_slot, y_tok);
-      gpu.sync();
-      const std::vector<float> y = dy.down();
-      ErrAcc err;
-      for (int64_t tk = 0; tk < T; ++tk)
-        for (int64_t j = 0; j < K; ++j) {
-          const int64_t e = ids[size_t(tk * K + j)];
-          const float* xc = x.data() + tk * x_tok + (nx == 1 ? 0 : j * x_slot);
-          for (int64_t r = 0; r < n; ++r)
-            err.add(y[size_t(tk * y_tok + j * y_slot + r)], w.deq.data() + (e * n + r) * k, xc, k);
+  Q8Acc q8_all;
+  for (int mode : {1, 2}) {
+    XMode xm(mode);
+    uint32_t seed = 1000;
+    for (GgmlType t : kt::kMatmulTypes) {
+      const std::string tn(kiln::gguf::type_name(t));
+      SCOPED_TRACE(tn + (mode == 2 ? " int8 x" : " F32 x"));
+      const bool q8 = mode == 2 && cu::detail::matvec_q8_supported(t);
+      if (mode == 2 && !q8) continue;
+      const int64_t k = k_type(t) ? 512 : 96;
+      const Weights w = make_weights(t, k, n * E, 0, seed++);  // experts stacked: expert e = rows [e n, (e+1) n)
+      Dev<uint8_t> dw(w.bytes);
+      std::mt19937 rng(seed++);
+      std::vector<int32_t> ids(size_t(K * T));
+      for (auto& v : ids) v = int32_t(rng() % E);
+      Dev<int32_t> dids(ids);
+      for (int64_t nx : {int64_t(1), K}) {
+        SCOPED_TRACE("nx=" + std::to_string(nx));
+        const int64_t x_slot = k + 4, x_tok = nx * x_slot, y_slot = n + 3, y_tok = K * y_slot;
+        const std::vector<float> x = kt::randv(size_t(x_tok * T), seed++);
+        Dev<float> dx(x);
+        Dev<float> dy(size_t(y_tok * T));
+        cu::Launch L = gpu.launch(cu::matmul_id_workspace(t, k, n, K * T));
+        cu::matmul_id(L, t, dw.p, w.stride, w.stride * size_t(n), k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy.p,
+                      y_slot, y_tok);
+        gpu.sync();
+        const std::vector<float> y = dy.down();
+        ErrAcc err;
+        Q8Acc qa;
+        for (int64_t tk = 0; tk < T; ++tk)
+          for (int64_t j = 0; j < K; ++j) {
+            const int64_t e = ids[size_t(tk * K + j)];
+            const float* xc = x.data() + tk * x_tok + (nx == 1 ? 0 : j * x_slot);
+            const std::vector<float> xt = q8 ? quantize_x_host(xc, k) : std::vector<float>();
+            for (int64_t r = 0; r < n; ++r) {
+              const float got = y[size_t(tk * y_tok + j * y_slot + r)];
+              if (q8) qa.add(got, w.deq.data() + (e * n + r) * k, xc, xt.data(), k);
+              else err.add(got, w.deq.data() + (e * n + r) * k, xc, k);
+            }
+          }
+        if (q8) {
+          qa.expect();
+          q8_all.worst_tilde = std::max(q8_all.worst_tilde, qa.worst_tilde);
+          q8_all.worst_det = std::max(q8_all.worst_det, qa.worst_det);
+          q8_all.worst_stat = std::max(q8_all.worst_stat, qa.worst_stat);
+        } else {
+          EXPECT_LE(err.worst, kMvBound);
+          worst_all = std::max(worst_all, err.worst);
         }
-      EXPECT_LE(err.worst, kMvBound);
-      worst_all = std::max(worst_all, err.worst);
+      }
     }
   }
-  std::printf("matmul_id: worst |y - ref| / sum|w x| over all types %.2e (bound %.0e)\n", worst_all, kMvBound);
+  std::printf("matmul_id: F32 x: worst |y - ref| / sum|w x| over all types %.2e (bound %.0e); int8 x: x~ %.2e, "
+              "det %.3f, stat %.2e\n", worst_all, kMvBound, q8_all.worst_tilde, q8_all.worst_det, q8_all.worst_stat);
 }
 
 TEST(CudaMatmul, GetRowsExact) {
@@ -277,80 +425,112 @@ TEST(CudaMatmul, GetRowsExact) {
 }
 
 // ---- timing (KILN_CUDA_BENCH=1) -------------------------------------------------------------------
+// Per type and shape: the mat-vec path's time per call (the int8 path's includes quantize_x) and the
+// weight bytes it streams per second, F32 x, int8 x, and int8 x without programmatic dependent
+// launch, m = 1, 2, 4, 8; the int8 kernel alone at each
+// k-split (m = 1); a device-to-device copy for the memory ceiling. KILN_CUDA_BENCH_GEMM=1 adds the
+// tensor-core path (m = 512, 2048).
 TEST(CudaMatmulBench, Decode) {
   const char* on = std::getenv("KILN_CUDA_BENCH");
   if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "timing only with KILN_CUDA_BENCH=1";
   KILN_REQUIRE_GPU();
+  const char* gemm_env = std::getenv("KILN_CUDA_BENCH_GEMM");
+  const bool gemm = gemm_env != nullptr && std::string(gemm_env) == "1";
   Gpu gpu;
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
+  auto elapsed = [&](int reps, auto&& body) {
+    for (int i = 0; i < 2; ++i) body(i);
+    cudaEventRecord(e0, gpu.stream);
+    for (int i = 0; i < reps; ++i) body(i);
+    cudaEventRecord(e1, gpu.stream);
+    gpu.sync();
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return double(ms) * 1e-3 / reps;
+  };
+  // Random bytes, 32 MiB repeated (timing only: the arithmetic's speed does not depend on the values).
+  const size_t pat = size_t(32) << 20;
+  std::vector<uint8_t> host(pat);
+  uint64_t st = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < pat; i += 8) {
+    st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+    std::memcpy(host.data() + i, &st, 8);
+  }
+  {
+    const size_t cb = size_t(1) << 30;
+    Dev<uint8_t> a(cb), b(cb);
+    const double sec = elapsed(10, [&](int) { cudaMemcpyAsync(b.p, a.p, cb, cudaMemcpyDeviceToDevice, gpu.stream); });
+    std::printf("BENCH copy 1 GiB device to device: %.1f GB/s (read + write)\n", 2.0 * double(cb) / sec * 1e-9);
+  }
   struct Shape {
     int64_t k, n;
   };
   const Shape shapes[] = {{4096, 12288}, {12288, 4096}, {4096, 248320}};
-  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q8_0, GgmlType::F16};
+  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::IQ4_NL,
+                            GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F16};
+  std::printf("BENCH %-6s %5s %6s %2s | %9s %7s | %9s %7s | %9s %7s | %s\n", "type", "k", "n", "m", "F32x us", "GB/s",
+              "int8x us", "GB/s", "no PDL us", "GB/s", "int8 kernel alone (m=1) per k-split");
   for (GgmlType t : types)
     for (const Shape& s : shapes) {
       const bool vocab = s.n > 100000;
-      if (vocab && t != GgmlType::Q6_K) continue;
       const size_t rb = kiln::tensor::row_size(t, s.k), bytes = rb * size_t(s.n);
-      // Copies enough to exceed L2 several times; random bytes (timing only: the arithmetic's speed
-      // does not depend on the values).
+      // Copies enough to exceed L2 several times.
       const int copies = int(std::max<size_t>(1, (size_t(400) << 20) / bytes + 1));
-      std::vector<uint8_t> host(bytes);
-      uint64_t st = 0x9E3779B97F4A7C15ull;
-      for (size_t i = 0; i < bytes; i += 8) {
-        st ^= st << 13, st ^= st >> 7, st ^= st << 17;
-        std::memcpy(host.data() + i, &st, std::min<size_t>(8, bytes - i));
-      }
       std::vector<Dev<uint8_t>*> ws;
-      for (int i = 0; i < copies; ++i) ws.push_back(new Dev<uint8_t>(host));
-      const int64_t mmax = vocab ? 8 : 2048;
+      for (int i = 0; i < copies; ++i) {
+        ws.push_back(new Dev<uint8_t>(bytes));
+        for (size_t o = 0; o < bytes; o += pat)
+          ck(cudaMemcpy(ws.back()->p + o, host.data(), std::min(pat, bytes - o), cudaMemcpyHostToDevice), "fill");
+      }
+      const int64_t mmax = gemm && !vocab ? 2048 : 8;
       const std::vector<float> xh = kt::randv(size_t(s.k * mmax), 3);
       Dev<float> x(xh);
       Dev<float> y(size_t(s.n * mmax));
-      auto time_it = [&](int64_t m, int reps) {
+      const int reps = vocab ? 20 : 100;
+      auto time_it = [&](int64_t m, int r) {
         cu::Launch L = gpu.launch(cu::matmul_workspace(t, s.k, s.n, m));
-        for (int i = 0; i < 2; ++i) cu::matmul(L, t, ws[i % copies]->p, rb, s.k, s.n, x.p, s.k, y.p, s.n, m);
-        cudaEventRecord(e0, gpu.stream);
-        for (int i = 0; i < reps; ++i) cu::matmul(L, t, ws[i % copies]->p, rb, s.k, s.n, x.p, s.k, y.p, s.n, m);
-        cudaEventRecord(e1, gpu.stream);
-        gpu.sync();
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        return double(ms) * 1e-3 / reps;
+        return elapsed(r, [&](int i) { cu::matmul(L, t, ws[i % copies]->p, rb, s.k, s.n, x.p, s.k, y.p, s.n, m); });
       };
       const char* tn = kiln::gguf::type_name(t).data();
+      const bool q8 = cu::detail::matvec_q8_supported(t);
       for (int64_t m : {1, 2, 4, 8}) {
-        const double sec = time_it(m, vocab ? 20 : 100);
-        std::printf("BENCH %-6s k=%-5lld n=%-6lld m=%-4lld %8.2f us  %7.1f GB/s (weights)\n", tn, (long long)s.k,
-                    (long long)s.n, (long long)m, sec * 1e6, double(bytes) / sec * 1e-9);
+        double sec[3] = {0, 0, 0};  // F32 x, int8 x, int8 x without programmatic dependent launch
+        for (int mode : {1, 2, 3}) {
+          if (mode >= 2 && !q8) continue;
+          XMode xm(mode == 3 ? 2 : mode);
+          if (mode == 3) cu::detail::set_matvec_pdl(false);
+          sec[mode - 1] = time_it(m, reps);
+          if (mode == 3) cu::detail::set_matvec_pdl(true);
+        }
+        std::printf("BENCH %-6s %5lld %6lld %2lld | %9.2f %7.1f", tn, (long long)s.k, (long long)s.n, (long long)m,
+                    sec[0] * 1e6, double(bytes) / sec[0] * 1e-9);
+        if (q8)
+          std::printf(" | %9.2f %7.1f | %9.2f %7.1f", sec[1] * 1e6, double(bytes) / sec[1] * 1e-9, sec[2] * 1e6,
+                      double(bytes) / sec[2] * 1e-9);
+        if (q8 && m == 1) {
+          // The int8 kernel alone at each k-split (the launcher picks one from n and the GPU's size).
+          namespace dt = cu::detail;
+          cu::Launch L = gpu.launch(cu::matmul_workspace(t, s.k, s.n, 1));
+          dt::quantize_x(x.p, s.k, 0, 1, s.k, 1, dt::matvec_q8_x_layout(t), L.ws, false, gpu.stream);
+          std::printf(" |");
+          for (int ks : {1, 2, 4}) {
+            dt::MvArgs a;
+            a.w_stride = rb, a.k = s.k, a.n = s.n, a.x = x.p, a.x_stride = s.k, a.y = y.p, a.y_stride = s.n;
+            a.m = 1, a.ks = ks, a.xv = true;
+            a.xq = static_cast<const int8_t*>(L.ws);
+            a.xs = static_cast<const uint8_t*>(L.ws) + dt::q8_x_meta_offset(s.k, 1);
+            const double t1 = elapsed(reps, [&](int i) {
+              a.w = ws[i % copies]->p;
+              if (!dt::matvec_q8_kquant(t, a, 1, gpu.stream)) dt::matvec_q8_legacy(t, a, 1, gpu.stream);
+            });
+            std::printf(" ks%d %.2f us %.0f GB/s", ks, t1 * 1e6, double(bytes) / t1 * 1e-9);
+          }
+        }
+        std::printf("\n");
       }
-      // The mat-vec kernel at each k-split (the launcher picks one from n and the GPU's size).
-      for (int ks : {1, 2, 4}) {
-        namespace dt = cu::detail;
-        dt::MvArgs a;
-        a.w_stride = rb, a.k = s.k, a.n = s.n, a.x = x.p, a.x_stride = s.k, a.y = y.p, a.y_stride = s.n;
-        a.m = 1, a.ks = ks, a.xv = true;
-        auto go = [&](int i) {
-          a.w = ws[i % copies]->p;
-          if (!dt::matvec_kquant(t, a, 1, gpu.stream) && !dt::matvec_legacy(t, a, 1, gpu.stream))
-            dt::matvec_dense(t, a, 1, gpu.stream);
-        };
-        const int reps = vocab ? 20 : 100;
-        for (int i = 0; i < 2; ++i) go(i);
-        cudaEventRecord(e0, gpu.stream);
-        for (int i = 0; i < reps; ++i) go(i);
-        cudaEventRecord(e1, gpu.stream);
-        gpu.sync();
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        const double sec = double(ms) * 1e-3 / reps;
-        std::printf("BENCH %-6s k=%-5lld n=%-6lld m=1    ks=%d %8.2f us  %7.1f GB/s\n", tn, (long long)s.k,
-                    (long long)s.n, ks, sec * 1e6, double(bytes) / sec * 1e-9);
-      }
-      if (!vocab)
+      if (gemm && !vocab)
         for (int64_t m : {512, 2048}) {
           const double sec = time_it(m, 5);
           std::printf("BENCH %-6s k=%-5lld n=%-6lld m=%-4lld %8.2f us  %7.1f TFLOP/s\n", tn, (long long)s.k,

@@ -52,7 +52,9 @@ bool matmul_supported(GgmlType wt);
 // Workspace for y[n, m] = W[k, n] x[k, m] (e.g. a dequantized F16 tile of W and x in F16).
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m);
 // W rows (k elements of wt) w_stride bytes apart; x column t at x + t*x_stride; y column t at
-// y + t*y_stride. Any m >= 1 (mat-vec kernels for small m, tensor cores for large m).
+// y + t*y_stride. Any m >= 1 (mat-vec kernels for small m, tensor cores for large m). W is read as
+// constant (sm_90+: its first bytes may be requested before the kernels enqueued just before finish);
+// the mat-vec path quantizes x to int8 per 32 values for most block types (matmul.cu).
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
             int64_t x_stride, float* y, int64_t y_stride, int64_t m);
 // Expert mat-mul: expert e's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t at

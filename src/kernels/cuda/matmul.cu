@@ -1,7 +1,13 @@
 // kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul_supported, matmul_workspace,
 //   matmul, matmul_id_workspace, matmul_id, get_rows.
-// Owns: the choice of path. m <= 16 columns: the fused mat-vec kernel (matvec.cuh), 8 columns per
-//   pass, F32 x, F32 sums. m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
+// Owns: the choice of path. m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
+//   sums — for the types of matvec_q8_supported x is first quantized to int8 per 32 values
+//   (quantize_x, into the workspace) and the int8 kernel (matvec_q8.cuh) takes __dp4a sums; the other
+//   types, or all with KILN_CUDA_MMV_F32X=1 (or set_matvec_x_mode), use the F32-x kernel (matvec.cuh).
+//   On sm_90+ quantize_x and the int8 kernel use programmatic dependent launch (KILN_CUDA_PDL=0: off):
+//   the int8 kernel requests its first weight bytes before the stream dependency on the kernels before
+//   it is resolved, so W must not be written by the kernels just enqueued before (model weights are
+//   constant; expert matrices are addressed only after the wait, their ids come from the router). m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
 //   in chunks of at most 64 MiB (F16 weights are used in place), X columns rounded to F16 in chunks
 //   of at most 32 MiB, cublasGemmEx F16 x F16 -> F32 with F32 compute; F32 weights: F32 cublasGemmEx
 //   on W and X in place. matmul_id runs the mat-vec kernel once per (token, slot) with that slot's
@@ -17,9 +23,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/matmul_internal.h"
@@ -90,6 +98,21 @@ GemmPlan gemm_plan(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   p.w16_bytes = p.w16 ? align256(2 * size_t(k) * size_t(p.nc)) : 0;
   p.bytes = p.w16_bytes + (p.x16 ? align256(2 * size_t(k) * size_t(p.mc)) : 0);
   return p;
+}
+
+std::atomic<int> g_x_mode{0};
+std::atomic<int> g_pdl{-1};  // -1: from the environment
+bool env_f32x() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CUDA_MMV_F32X");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+void mv_q8(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s) {
+  if (!detail::matvec_q8_kquant(t, a, n_grid_y, s) && !detail::matvec_q8_legacy(t, a, n_grid_y, s))
+    fail("matmul", "no int8 mat-vec kernel for the weight type", int(t), 0);
 }
 
 void mv(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s) {
@@ -180,10 +203,28 @@ bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
 
 }  // namespace
 
+namespace detail {
+void set_matvec_x_mode(int mode) { g_x_mode.store(mode); }
+void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
+bool matvec_pdl(int sm) {
+  static const bool env_off = [] {
+    const char* v = std::getenv("KILN_CUDA_PDL");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  const int p = g_pdl.load();
+  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
+}
+bool matvec_uses_q8(GgmlType t) {
+  const int mode = g_x_mode.load();
+  return matvec_q8_supported(t) && (mode == 2 || (mode == 0 && !env_f32x()));
+}
+}  // namespace detail
+
 bool matmul_supported(GgmlType wt) { return block_bytes(wt) != 0; }
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
-  if (m <= kMvMaxM || !matmul_supported(wt) || k <= 0 || n <= 0) return 0;
+  if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
+  if (m <= kMvMaxM) return detail::matvec_q8_supported(wt) ? detail::q8_x_bytes(k, m) : 0;
   return gemm_plan(wt, k, n, m).bytes;
 }
 
@@ -203,6 +244,18 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     launched("matmul");
     return;
   }
+  const bool q8 = detail::matvec_uses_q8(wt);
+  const int8_t* xq = nullptr;           // quantized x [m][k] in the workspace (int8 path)
+  const detail::Q8Meta* xmeta = nullptr;  // its scales and half sums [m][k / 32]
+  if (q8) {
+    xq = static_cast<const int8_t*>(L.ws);
+    xmeta = reinterpret_cast<const detail::Q8Meta*>(static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, m));
+    const size_t need = detail::q8_x_bytes(k, m);
+    KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul",
+                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
+    detail::quantize_x(x, x_stride, 0, 1, k, m, detail::matvec_q8_x_layout(wt), L.ws, detail::matvec_pdl(L.sm),
+                       L.stream);
+  }
   for (int64_t c0 = 0; c0 < m; c0 += detail::kMvCols) {
     MvArgs a;
     a.w = w, a.w_stride = w_stride, a.k = k, a.n = n;
@@ -210,12 +263,20 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
     a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
     a.ks = mv_ks(L, k, n, 1);
-    mv(wt, a, 1, L.stream);
+    if (q8) {
+      a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32), a.pdl = detail::matvec_pdl(L.sm);
+      mv_q8(wt, a, 1, L.stream);
+    } else {
+      mv(wt, a, 1, L.stream);
+    }
   }
   launched("matmul");
 }
 
-size_t matmul_id_workspace(GgmlType, int64_t, int64_t, int64_t) { return 0; }
+size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {
+  if (!detail::matvec_q8_supported(wt) || k <= 0 || n <= 0 || n_slots <= 0) return 0;
+  return detail::q8_x_bytes(k, n_slots);  // x columns quantized: T (nx = 1) or K * T of them
+}
 
 void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t k,
                int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids, int64_t K,
@@ -232,11 +293,24 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
   a.xv = x_vec_ok(x, x_tok, nx == 1 ? 0 : x_slot);
   a.ids = ids, a.K = K, a.w_expert_stride = w_expert_stride;
   a.x_slot = x_slot, a.x_tok = x_tok, a.y_slot = y_slot, a.y_tok = y_tok, a.nx_one = nx == 1;
+  const bool q8 = detail::matvec_uses_q8(wt);
+  if (q8) {
+    const int64_t ncols = T * nx;
+    const size_t need = detail::q8_x_bytes(k, ncols);
+    KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul_id",
+                  "workspace smaller than matmul_id_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
+    detail::quantize_x(x, x_tok, x_slot, nx, k, ncols, detail::matvec_q8_x_layout(wt), L.ws, detail::matvec_pdl(L.sm),
+                       L.stream);
+    a.pdl = detail::matvec_pdl(L.sm);
+    a.xq = static_cast<const int8_t*>(L.ws);
+    a.xs = static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, ncols);
+  }
   constexpr int64_t kMaxGridY = 65535;
   for (int64_t s0 = 0; s0 < K * T; s0 += kMaxGridY) {
     a.slot0 = s0;
     a.ks = mv_ks(L, k, n, std::min(kMaxGridY, K * T - s0));
-    mv(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
+    if (q8) mv_q8(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
+    else mv(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
   }
   launched("matmul_id");
 }

@@ -36,6 +36,12 @@ struct MvArgs {
   size_t w_expert_stride = 0;
   int64_t x_slot = 0, x_tok = 0, y_slot = 0, y_tok = 0;
   bool nx_one = true;
+  // int8-x kernel (matvec_q8.cuh) only: x quantized by quantize_x — xq [columns][k] int8, xs
+  // [columns][k / 32] of {F32 scale bits, half sums} (Q8Meta); columns 0..m-1 of this pass (expert
+  // mode: column nx_one ? t : slot).
+  const int8_t* xq = nullptr;
+  const void* xs = nullptr;
+  bool pdl = false;  // launched with programmatic dependent launch (sm_90+; after quantize_x)
 };
 
 // Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the
@@ -43,6 +49,37 @@ struct MvArgs {
 bool matvec_dense(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);   // F32 F16 BF16
 bool matvec_legacy(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_0..Q8_0, IQ4_NL
 bool matvec_kquant(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q2_K..Q6_K, IQ4_XS
+
+// ---- the int8-x mat-vec (matvec_q8.cuh, matvec_q8_*.cu) ----------------------------------------
+// Per 32 x values: the F32 scale d (bits) and the int sums of the int8 values at positions 0..15
+// (low 16 bits, signed) and 16..31 (high 16 bits).
+struct Q8Meta {
+  uint32_t d_bits, sums;
+};
+bool matvec_q8_supported(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
+int matvec_q8_x_layout(GgmlType t);    // the x order the type's codes use (dequant_q8.cuh kX)
+bool matvec_q8_legacy(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_0..Q8_0, IQ4_NL
+bool matvec_q8_kquant(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_K Q5_K Q6_K IQ4_XS
+// Workspace bytes of ncols quantized x columns of k values (k a multiple of 32): xq at ws, xs at
+// ws + q8_x_meta_offset.
+size_t q8_x_meta_offset(int64_t k, int64_t ncols);
+size_t q8_x_bytes(int64_t k, int64_t ncols);
+// Quantizes ncols columns of k floats (column c at x + (c / nx) * s_outer + (c % nx) * s_inner) per
+// 32 values: d = max|x| / 127, q = round(x / d) (round half to even of x * (127 / max|x|)), in the
+// given x order; ws 16-byte aligned.
+// pdl: launched with programmatic dependent launch (the kernel waits for its predecessor's results
+// before touching memory and lets the mat-vec kernel after it start its weight prefetch early).
+void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,
+                void* ws, bool pdl, cudaStream_t s);
+// Which x the mat-vec path uses: 0 = the default (int8 x for the types above, unless the environment
+// has KILN_CUDA_MMV_F32X=1), 1 = F32 x always, 2 = int8 x where supported. For tests and fidelity
+// comparisons; not meant to change while launches are being enqueued on other threads.
+void set_matvec_x_mode(int mode);
+// Programmatic dependent launch of quantize_x and the int8 kernel on sm_90+: on unless the
+// environment has KILN_CUDA_PDL=0 or set_matvec_pdl(false) (tests, timing comparisons).
+void set_matvec_pdl(bool on);
+bool matvec_pdl(int sm);
+bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path takes int8 x for t now
 
 // Rows of a weight / table of type t into F32 (half = false) or F16 (half = true) rows of k values:
 // output row r (out + r * out_stride elements) = source row (ids ? ids[r] : r) of src (rows

@@ -1,0 +1,214 @@
+// kernels/cuda/matvec_q8.cuh — the int8 mat-vec kernel (decode: y = W x for up to 8 columns of x,
+//   x already quantized by quantize_x to int8 with one F32 scale per 32 values), templated on the
+//   weight type, the column count M (1, 2, 4, 8) and the guaranteed row alignment A.
+// Owns: the decode hot path of the block types of dequant_q8.cuh. Geometry as the F32-x kernel
+//   (matvec.cuh): a row group is 4 weight rows, a CTA of 4 warps holds 4 / ks groups, ks warps per
+//   group splitting its steps (32 units = 32 x 32 elements of each row). A warp stages its group's
+//   step bytes in a ring of 2-3 shared-memory slots with 16-byte cp.async copies: lanes 8r..8r+7 copy
+//   row r, 128 contiguous bytes per instruction, from the 16-byte aligned address at or below the
+//   row's step start (a row's very first and last vectors are copied 2 bytes at a time, so no byte
+//   outside the rows is read). Lane l then decodes unit l of the step for all 4 rows into int8 codes
+//   (dequant_q8.cuh) and, per x column, takes __dp4a sums against the unit's 32 int8 x values
+//   (two 16-byte loads through L1, shared by the 4 rows): per unit and half an exact int32 sum, then
+//   F32: acc += dx * (d * (isum - kOff * xsum) + m * xsum). Sums: F32 per lane in k order, a warp
+//   tree, then the ks warps of the group. With programmatic dependent launch (sm_90+) the ring's
+//   first steps are requested before waiting for quantize_x (expert mode: after, the ids come from
+//   the kernels before).
+// Must not: allocate or synchronize, or read a byte outside the weight rows.
+// Threading: kernels only.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/dequant_q8.cuh"
+#include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/matvec.cuh"  // kMvThreads, kMvWarps, mv_cp16 / commit / wait, mv_warp_sum
+
+namespace kiln::cuda::detail {
+
+// Step geometry of a block type for the int8 kernel.
+template <GgmlType T>
+struct MvqGeom {
+  using D = q8::U<T>;
+  static constexpr int kUPB = D::kQK / 32;                // units per block
+  static constexpr int kSB = (32 / kUPB) * D::kBS;         // bytes of one row's step
+  static constexpr int kVPR = (kSB + 15) / 16 + 1;         // vectors per row slot (one more when misaligned)
+  static constexpr int kLV = (kVPR + 7) / 8;               // vectors per lane (8 lanes per row)
+  static constexpr int kSV = kMvRowsPerCta * kVPR + 1;     // vectors per stage (+1: room for the word reads)
+  // Ring of steps per warp: as many (2..4) as fit the 46 KiB of static shared memory.
+  static constexpr int kStages = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
+  static_assert(D::kBS / kUPB >= 16, "a unit must hold at least 16 bytes (interior-step vectors stay in the row)");
+};
+
+__device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
+
+template <GgmlType T, int M, int A>
+__global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(const MvArgs a) {
+  constexpr int R = kMvRowsPerCta;
+  using D = q8::U<T>;
+  using G = MvqGeom<T>;
+  constexpr int S = G::kStages;
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  const uint8_t* w = static_cast<const uint8_t*>(a.w);
+  const int64_t k = a.k;
+  const int8_t* xq = a.xq;
+  const uint2* xs = static_cast<const uint2*>(a.xs);
+  float* y = a.y;
+  q8::pdl_launch_dependents();
+  if (a.ids != nullptr) {
+    q8::pdl_wait();  // the expert ids come from the kernels before
+    const int64_t s = a.slot0 + blockIdx.y, t = s / a.K, j = s - t * a.K;
+    w += size_t(a.ids[s]) * a.w_expert_stride;
+    const int64_t col = a.nx_one ? t : s;
+    xq += col * k, xs += col * (k / 32);
+    y += t * a.y_tok + j * a.y_slot;
+  }
+  const int ks = a.ks, kpart = wid % ks;
+  const int64_t row0 = int64_t(blockIdx.x) * (R * (kMvWarps / ks)) + (wid / ks) * R;
+  const int64_t nunits = k / 32, nsteps = (nunits + 31) / 32;
+  const int64_t rowbytes = (k / D::kQK) * D::kBS;
+
+  __shared__ uint4 ring[kMvWarps][S][G::kSV];
+  uintptr_t rbase[R];  // row starts (rows past n repeat row n - 1; their sums are not stored)
+#pragma unroll
+  for (int r = 0; r < R; ++r) rbase[r] = uintptr_t(w) + size_t(min(row0 + r, a.n - 1)) * a.w_stride;
+  // The copying lane's row and first vector.
+  const int cr = lane >> 3, cv = lane & 7;
+  const uintptr_t cbase = uintptr_t(w) + size_t(min(row0 + cr, a.n - 1)) * a.w_stride;
+
+  // Start the copy of step s into ring slot `slot`: vector v (= cv + 8i) of the copying row's step,
+  // from the aligned address at or below its first byte, to ring slot vector cr * kVPR + v.
+  auto issue = [&](int64_t s, int slot) {
+    if (s < nsteps) {
+      const uintptr_t p = cbase + uintptr_t(s) * G::kSB;
+      const uintptr_t a0 = p & ~uintptr_t(15);
+      const int64_t len = min(int64_t(G::kSB), rowbytes - s * G::kSB);
+      const int nv = int((p - a0 + uintptr_t(len) + 15) >> 4);
+      uint4* dst = &ring[wid][slot][cr * G::kVPR];
+      if (s != 0 && s != nsteps - 1) {
+        // Interior step: every vector lies inside the row (the step before and after hold >= 16 bytes).
+#pragma unroll
+        for (int i = 0; i < G::kLV; ++i) {
+          const int v = cv + 8 * i;
+          if (v < nv) mv_cp16(dst + v, reinterpret_cast<const void*>(a0 + 16 * uintptr_t(v)));
+        }
+      } else {
+        const uintptr_t rs = cbase, re = cbase + uintptr_t(rowbytes);
+#pragma unroll
+        for (int i = 0; i < G::kLV; ++i) {
+          const int v = cv + 8 * i;
+          if (v < nv) {
+            const uintptr_t vs = a0 + 16 * uintptr_t(v);
+            if (vs >= rs && vs + 16 <= re) {
+              mv_cp16(dst + v, reinterpret_cast<const void*>(vs));
+            } else {
+              const uintptr_t lo = vs < rs ? rs : vs, hi = vs + 16 > re ? re : vs + 16;
+              for (uintptr_t q = lo; q < hi; q += 2)
+                *reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(dst + v) + (q - vs)) =
+                    *reinterpret_cast<const uint16_t*>(q);
+            }
+          }
+        }
+      }
+    }
+    mv_cp_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int c = 0; c < M; ++c) acc[r][c] = 0.f;
+  const int blk = lane / G::kUPB, sub = lane % G::kUPB;
+
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) issue(kpart + int64_t(i) * ks, i);
+  q8::pdl_wait();  // the weights are constant; x (quantize_x) and y are touched only after this
+  int slot = 0;
+  for (int64_t s = kpart; s < nsteps; s += ks) {
+    mv_cp_wait<S - 2>();  // this step's group has landed (S - 2 younger ones may be in flight)
+    __syncwarp();
+    issue(s + int64_t(S - 1) * ks, slot == 0 ? S - 1 : slot - 1);  // into the slot decoded last
+    const int64_t u = s * 32 + lane;
+    if (u < nunits) {
+      const uint8_t* st = reinterpret_cast<const uint8_t*>(ring[wid][slot]);
+      uint32_t cw[R][8];
+      q8::Sc sc[R] = {};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int o = int((rbase[r] + uintptr_t(s) * G::kSB) & 15);
+        D::template decode<A>(st + r * G::kVPR * 16 + o + blk * D::kBS, sub, cw[r], sc[r]);
+      }
+#pragma unroll
+      for (int c = 0; c < M; ++c) {
+        const int cc = c < a.m ? c : a.m - 1;
+        const uint4* xp = reinterpret_cast<const uint4*>(xq + cc * k + u * 32);
+        const uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+        const uint2 meta = __ldg(xs + cc * (k / 32) + u);
+        const float dx = __uint_as_float(meta.x);
+        const int xs0 = int(int16_t(meta.y & 0xFFFFu)), xs1 = int(meta.y) >> 16;
+        const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float v;
+          if constexpr (D::kHalves) {
+            int i0 = -D::kOff * xs0, i1 = -D::kOff * xs1;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) i0 = dp4a(cw[r][j], xv[j], i0), i1 = dp4a(cw[r][j + 4], xv[j + 4], i1);
+            v = fmaf(sc[r].d1, float(i1), sc[r].d0 * float(i0));
+          } else {
+            int i0 = -D::kOff * (xs0 + xs1);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) i0 = dp4a(cw[r][j], xv[j], i0);
+            v = sc[r].d0 * float(i0);
+            if constexpr (D::kMin) v = fmaf(sc[r].m, float(xs0 + xs1), v);
+          }
+          acc[r][c] = fmaf(dx, v, acc[r][c]);
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with this slot before it is refilled
+    slot = slot == S - 1 ? 0 : slot + 1;
+  }
+
+  __shared__ float red[kMvWarps][R * M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int c = 0; c < M; ++c) {
+      const float v = mv_warp_sum(acc[r][c]);
+      if (lane == 0) red[wid][r * M + c] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < (kMvWarps / ks) * R * M) {
+    const int grp = threadIdx.x / (R * M), idx = threadIdx.x % (R * M);
+    float v = red[grp * ks][idx];
+    for (int i = 1; i < ks; ++i) v += red[grp * ks + i][idx];
+    const int64_t row = int64_t(blockIdx.x) * (R * (kMvWarps / ks)) + grp * R + idx / M;
+    const int c = idx % M;
+    if (row < a.n && c < a.m) y[c * a.y_stride + row] = v;
+  }
+}
+
+template <GgmlType T, int A>
+void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
+  const dim3 block(kMvThreads);
+  if (a.m <= 1) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 1, A>, a);
+  else if (a.m <= 2) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 2, A>, a);
+  else if (a.m <= 4) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 4, A>, a);
+  else q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 8, A>, a);
+}
+
+// Picks the alignment variant: the type's natural one when the rows (and experts) allow it.
+template <GgmlType T>
+void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
+  constexpr int kNat = q8::U<T>::kAlign;
+  const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
+  const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
+  const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
+  if constexpr (kNat > 2) {
+    if (bits % kNat == 0) return mvq_launch_m<T, kNat>(a, grid, s);
+  }
+  mvq_launch_m<T, 2>(a, grid, s);
+}
+
+}  // namespace kiln::cuda::detail
