@@ -110,11 +110,16 @@ struct ModelFacts {
   uint64_t n_params = 0;          // elements of all tensors (llama_model_n_params)
   uint64_t weight_bytes = 0;      // tensors kiln runs
   uint64_t decode_read_bytes = 0; // weight bytes one single-token decode streams
+  std::string backend = "CPU";    // CPU, CUDA (every layer and the output) or CUDA+CPU (partial -ngl)
+  int64_t n_gpu_layers = 0;       // trunk layers on the GPU (llama-bench's n_gpu_layers)
 };
 
 ModelFacts model_facts(const model::Model& m, const std::string& path) {
   ModelFacts f;
   f.path = path;
+  f.n_gpu_layers = m.info().n_gpu_layers + (m.info().output_on_gpu ? 1 : 0);
+  if (m.info().output_on_gpu && m.info().n_gpu_layers == m.config().n_layer) f.backend = "CUDA";
+  else if (m.info().n_gpu_layers > 0 || m.info().output_on_gpu) f.backend = "CUDA+CPU";
   const auto& file = m.file();
   const auto& c = m.config();
   std::map<std::string, bool> unused;
@@ -186,7 +191,8 @@ struct TestResult {
     j["model_type"] = model->desc;
     j["model_size"] = model->size;
     j["model_n_params"] = model->n_params;
-    j["backend"] = "CPU";
+    j["backend"] = model->backend;
+    j["n_gpu_layers"] = model->n_gpu_layers;
     j["n_threads"] = n_threads;
     j["n_batch"] = n_batch;
     j["n_ubatch"] = n_ubatch;
@@ -269,7 +275,7 @@ void print_md_row(const TestResult& r) {
   const std::string ts = fmt::format("{:.2f} ± {:.2f}", TestResult::mean(t), TestResult::stdev(t));
   // "±" is two bytes in UTF-8; pad by display width.
   std::printf("| %-28s | %10s | %10s | %-7s | %7d | %13s | %21s |\n", r.model->desc.c_str(), size_str(r.model->size).c_str(),
-              params_str(r.model->n_params).c_str(), "CPU", r.n_threads, r.name().c_str(), ts.c_str());
+              params_str(r.model->n_params).c_str(), r.model->backend.c_str(), r.n_threads, r.name().c_str(), ts.c_str());
   std::fflush(stdout);
 }
 
