@@ -16,9 +16,11 @@
 // Launcher-level: the test owns its device buffers, stream, cuBLAS handle and workspace. Without a
 // usable GPU every test is skipped with the reason. CudaMatmulBench.Decode (timings, printed, not
 // asserted) runs only with KILN_CUDA_BENCH=1. Both mat-vec x paths are tested (detail::set_matvec_x_mode).
+#include <gtest/gtest.h>
+
+#if KILN_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -646,3 +648,9 @@ TEST(CudaMatmulBench, Decode) {
 }
 
 }  // namespace
+
+#else  // !KILN_HAVE_CUDA
+
+TEST(CudaMatmul, NotBuilt) { GTEST_SKIP() << "kiln was built without CUDA (KILN_CUDA=OFF or no nvcc)"; }
+
+#endif

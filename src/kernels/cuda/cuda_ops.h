@@ -68,9 +68,9 @@ struct MatmulW {
 };
 // y_i = W_i x for i < n_w (1 <= n_w <= 4), one x [k, m] for all: what n_w matmul calls give, with
 // fewer launches. Mat-vec path (m <= 16) with int8 x: x is quantized once per x order the weights
-// need (one order for most mixes), then ONE launch per weight type covers the rows of all weights of
-// that type (CTAs mapped to weights by a segment table); the F32-x types / mode run their matmul
-// each. m > 16: one matmul each. Workspace: the largest matmul_workspace of the weights.
+// need (one order for most mixes); m = 1 (decode): ONE launch per weight type covers the rows of all
+// weights of that type (CTAs mapped to weights by a segment table); m = 2..16: the int8 kernel per
+// weight on that one quantized x; the F32-x types / mode: their matmul each. m > 16: one matmul each. Workspace: the largest matmul_workspace of the weights.
 void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m);
 // Expert mat-mul: expert e's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t at
 // ids[t*K + j]); x column for (j, t) at x + t*x_tok + (nx == 1 ? 0 : j)*x_slot; y column (j, t) at

@@ -1,6 +1,6 @@
 // kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul_supported, matmul_workspace,
 //   matmul, matmul_n, matmul_id_workspace, matmul_id, get_rows. matmul_n: one x for up to 4
-//   weights (x quantized once, one segmented int8 launch per weight type).
+//   weights (x quantized once per x order; m = 1: one segmented int8 launch per weight type).
 // Owns: the choice of path. m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
 //   sums — for the types of matvec_q8_supported x is first quantized to int8 per 32 values
 //   (quantize_x, into the workspace) and the int8 kernel (matvec_q8.cuh) takes __dp4a sums; the other
@@ -320,22 +320,32 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
       int64_t rows = 0;
       for (int q = j; q < n_w; ++q)
         if (!done[q] && ws[q].wt == t) seg[nseg++] = q, rows += ws[q].n, done[q] = true;
-      for (int64_t c0 = 0; c0 < m; c0 += detail::kMvCols) {
-        MvArgs a;
-        a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.k = k, a.n = ws[seg[0]].n;
-        a.x = x + c0 * x_stride, a.x_stride = x_stride, a.y = ws[seg[0]].y + c0 * ws[seg[0]].y_stride;
-        a.y_stride = ws[seg[0]].y_stride;
-        a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
-        a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
-        a.ks = mv_ks(L, k, rows, 1);
-        a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32), a.pdl = pdl;
+      MvArgs a;
+      a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl;
+      if (m == 1) {  // decode: one segmented launch (its own kernel instances, one column)
+        a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.n = ws[seg[0]].n, a.y = ws[seg[0]].y;
+        a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = x_vec_ok(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);
         a.nseg = nseg;
         for (int e = 0; e < nseg; ++e) {
           const MatmulW& W = ws[seg[e]];
           a.seg[e].w = W.w, a.seg[e].w_stride = W.w_stride, a.seg[e].n = W.n;
-          a.seg[e].y = W.y + c0 * W.y_stride, a.seg[e].y_stride = W.y_stride;
+          a.seg[e].y = W.y, a.seg[e].y_stride = W.y_stride;
         }
         mv_q8(t, a, 1, L.stream);
+        continue;
+      }
+      // Several columns: the plain kernel per weight and pass of 8 columns, on the x quantized above.
+      for (int e = 0; e < nseg; ++e) {
+        const MatmulW& W = ws[seg[e]];
+        for (int64_t c0 = 0; c0 < m; c0 += detail::kMvCols) {
+          a.w = W.w, a.w_stride = W.w_stride, a.n = W.n;
+          a.x = x + c0 * x_stride, a.y = W.y + c0 * W.y_stride, a.y_stride = W.y_stride;
+          a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
+          a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
+          a.ks = mv_ks(L, k, W.n, 1);
+          a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32);
+          mv_q8(t, a, 1, L.stream);
+        }
       }
     }
   }

@@ -54,9 +54,9 @@ struct MvArgs {
   const int8_t* xq = nullptr;
   const void* xs = nullptr;
   bool pdl = false;  // launched with programmatic dependent launch (sm_90+; after quantize_x)
-  // int8-x kernel only, not with expert mode: nseg > 0 replaces w / w_stride / n / y / y_stride by
-  // seg[0..nseg) (all of the launch's weight type, all with the same x), CTAs mapped to segments in
-  // order (matmul_n: one launch for several weights).
+  // int8-x kernel only, m = 1, not with expert mode: nseg > 0 replaces w / w_stride / n / y /
+  // y_stride by seg[0..nseg) (all of the launch's weight type, all with the same x), CTAs mapped to
+  // segments in order (matmul_n: one launch for several weights).
   int nseg = 0;
   MvSeg seg[kMvMaxSeg];
 };

@@ -14,7 +14,8 @@
 //   tree, then the ks warps of the group. With programmatic dependent launch (sm_90+) the ring's
 //   first steps are requested before waiting for quantize_x (expert mode: after, the ids come from
 //   the kernels before). Segmented launches (MvArgs::nseg, matmul_n): the CTAs of up to 4 weights of
-//   the same type and x in one grid, each CTA taking its weight, rows and y from the segment table.
+//   the same type and x in one grid, each CTA taking its weight, rows and y from the segment table;
+//   one column (decode), instantiated apart so the plain kernels keep their registers.
 // Must not: allocate or synchronize, or read a byte outside the weight rows.
 // Threading: kernels only.
 #pragma once
@@ -42,7 +43,28 @@ struct MvqGeom {
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
 
-template <GgmlType T, int M, int A>
+// The CTA's weight: the launch's own, or in a segmented launch the segment whose CTAs hold blockIdx.x
+// (segments in CTA order; compile-time indices, so the table stays in parameter space).
+struct MvSegSel {
+  const uint8_t* w;
+  size_t w_stride;
+  int64_t n;
+  float* y;
+  int64_t y_stride, bx;
+};
+__device__ __forceinline__ MvSegSel mv_seg(const MvArgs& a) {
+  MvSegSel r{static_cast<const uint8_t*>(a.w), a.w_stride, a.n, a.y, a.y_stride, int64_t(blockIdx.x)};
+  if (a.nseg > 0) {
+#pragma unroll
+    for (int i = 0; i < kMvMaxSeg; ++i)
+      if (i < a.nseg && int64_t(blockIdx.x) >= a.seg[i].cta0)
+        r = {static_cast<const uint8_t*>(a.seg[i].w), a.seg[i].w_stride, a.seg[i].n, a.seg[i].y, a.seg[i].y_stride,
+             int64_t(blockIdx.x) - a.seg[i].cta0};
+  }
+  return r;
+}
+
+template <GgmlType T, int M, int A, bool SEG = false>
 __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(const MvArgs a) {
   constexpr int R = kMvRowsPerCta;
   using D = q8::U<T>;
@@ -54,19 +76,13 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
   const int8_t* xq = a.xq;
   const uint2* xs = static_cast<const uint2*>(a.xs);
   float* y = a.y;
+  // SEG (segmented launch): the start reads the CTA's segment; the stores select it again, so nothing
+  // extra lives through the loop. Without SEG the code is the plain launch's.
   size_t w_stride = a.w_stride;
-  int64_t n = a.n, y_stride = a.y_stride, bx = blockIdx.x;
-  if (a.nseg > 0) {  // segmented launch: this CTA's weight (segments in CTA order; compile-time indices)
-#pragma unroll
-    for (int i = 0; i < kMvMaxSeg; ++i)
-      if (i < a.nseg && int64_t(blockIdx.x) >= a.seg[i].cta0) {
-        w = static_cast<const uint8_t*>(a.seg[i].w);
-        w_stride = a.seg[i].w_stride;
-        n = a.seg[i].n;
-        y = a.seg[i].y;
-        y_stride = a.seg[i].y_stride;
-        bx = int64_t(blockIdx.x) - a.seg[i].cta0;
-      }
+  int64_t n = a.n, bx = blockIdx.x;
+  if constexpr (SEG) {
+    const MvSegSel sg = mv_seg(a);
+    w = sg.w, w_stride = sg.w_stride, n = sg.n, bx = sg.bx;
   }
   q8::pdl_launch_dependents();
   if (a.ids != nullptr) {
@@ -198,9 +214,15 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
     const int grp = threadIdx.x / (R * M), idx = threadIdx.x % (R * M);
     float v = red[grp * ks][idx];
     for (int i = 1; i < ks; ++i) v += red[grp * ks + i][idx];
-    const int64_t row = bx * (R * (kMvWarps / ks)) + grp * R + idx / M;
     const int c = idx % M;
-    if (row < n && c < a.m) y[c * y_stride + row] = v;
+    if constexpr (SEG) {
+      const MvSegSel se = mv_seg(a);
+      const int64_t row = se.bx * (R * (kMvWarps / ks)) + grp * R + idx / M;
+      if (row < se.n && c < a.m) se.y[c * se.y_stride + row] = v;
+    } else {
+      const int64_t row = int64_t(blockIdx.x) * (R * (kMvWarps / ks)) + grp * R + idx / M;
+      if (row < a.n && c < a.m) y[c * a.y_stride + row] = v;
+    }
   }
 }
 
@@ -218,7 +240,7 @@ template <GgmlType T>
 void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   constexpr int kNat = q8::U<T>::kAlign;
   const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
-  if (a.nseg > 0) {  // segmented (matmul_n): CTAs of the segments in order; the alignment all of them allow
+  if (a.nseg > 0) {  // segmented (matmul_n, m = 1): CTAs of the segments in order; the alignment all allow
     MvArgs b = a;
     int64_t ctas = 0;
     uintptr_t bits = 0;
@@ -227,11 +249,11 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
       ctas += (b.seg[i].n + rows_per_cta - 1) / rows_per_cta;
       bits |= uintptr_t(b.seg[i].w) | uintptr_t(b.seg[i].w_stride);
     }
-    const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
+    const dim3 grid{unsigned(ctas), unsigned(n_grid_y)}, block(kMvThreads);
     if constexpr (kNat > 2) {
-      if (bits % kNat == 0) return mvq_launch_m<T, kNat>(b, grid, s);
+      if (bits % kNat == 0) return q8::launch(b.pdl, grid, block, s, matvec_q8_kernel<T, 1, kNat, true>, b);
     }
-    return mvq_launch_m<T, 2>(b, grid, s);
+    return q8::launch(b.pdl, grid, block, s, matvec_q8_kernel<T, 1, 2, true>, b);
   }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
