@@ -164,6 +164,24 @@ class Stream {
   // choice — 64 on the CPU), shorter runs the recurrence.
   virtual void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                            const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) = 0;
+
+  // ---- fused ops: each is exactly the sequence of the ops above that its comment names (the CPU
+  // stream makes those very calls, so its bits do not change); other devices may run one kernel. ----
+  // y_i = w_i · x for i < n (1 <= n <= 4): n matmul(w[i], x, y[i]) calls sharing one x [k, m]
+  // (every w_i has k columns; y_i [w_i.ne[1], m]). A device may prepare x once for all of them.
+  // No y_i may overlap x or another y_i.
+  virtual void matmul_n(const Tensor* w, const Tensor* y, int n, const Tensor& x) = 0;
+  // Delta-net gates, in place on rows beta, g [H, n1, n2] (same shape); dt_bias, a one row [H]:
+  //   unary(Sigmoid, beta, beta); binary(Add, g, dt_bias, g); unary(Softplus, g, g); binary(Mul, g, a, g).
+  virtual void delta_gates(const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a) = 0;
+  // Gated RMSNorm, in place on rows x [ne0, n1, n2]; z the same shape; w [ne0] F32:
+  //   rms_norm(x, &w, x, eps); unary(Silu, z, z); binary(Mul, x, z, x).
+  // z is scratch: its contents afterwards are unspecified (the CPU leaves silu(z) there).
+  virtual void rms_norm_gated(const Tensor& x, const Tensor& w, const Tensor& z, float eps) = 0;
+  // Residual add and the next norm, on rows x, t, y [ne0, n1, n2] (same shape); w [ne0] F32 or nullptr:
+  //   binary(Add, x, t, x); rms_norm(x, w, y, eps).
+  // y may be x or t; no other overlap.
+  virtual void add_rms_norm(const Tensor& x, const Tensor& t, const Tensor* w, const Tensor& y, float eps) = 0;
 };
 
 class Device {

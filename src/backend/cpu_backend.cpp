@@ -408,6 +408,30 @@ class CpuStream final : public Stream {
     });
   }
 
+  // ---- fused ops: the very calls each stands for (Stream's comments), so the bits do not change ----
+  void matmul_n(const Tensor* w, const Tensor* y, int n, const Tensor& x) override {
+    KILN_CHECK(n >= 1 && n <= 4, "matmul_n: {} weights (1..4)", n);
+    for (int i = 0; i < n; ++i) matmul(w[i], x, y[i]);
+  }
+  void delta_gates(const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a) override {
+    check_same_shape(beta, g, "delta_gates beta/g");
+    unary(Unary::Sigmoid, beta, beta);
+    binary(Binary::Add, g, dt_bias, g);
+    unary(Unary::Softplus, g, g);
+    binary(Binary::Mul, g, a, g);
+  }
+  void rms_norm_gated(const Tensor& x, const Tensor& w, const Tensor& z, float eps) override {
+    check_same_shape(x, z, "rms_norm_gated x/z");
+    rms_norm(x, &w, x, eps);
+    unary(Unary::Silu, z, z);
+    binary(Binary::Mul, x, z, x);
+  }
+  void add_rms_norm(const Tensor& x, const Tensor& t, const Tensor* w, const Tensor& y, float eps) override {
+    check_same_shape(x, t, "add_rms_norm x/t");
+    binary(Binary::Add, x, t, x);
+    rms_norm(x, w, y, eps);
+  }
+
  private:
   void* ensure(size_t bytes, bool planned = false) {
     if (bytes > ws_size_) {

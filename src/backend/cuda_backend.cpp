@@ -452,6 +452,58 @@ class CudaStream final : public Stream {
                    iptr(seq, "gated_delta seq"), seq_mem(state, "gated_delta state"), rows(out, "gated_delta out"), chunk);
   }
 
+  // ---- fused ops ----
+  void matmul_n(const Tensor* w, const Tensor* y, int n, const Tensor& x) override {
+    KILN_CHECK(n >= 1 && n <= 4, "matmul_n: {} weights (1..4)", n);
+    check_f32(x, "matmul_n x");
+    KILN_CHECK(x.ne[2] == 1 && x.ne[3] == 1, "matmul_n: x must be 2-D");
+    const int64_t k = x.ne[0], m = x.ne[1];
+    C::MatmulW ws[4];
+    size_t need = 0;
+    for (int i = 0; i < n; ++i) {
+      check_f32(y[i], "matmul_n y");
+      KILN_CHECK(C::matmul_supported(w[i].type), "matmul_n: weight type {} not supported on CUDA",
+                 gguf::type_name(w[i].type));
+      KILN_CHECK(w[i].ne[2] == 1 && w[i].ne[3] == 1 && y[i].ne[2] == 1 && y[i].ne[3] == 1, "matmul_n: 2-D tensors only");
+      KILN_CHECK(w[i].ne[0] == k && y[i].ne[0] == w[i].ne[1] && y[i].ne[1] == m,
+                 "matmul_n: w{} [{}, {}] x [{}, {}] -> y [{}, {}]", i, w[i].ne[0], w[i].ne[1], k, m, y[i].ne[0],
+                 y[i].ne[1]);
+      ws[i] = C::MatmulW{w[i].type, ptr(w[i], "matmul_n w"), w[i].nb[1], w[i].ne[1], fptr(y[i], "matmul_n y"),
+                         int64_t(y[i].nb[1] / 4)};
+      need = std::max(need, C::matmul_workspace(w[i].type, k, w[i].ne[1], m));
+    }
+    DeviceScope ds(dev_.ordinal());
+    C::matmul_n(launch(need), ws, n, k, fptr(x, "matmul_n x"), int64_t(x.nb[1] / 4), m);
+  }
+  void delta_gates(const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a) override {
+    check_same_shape(beta, g, "delta_gates beta/g");
+    for (const Tensor* t : {&dt_bias, &a}) {
+      check_f32(*t, "delta_gates dt_bias/a");
+      KILN_CHECK(t->is_contiguous() && t->n_elements() == beta.ne[0] && t->ne[0] == beta.ne[0],
+                 "delta_gates: dt_bias / a must be one F32 row [{}]", beta.ne[0]);
+    }
+    DeviceScope ds(dev_.ordinal());
+    C::delta_gates(launch(), rows(beta, "delta_gates beta"), rows(g, "delta_gates g"), fptr(dt_bias, "delta_gates dt_bias"),
+                   fptr(a, "delta_gates a"));
+  }
+  void rms_norm_gated(const Tensor& x, const Tensor& w, const Tensor& z, float eps) override {
+    check_same_shape(x, z, "rms_norm_gated x/z");
+    KILN_CHECK(w.type == GgmlType::F32 && w.n_elements() == x.ne[0] && w.is_contiguous(),
+               "rms_norm_gated: weight must be F32 [{}]", x.ne[0]);
+    DeviceScope ds(dev_.ordinal());
+    C::rms_norm_gated(launch(), rows(x, "rms_norm_gated x"), fptr(w, "rms_norm_gated w"), rows(z, "rms_norm_gated z"),
+                      eps);
+  }
+  void add_rms_norm(const Tensor& x, const Tensor& t, const Tensor* w, const Tensor& y, float eps) override {
+    check_same_shape(x, t, "add_rms_norm x/t");
+    check_same_shape(x, y, "add_rms_norm x/y");
+    if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0] && w->is_contiguous(),
+                      "add_rms_norm: weight must be F32 [{}]", x.ne[0]);
+    DeviceScope ds(dev_.ordinal());
+    C::add_rms_norm(launch(), rows(x, "add_rms_norm x"), rows(t, "add_rms_norm t"), w ? fptr(*w, "add_rms_norm w") : nullptr,
+                    rows(y, "add_rms_norm y"), eps);
+  }
+
  private:
   static constexpr int64_t kGdnPlanHv = 128;
 

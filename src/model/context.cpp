@@ -76,6 +76,7 @@ struct Context::Impl {
   void plan(Dev& d);
   void reserve(Dev& d);
   void bind(Dev& d, int64_t T, int64_t n_out);
+  bool fused_with_next(int64_t il) const;
   void run_layer(Dev& d, int64_t il, Memory& mem, int64_t T);
   void run_output(Dev& d, int64_t T, int64_t n_out);
   void move_x(Dev& from, Dev& to, int64_t T);
@@ -226,19 +227,29 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
                                        : Tensor::make(logits_buf.get(), 0, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1});
 }
 
+// Whether layer il's last residual add is fused with layer il + 1's attn_norm (add_rms_norm): when
+// both layers run on the same device (no activation move between them).
+bool Context::Impl::fused_with_next(int64_t il) const {
+  return il + 1 < c.n_layer && layer_dev[size_t(il)] == layer_dev[size_t(il + 1)];
+}
+
+// One layer. The residual adds and the norms after them are add_rms_norm (binary Add then rms_norm
+// on the CPU: the same calls as ever); the norm of layer il's input is the previous layer's when it
+// ran on this device (fused_with_next), else its own rms_norm here.
 void Context::Impl::run_layer(Dev& d, int64_t il, Memory& mem, int64_t T) {
   const LayerWeights& L = m.layers[size_t(il)];
   backend::Stream& st = *d.st;
   const Step s{st, d.a, c, opt, T};
-  st.rms_norm(d.a.x, &L.attn_norm.t, d.a.cur, c.rms_eps);
+  if (il == 0 || !fused_with_next(il - 1)) st.rms_norm(d.a.x, &L.attn_norm.t, d.a.cur, c.rms_eps);
   if (c.is_recurrent(il)) delta_net(s, L, il, mem);
   else if (arch_is_hybrid(c.arch)) gated_attention(s, L, il, mem);
   else dense_attention(s, L, il, mem);
-  st.binary(Binary::Add, d.a.x, d.a.tmp, d.a.x);
-  st.rms_norm(d.a.x, &L.ffn_norm.t, d.a.cur, c.rms_eps);
+  st.add_rms_norm(d.a.x, d.a.tmp, &L.ffn_norm.t, d.a.cur, c.rms_eps);
   if (c.arch == Arch::Qwen35Moe) moe_ffn(s, L);
   else dense_ffn(s, L);
-  st.binary(Binary::Add, d.a.x, d.a.tmp, d.a.x);
+  if (fused_with_next(il))
+    st.add_rms_norm(d.a.x, d.a.tmp, &m.layers[size_t(il + 1)].attn_norm.t, d.a.cur, c.rms_eps);
+  else st.binary(Binary::Add, d.a.x, d.a.tmp, d.a.x);
 }
 
 // The output rows of x (gathered by index), normed, times the output matrix.

@@ -54,9 +54,8 @@ void dense_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& m
   const ModelConfig& c = s.c;
   const int64_t T = s.T, D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv;
   const Tensor q = dense_view(s.a.q, D * Hq, T), q3 = dense_view(s.a.q, D, Hq, T), k3 = dense_view(s.a.k, D, Hkv, T);
-  s.st.matmul(L.attn_q.t, s.a.cur, q);
-  s.st.matmul(L.attn_k.t, s.a.cur, s.a.k);
-  s.st.matmul(L.attn_v.t, s.a.cur, s.a.v);
+  const Tensor w[] = {L.attn_q.t, L.attn_k.t, L.attn_v.t}, y[] = {q, s.a.k, s.a.v};
+  s.st.matmul_n(w, y, 3, s.a.cur);
   add_bias(s, q, L.attn_q_bias);
   add_bias(s, s.a.k, L.attn_k_bias);
   add_bias(s, s.a.v, L.attn_v_bias);
@@ -79,8 +78,8 @@ void dense_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& m
 void dense_ffn(const Step& s, const LayerWeights& L) {
   const int64_t F = L.ffn_gate.ne[1];
   const Tensor fa = dense_view(s.a.fa, F, s.T), fb = dense_view(s.a.fb, F, s.T);
-  s.st.matmul(L.ffn_gate.t, s.a.cur, fa);
-  s.st.matmul(L.ffn_up.t, s.a.cur, fb);
+  const Tensor w[] = {L.ffn_gate.t, L.ffn_up.t}, y[] = {fa, fb};
+  s.st.matmul_n(w, y, 2, s.a.cur);
   s.st.binary(Binary::SwiGlu, fa, fb, fa);  // per column of F (ggml's swiglu works per row)
   s.st.matmul(L.ffn_down.t, fa, s.a.tmp);
 }

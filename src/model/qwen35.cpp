@@ -11,21 +11,21 @@
 //    o_h = RMSNorm_S(o_h)*ssm_norm*silu(z_h); out = ssm_out·o.
 // Only backend::Stream ops (model/blocks.h). Rows as the CPU kernels were always called: sigmoid_mul
 //    per head of D, silu per head row of S (ggml's row: its vector silu leaves a row's S % 16 tail to
-//    libm); sigmoid / softplus / add / mul are independent of the row split.
+//    libm; rms_norm_gated keeps those rows); sigmoid / softplus / add / mul are independent of the row
+//    split. The projections sharing the normed input go through one matmul_n; the gates
+//    (delta_gates) and the gated norm (rms_norm_gated) are fused ops (the CPU makes the same calls).
 #include "model/blocks.h"
 
 namespace kiln::model {
 
 using backend::Binary;
-using backend::Unary;
 
 void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const ModelConfig& c = s.c;
   const int64_t T = s.T, D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv;
   const Tensor qg = dense_view(s.a.q, 2 * D * Hq, T);  // per head: q [D] then gate [D]
-  s.st.matmul(L.attn_q.t, s.a.cur, qg);
-  s.st.matmul(L.attn_k.t, s.a.cur, s.a.k);
-  s.st.matmul(L.attn_v.t, s.a.cur, s.a.v);
+  const Tensor w[] = {L.attn_q.t, L.attn_k.t, L.attn_v.t}, y[] = {qg, s.a.k, s.a.v};
+  s.st.matmul_n(w, y, 3, s.a.cur);
   const Tensor q = rows_view(qg, D, Hq, T, 2 * D, 2 * D * Hq), gate = rows_view(qg, D, Hq, T, 2 * D, 2 * D * Hq, D);
   const Tensor k = dense_view(s.a.k, D, Hkv, T);
   s.st.rms_norm(q, &L.attn_q_norm.t, q, c.rms_eps);
@@ -48,14 +48,9 @@ void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const int64_t T = s.T, S = c.ssm_d_state, Hk = c.ssm_n_group, Hv = c.ssm_dt_rank;
   const int64_t conv = c.ssm_conv_dim(), kd = c.ssm_key_dim();
   const Tensor& mixed = s.a.mixed;  // [conv, T]: per token q | k | v
-  s.st.matmul(L.ssm_qkv.t, s.a.cur, mixed);
-  s.st.matmul(L.ssm_gate.t, s.a.cur, s.a.z);
-  s.st.matmul(L.ssm_beta.t, s.a.cur, s.a.beta);
-  s.st.matmul(L.ssm_alpha.t, s.a.cur, s.a.g);
-  s.st.unary(Unary::Sigmoid, s.a.beta, s.a.beta);
-  s.st.binary(Binary::Add, s.a.g, L.ssm_dt.t, s.a.g);
-  s.st.unary(Unary::Softplus, s.a.g, s.a.g);
-  s.st.binary(Binary::Mul, s.a.g, L.ssm_a.t, s.a.g);
+  const Tensor w[] = {L.ssm_qkv.t, L.ssm_gate.t, L.ssm_beta.t, L.ssm_alpha.t}, y[] = {mixed, s.a.z, s.a.beta, s.a.g};
+  s.st.matmul_n(w, y, 4, s.a.cur);
+  s.st.delta_gates(s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t);  // beta = sigmoid(beta); g = softplus(g + dt) * a
 
   s.st.conv1d_silu(mixed, L.ssm_conv1d.t, s.a.seq, mem.conv_state(il), mixed);
   const Tensor q = rows_view(mixed, S, Hk, T, S, conv), k = rows_view(mixed, S, Hk, T, S, conv, kd),
@@ -65,9 +60,7 @@ void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const Tensor out = dense_view(s.a.dout, S, Hv, T), z = dense_view(s.a.z, S, Hv, T);
   s.st.gated_delta(q, k, v, s.a.g, s.a.beta, s.a.seq, mem.ssm_state(il), out, s.opt.delta_chunk_min);
   // Gated RMSNorm per head, then the output projection.
-  s.st.rms_norm(out, &L.ssm_norm.t, out, c.rms_eps);
-  s.st.unary(Unary::Silu, z, z);
-  s.st.binary(Binary::Mul, out, z, out);
+  s.st.rms_norm_gated(out, L.ssm_norm.t, z, c.rms_eps);  // rms_norm, silu(z), mul (z is scratch after)
   s.st.matmul(L.ssm_out.t, s.a.dout, s.a.tmp);
 }
 

@@ -38,8 +38,8 @@ void moe_ffn(const Step& s, const LayerWeights& L) {
   // Shared expert with its scalar sigmoid gate (ggml: a one-row mul_mat, sigmoid, the product, then
   // added to the routed sum).
   const Tensor sa = dense_view(s.a.fa, Fs, T), sb = dense_view(s.a.fb, Fs, T), sy = dense_view(s.a.ye, E, T);
-  s.st.matmul(L.ffn_gate_shexp.t, s.a.cur, sa);
-  s.st.matmul(L.ffn_up_shexp.t, s.a.cur, sb);
+  const Tensor w[] = {L.ffn_gate_shexp.t, L.ffn_up_shexp.t}, y[] = {sa, sb};
+  s.st.matmul_n(w, y, 2, s.a.cur);
   s.st.binary(Binary::SwiGlu, sa, sb, sa);
   s.st.matmul(L.ffn_down_shexp.t, sa, sy);
   // The gate logit is llama.cpp's mul_mat of a one-row F32 weight (ggml_vec_dot_f32's order on

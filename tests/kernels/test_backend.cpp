@@ -522,3 +522,122 @@ TEST(Backend, GatedDeltaPerRunAndChunkThreshold) {
     EXPECT_LE(nmse(St.host_as<float>(), rs.data(), rs.size()), 1e-9);
   }
 }
+
+// The fused ops are the op sequences their comments name, bit for bit (the CPU stream makes those
+// very calls): on strided rows with odd lengths, on every ISA level (silu's per-row vector tail shows
+// the row split in the bits), one fused call against the sequence on a copy of the same data.
+TEST(Backend, FusedElementwiseOpsAreTheirSequences) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  auto dev = make_cpu_device(pool);
+  auto st = dev->create_stream();
+  for (int64_t ne0 : {int64_t(37), int64_t(128), int64_t(300)}) {
+    const int64_t n1 = 3, n2 = 2, s1 = ne0 + 5, s2 = s1 * n1 + 3;  // strides in floats
+    const size_t span = size_t(s2 * n2) * 4;
+    auto rows = [&](const HostBuf& h, size_t base) {
+      Tensor t = h.t(base, GgmlType::F32, {ne0, n1, n2, 1});
+      t.nb[1] = size_t(s1) * 4;
+      t.nb[2] = size_t(s2) * 4;
+      return t;
+    };
+    // Two identical buffers: [a | b | c | w row | bias row], a, b, c strided rows.
+    const size_t bytes = 3 * span + 2 * size_t(ne0) * 4 + 64;
+    HostBuf f(*dev, bytes), s(*dev, bytes);
+    const auto va = randv(size_t(s2 * n2), 61, -6.f, 6.f), vb = randv(size_t(s2 * n2), 62, -25.f, 25.f),
+               vc = randv(size_t(s2 * n2), 63, -3.f, 3.f), vw = randv(size_t(ne0), 64, 0.2f, 2.f),
+               vd = randv(size_t(ne0), 65, -2.f, 2.f);
+    auto fill = [&](const HostBuf& h) {
+      std::memcpy(h.at<char>(0), va.data(), span);
+      std::memcpy(h.at<char>(span), vb.data(), span);
+      std::memcpy(h.at<char>(2 * span), vc.data(), span);
+      std::memcpy(h.at<char>(3 * span), vw.data(), size_t(ne0) * 4);
+      std::memcpy(h.at<char>(3 * span + size_t(ne0) * 4), vd.data(), size_t(ne0) * 4);
+    };
+    auto same = [&](const char* what) {
+      ASSERT_TRUE(same_bits(f.at<char>(0), s.at<char>(0), 3 * span)) << what;
+    };
+    for (CpuIsa isa : isas()) {
+      ASSERT_TRUE(kernels::set_isa(isa));
+      SCOPED_TRACE(std::string(isa_name(isa)) + " ne0 " + std::to_string(ne0));
+      const Tensor fa = rows(f, 0), fb = rows(f, span), fc = rows(f, 2 * span);
+      const Tensor sa = rows(s, 0), sb = rows(s, span), sc = rows(s, 2 * span);
+      const Tensor fw = f.t(3 * span, GgmlType::F32, {ne0, 1, 1, 1}), sw = s.t(3 * span, GgmlType::F32, {ne0, 1, 1, 1});
+      const Tensor fd = f.t(3 * span + size_t(ne0) * 4, GgmlType::F32, {ne0, 1, 1, 1}),
+                   sd = s.t(3 * span + size_t(ne0) * 4, GgmlType::F32, {ne0, 1, 1, 1});
+      // delta_gates(beta = a, g = b, dt_bias = d, a = w).
+      fill(f), fill(s);
+      st->delta_gates(fa, fb, fd, fw);
+      st->unary(Unary::Sigmoid, sa, sa);
+      st->binary(Binary::Add, sb, sd, sb);
+      st->unary(Unary::Softplus, sb, sb);
+      st->binary(Binary::Mul, sb, sw, sb);
+      same("delta_gates");
+      // rms_norm_gated(x = a, w, z = c).
+      fill(f), fill(s);
+      st->rms_norm_gated(fa, fw, fc, 1e-6f);
+      st->rms_norm(sa, &sw, sa, 1e-6f);
+      st->unary(Unary::Silu, sc, sc);
+      st->binary(Binary::Mul, sa, sc, sa);
+      same("rms_norm_gated");
+      // add_rms_norm(x = a, t = b, w, y = c); with w = nullptr; y = x in place.
+      for (int variant = 0; variant < 3; ++variant) {
+        fill(f), fill(s);
+        const Tensor* wf = variant == 1 ? nullptr : &fw;
+        const Tensor* ws = variant == 1 ? nullptr : &sw;
+        st->add_rms_norm(fa, fb, wf, variant == 2 ? fa : fc, 1e-5f);
+        st->binary(Binary::Add, sa, sb, sa);
+        st->rms_norm(sa, ws, variant == 2 ? sa : sc, 1e-5f);
+        same(variant == 0 ? "add_rms_norm" : variant == 1 ? "add_rms_norm, no weight" : "add_rms_norm in place");
+      }
+    }
+  }
+}
+
+// matmul_n = n matmul calls with the same x, bit for bit: mixed weight types, n = 1..4, strided
+// columns, m = 1 (mat-vec), 3, 8 and 40 (the batched paths).
+TEST(Backend, MatmulNIsNMatmuls) {
+  ThreadPool pool(2);
+  auto dev = make_cpu_device(pool);
+  auto st = dev->create_stream();
+  const int64_t k = 512;
+  const GgmlType types[4] = {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F32, GgmlType::IQ4_XS};
+  const int64_t ns[4] = {40, 17, 8, 33};
+  std::vector<std::vector<uint8_t>> wb(4);
+  std::vector<std::unique_ptr<Buffer>> wbuf(4);
+  Tensor W[4];
+  for (int i = 0; i < 4; ++i) {
+    const auto wf = randv(size_t(k * ns[i]), 70 + uint32_t(i));
+    wb[size_t(i)] = weight_rows(types[i], wf.data(), k, ns[i]);
+    wbuf[size_t(i)] = dev->wrap(wb[size_t(i)].data(), wb[size_t(i)].size());
+    W[i] = Tensor::make(wbuf[size_t(i)].get(), 0, types[i], {k, ns[i], 1, 1});
+  }
+  for (int64_t m : {int64_t(1), int64_t(3), int64_t(8), int64_t(40)}) {
+    for (int n = 1; n <= 4; ++n) {
+      SCOPED_TRACE("m " + std::to_string(m) + " n " + std::to_string(n));
+      const int64_t xs = k + 7, ys = 41 + 3;  // column strides (floats)
+      HostBuf h(*dev, size_t(xs * m + 8 * ys * m) * 4 + 256);
+      Tensor X = h.t(0, GgmlType::F32, {k, m, 1, 1});
+      X.nb[1] = size_t(xs) * 4;
+      const auto xv = randv(size_t(xs * m), 80 + uint32_t(m));
+      std::memcpy(X.host(), xv.data(), xv.size() * 4);
+      Tensor Y[4], Z[4];
+      for (int i = 0; i < 4; ++i) {
+        Y[i] = h.t(size_t(xs * m + 2 * i * ys * m) * 4, GgmlType::F32, {ns[i], m, 1, 1});
+        Z[i] = h.t(size_t(xs * m + (2 * i + 1) * ys * m) * 4, GgmlType::F32, {ns[i], m, 1, 1});
+        Y[i].nb[1] = Z[i].nb[1] = size_t(ys) * 4;
+      }
+      size_t ws = 0;
+      for (int i = 0; i < n; ++i) ws = std::max(ws, st->matmul_workspace(types[i], k, ns[i], m));
+      st->reserve_workspace(ws);
+      const int grows = st->workspace_grows();
+      st->matmul_n(W, Y, n, X);
+      EXPECT_EQ(st->workspace_grows(), grows);
+      for (int i = 0; i < n; ++i) st->matmul(W[i], X, Z[i]);
+      for (int i = 0; i < n; ++i)
+        for (int64_t c = 0; c < m; ++c)
+          ASSERT_TRUE(same_bits(Y[i].host_as<char>() + c * Y[i].nb[1], Z[i].host_as<char>() + c * Z[i].nb[1],
+                                size_t(ns[i]) * 4))
+              << "weight " << i << " column " << c;
+    }
+  }
+}

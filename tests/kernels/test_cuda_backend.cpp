@@ -453,6 +453,174 @@ TEST_F(CudaOps, TopkRouteTiesRenormScale) {
       }
 }
 
+// The fused ops (one kernel each) against their op sequences on the scalar references; every shape
+// of kShapes (warp- and block-per-row kernels), padded strides; the gaps between rows must keep
+// their values (the whole buffer is compared).
+TEST_F(CudaOps, DeltaGates) {
+  for (const Shape& s : kShapes) {
+    View beta = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad1, s.pad2, 50, -30.f, 30.f);
+    View g = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad2, s.pad1, 51, -25.f, 25.f);
+    const auto dt = randv(size_t(s.ne0), 52, -2.f, 2.f), a = randv(size_t(s.ne0), 53, -3.f, -0.1f);
+    auto [db, dtt] = dev_vec(*dev_, *st_, dt, GgmlType::F32, {s.ne0, 1, 1, 1});
+    auto [ab, at] = dev_vec(*dev_, *st_, a, GgmlType::F32, {s.ne0, 1, 1, 1});
+    push(*st_, beta);
+    push(*st_, g);
+    st_->delta_gates(beta.t, g.t, dtt, at);
+    std::vector<float> wb = beta.h, wg = g.h;
+    for (int64_t i2 = 0; i2 < s.n2; ++i2)
+      for (int64_t i1 = 0; i1 < s.n1; ++i1) {
+        float* b = wb.data() + (beta.r.row(i1, i2) - beta.h.data());
+        float* gg = wg.data() + (g.r.row(i1, i2) - g.h.data());
+        ref::sigmoid(b, b, s.ne0);
+        ref::add(gg, dt.data(), gg, s.ne0);
+        ref::softplus(gg, gg, s.ne0);
+        ref::mul(gg, a.data(), gg, s.ne0);
+      }
+    expect_close(pull(*st_, beta), wb, 1e-6, 4e-6, fmt::format("delta_gates beta [{} {} {}]", s.ne0, s.n1, s.n2));
+    expect_close(pull(*st_, g), wg, 1e-6, 1e-5, fmt::format("delta_gates g [{} {} {}]", s.ne0, s.n1, s.n2));
+  }
+}
+
+TEST_F(CudaOps, RmsNormGated) {
+  for (const Shape& s : kShapes) {
+    View x = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad1, s.pad2, 54, -3.f, 3.f);
+    View z = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad2, s.pad1, 55, -4.f, 4.f);
+    const auto w = randv(size_t(s.ne0), 56, 0.5f, 1.5f);
+    auto [wb, wt] = dev_vec(*dev_, *st_, w, GgmlType::F32, {s.ne0, 1, 1, 1});
+    push(*st_, x);
+    push(*st_, z);
+    st_->rms_norm_gated(x.t, wt, z.t, 1e-6f);
+    std::vector<float> want = x.h, zs(size_t(s.ne0));
+    K::Rows wr = x.r;
+    wr.p = want.data() + (x.r.p - x.h.data());
+    ref::rms_norm(x.r, w.data(), wr, 1e-6f);
+    for (int64_t i2 = 0; i2 < s.n2; ++i2)
+      for (int64_t i1 = 0; i1 < s.n1; ++i1) {
+        ref::silu(z.r.row(i1, i2), zs.data(), s.ne0);
+        ref::mul(wr.row(i1, i2), zs.data(), wr.row(i1, i2), s.ne0);
+      }
+    // rms_norm's bound (2e-6 + 1e-5 |ref|) times |silu(z)| <= 4, plus silu's own rounding.
+    expect_close(pull(*st_, x), want, 1e-5, 2e-5, fmt::format("rms_norm_gated [{} {} {}]", s.ne0, s.n1, s.n2));
+    expect_close(pull(*st_, z), z.h, 0, 0, "rms_norm_gated leaves z as it was (CUDA)");
+  }
+}
+
+TEST_F(CudaOps, AddRmsNorm) {
+  for (const Shape& s : kShapes)
+    for (int variant : {0, 1, 2, 3}) {  // y separate; no weight; y = x; y = t
+      View x = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad1, s.pad2, 57, -3.f, 3.f);
+      View t = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad2, s.pad1, 58, -3.f, 3.f);
+      View y = make_view(*dev_, s.ne0, s.n1, s.n2, 1, 3, 59);
+      const auto w = randv(size_t(s.ne0), 60, 0.5f, 1.5f);
+      auto [wb, wt] = dev_vec(*dev_, *st_, w, GgmlType::F32, {s.ne0, 1, 1, 1});
+      push(*st_, x);
+      push(*st_, t);
+      push(*st_, y);
+      View& out = variant == 2 ? x : variant == 3 ? t : y;
+      st_->add_rms_norm(x.t, t.t, variant == 1 ? nullptr : &wt, out.t, 1e-5f);
+      // x + t first (exact IEEE adds: compared bit for bit where the norm did not overwrite them).
+      std::vector<float> wx = x.h, wy = out.h;
+      K::Rows xr = x.r, yr = out.r;
+      xr.p = wx.data() + (x.r.p - x.h.data());
+      for (int64_t i2 = 0; i2 < s.n2; ++i2)
+        for (int64_t i1 = 0; i1 < s.n1; ++i1) ref::add(x.r.row(i1, i2), t.r.row(i1, i2), xr.row(i1, i2), s.ne0);
+      if (variant == 2) wy = wx;
+      yr.p = wy.data() + (out.r.p - out.h.data());
+      ref::rms_norm(xr, variant == 1 ? nullptr : w.data(), yr, 1e-5f);
+      const std::string what = fmt::format("add_rms_norm v{} [{} {} {}]", variant, s.ne0, s.n1, s.n2);
+      if (variant != 2) expect_close(pull(*st_, x), wx, 0, 0, what + " x");
+      expect_close(pull(*st_, out), wy, 2e-6, 1e-5, what + " y");
+    }
+}
+
+// matmul_n through the Stream: mixed weight types (one int8 segment group of 2, an F32 weight on the
+// F32-x kernel, the IQ4 x order), m = 1 and 3; against y = W x on the host-dequantized weights
+// (bound: the int8-x mat-vec's statistical one, 5e-2 * sum|w x| / sqrt(k); test_cuda_matmul has
+// the tight ones); then the same recorded as a graph with the fused elementwise ops: replay == direct run.
+TEST_F(CudaGraphs, MatmulNAndFusedOpsCapture) {
+  const int64_t k = 512;
+  const GgmlType types[4] = {GgmlType::Q4_K, GgmlType::F32, GgmlType::Q4_K, GgmlType::IQ4_XS};
+  const int64_t ns[4] = {37, 8, 100, 19};
+  std::vector<std::unique_ptr<Buffer>> wbuf;
+  std::vector<std::vector<float>> deq(4);
+  Tensor W[4], Y[4];
+  std::vector<std::unique_ptr<Buffer>> ybuf;
+  size_t ws = 0;
+  for (int i = 0; i < 4; ++i) {
+    const auto wf = randv(size_t(k * ns[i]), 100 + uint32_t(i));
+    const auto bytes = kiln::kernels::testing::weight_rows(types[i], wf.data(), k, ns[i]);
+    deq[size_t(i)].resize(size_t(k * ns[i]));
+    const size_t rs = tensor::row_size(types[i], k);
+    for (int64_t r = 0; r < ns[i]; ++r) tensor::dequantize_row(types[i], bytes.data() + r * rs, deq[size_t(i)].data() + r * k, k);
+    wbuf.push_back(dev_->alloc(bytes.size()));
+    W[i] = Tensor::make(wbuf.back().get(), 0, types[i], {k, ns[i], 1, 1});
+    st_->upload(W[i], bytes.data(), bytes.size());
+    ws = std::max(ws, st_->matmul_workspace(types[i], k, ns[i], 3));
+  }
+  st_->reserve_workspace(ws);
+  for (int64_t m : {int64_t(1), int64_t(3)}) {
+    View x = make_view(*dev_, k, m, 1, 5, 0, 110 + uint32_t(m));
+    push(*st_, x);
+    const Tensor X = x.t;  // [k, m], columns k + 5 floats apart
+    ybuf.clear();
+    for (int i = 0; i < 4; ++i) {
+      ybuf.push_back(dev_->alloc(size_t((ns[i] + 2) * m) * 4));
+      Y[i] = Tensor::make(ybuf.back().get(), 0, GgmlType::F32, {ns[i], m, 1, 1});
+      Y[i].nb[1] = size_t(ns[i] + 2) * 4;
+      Y[i].nb[3] = Y[i].nb[2] = Y[i].nb[1] * size_t(m);
+    }
+    st_->matmul_n(W, Y, 4, X);
+    for (int i = 0; i < 4; ++i) {
+      std::vector<float> got(size_t((ns[i] + 2) * m));
+      st_->download(got.data(), Tensor::make(ybuf[size_t(i)].get(), 0, GgmlType::F32, {int64_t(got.size()), 1, 1, 1}),
+                    got.size() * 4);
+      st_->synchronize();
+      double worst = 0;
+      for (int64_t c = 0; c < m; ++c)
+        for (int64_t r = 0; r < ns[i]; ++r) {
+          double ref = 0, sum = 0;
+          for (int64_t e = 0; e < k; ++e) {
+            const double p = double(deq[size_t(i)][size_t(r * k + e)]) * double(x.r.row(c, 0)[e]);
+            ref += p, sum += std::fabs(p);
+          }
+          worst = std::max(worst, std::fabs(double(got[size_t(c * (ns[i] + 2) + r)]) - ref) / sum * std::sqrt(double(k)));
+        }
+      std::printf("[ bound ] matmul_n m=%lld weight %d (%s): sqrt(k)|y - ref| / sum|w x| %.3g (bound 5e-2)\n",
+                  (long long)m, i, std::string(gguf::type_name(types[i])).c_str(), worst);
+      EXPECT_LE(worst, 5e-2) << "weight " << i << " m " << m;
+    }
+    // Graph: matmul_n then the three fused elementwise ops on its outputs.
+    const int64_t H = ns[0];
+    const auto dt = randv(size_t(H), 120), a = randv(size_t(H), 121, -2.f, -0.5f), nw = randv(size_t(H), 122, 0.5f, 1.5f);
+    auto [db, dtt] = dev_vec(*dev_, *st_, dt, GgmlType::F32, {H, 1, 1, 1});
+    auto [ab, at] = dev_vec(*dev_, *st_, a, GgmlType::F32, {H, 1, 1, 1});
+    auto [nb, nwt] = dev_vec(*dev_, *st_, nw, GgmlType::F32, {H, 1, 1, 1});
+    View g2 = make_view(*dev_, H, m, 1, 1, 0, 123);
+    View r = make_view(*dev_, H, m, 1, 0, 0, 124);
+    push(*st_, g2);
+    push(*st_, r);
+    auto body = [&] {
+      st_->matmul_n(W, Y, 4, X);
+      st_->copy(g2.t, Y[0]);
+      st_->delta_gates(Y[0], g2.t, dtt, at);
+      st_->rms_norm_gated(g2.t, nwt, Y[0], 1e-6f);
+      st_->add_rms_norm(r.t, g2.t, &nwt, g2.t, 1e-6f);
+    };
+    auto gr = st_->capture(body);
+    ASSERT_NE(gr, nullptr);
+    const auto x2 = randv(x.h.size(), 125);
+    st_->upload(whole(x), x2.data(), x2.size() * 4);
+    push(*st_, r);
+    st_->replay(*gr);
+    const std::vector<float> replayed = pull(*st_, g2), rr = pull(*st_, r);
+    push(*st_, r);
+    body();
+    EXPECT_EQ(replayed, pull(*st_, g2)) << "replay differs from a direct run, m " << m;
+    EXPECT_EQ(rr, pull(*st_, r)) << "replay differs from a direct run (residual), m " << m;
+    EXPECT_EQ(st_->workspace_grows(), 0);
+  }
+}
+
 TEST_F(CudaGraphs, CaptureReplayMatchesDirectRun) {
   const int64_t D = 64, H = 4, T = 3;
   View x = make_view(*dev_, D, H, T, 0, 0, 90);

@@ -1,5 +1,5 @@
 // tests/kernels/test_cuda_matmul.cpp — the CUDA mat-mul launchers (kernels/cuda/cuda_ops.h: matmul,
-// matmul_id, get_rows) for every weight type against a double-precision host reference on the
+// matmul_n, matmul_id, get_rows) for every weight type against a double-precision host reference on the
 // host-dequantized weights (tensor::dequantize_row of the tensor::quantize_row bytes).
 // Bounds, relative to S = sum_i |w_i x_i| of each output:
 //   mat-vec path, F32 x (m <= 16, F32 sums):                 |y - ref| <= 2e-5 * S
@@ -16,9 +16,11 @@
 // Launcher-level: the test owns its device buffers, stream, cuBLAS handle and workspace. Without a
 // usable GPU every test is skipped with the reason. CudaMatmulBench.Decode (timings, printed, not
 // asserted) runs only with KILN_CUDA_BENCH=1. Both mat-vec x paths are tested (detail::set_matvec_x_mode).
+#include <gtest/gtest.h>
+
+#if KILN_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -390,6 +392,109 @@ TEST(CudaMatmul, ExpertsAnyTokenCount) {
               "det %.3f, stat %.2e\n", worst_all, kMvBound, q8_all.worst_tilde, q8_all.worst_det, q8_all.worst_stat);
 }
 
+// matmul_n: up to 4 weights sharing one x, against the same reference and bounds as matmul, per
+// weight: mixes of types (one segmented int8 launch of 4 of one type; two x orders (IQ4_* pairs vs
+// natural) on one workspace; int8 types mixed with F32-x types; legacy types), n = 1..4 (prefixes
+// of each mix), m = 1, 3, 8, 9, 16 (two column passes) and 40 (tensor cores), misaligned rows on
+// one weight (the segmented launch's alignment falls back), odd x strides, a distinct y stride per
+// weight; outputs outside each y (the gaps between columns) must keep their sentinel. Both x modes,
+// and programmatic dependent launch on and off.
+TEST(CudaMatmul, MatmulNSharedX) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  struct Mix {
+    GgmlType t[4];
+    int64_t n[4];
+    size_t pad[4];
+  };
+  const Mix mixes[] = {
+      {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K}, {77, 5, 1025, 33}, {0, 0, 0, 0}},
+      {{GgmlType::IQ4_XS, GgmlType::Q4_K, GgmlType::IQ4_XS, GgmlType::Q6_K}, {64, 130, 7, 96}, {0, 0, 2, 0}},
+      {{GgmlType::Q8_0, GgmlType::F16, GgmlType::Q8_0, GgmlType::F32}, {48, 33, 1, 50}, {2, 0, 0, 4}},
+      {{GgmlType::Q5_0, GgmlType::IQ4_NL, GgmlType::Q4_0, GgmlType::Q5_K}, {9, 40, 300, 21}, {0, 0, 0, 0}},
+  };
+  const float kSentinel = 1234.5f;
+  uint32_t seed = 5000;
+  double worst_f32 = 0;
+  Q8Acc q8_all;
+  for (int mode : {1, 2, 3}) {  // F32 x; int8 x; int8 x without programmatic dependent launch
+    XMode xm(mode == 3 ? 2 : mode);
+    cu::detail::set_matvec_pdl(mode != 3);
+    for (int64_t k : {int64_t(768), int64_t(4352)}) {
+      for (const Mix& mix : mixes) {
+        Weights w[4] = {make_weights(mix.t[0], k, mix.n[0], mix.pad[0], seed++),
+                        make_weights(mix.t[1], k, mix.n[1], mix.pad[1], seed++),
+                        make_weights(mix.t[2], k, mix.n[2], mix.pad[2], seed++),
+                        make_weights(mix.t[3], k, mix.n[3], mix.pad[3], seed++)};
+        std::vector<Dev<uint8_t>*> dw;
+        for (const Weights& x : w) dw.push_back(new Dev<uint8_t>(x.bytes));
+        for (int64_t m : {int64_t(1), int64_t(3), int64_t(8), int64_t(9), int64_t(16), int64_t(40)}) {
+          if (k > 1000 && m != 1 && m != 9 && m != 40) continue;
+          const bool odd_x = m == 3 || m == 9;
+          const int64_t xs = odd_x ? k + 1 : k + 4, xoff = odd_x ? 1 : 0;
+          const std::vector<float> x = kt::randv(size_t(xs * m + xoff), seed++);
+          Dev<float> dx(x);
+          for (int nw = 1; nw <= 4; ++nw) {
+            SCOPED_TRACE("mode " + std::to_string(mode) + " k=" + std::to_string(k) + " m=" + std::to_string(m) +
+                         " n_w=" + std::to_string(nw) + " first type " + std::string(kiln::gguf::type_name(mix.t[0])));
+            std::vector<Dev<float>*> dy;
+            cu::MatmulW ws[4];
+            size_t need = 0;
+            for (int i = 0; i < nw; ++i) {
+              const int64_t ys = mix.n[i] + 3 + i;
+              dy.push_back(new Dev<float>(std::vector<float>(size_t(ys * m), kSentinel)));
+              ws[i] = cu::MatmulW{mix.t[i], dw[size_t(i)]->p, w[i].stride, mix.n[i], dy.back()->p, ys};
+              need = std::max(need, cu::matmul_workspace(mix.t[i], k, mix.n[i], m));
+            }
+            cu::Launch L = gpu.launch(need);
+            cu::matmul_n(L, ws, nw, k, dx.p + xoff, xs, m);
+            gpu.sync();
+            for (int i = 0; i < nw; ++i) {
+              const std::vector<float> y = dy[size_t(i)]->down();
+              const int64_t ys = ws[i].y_stride, n = mix.n[i];
+              const bool q8 = mode >= 2 && m <= 16 && cu::detail::matvec_q8_supported(mix.t[i]);
+              ErrAcc err;
+              Q8Acc qa;
+              int64_t touched = 0;
+              for (int64_t col = 0; col < m; ++col) {
+                const float* xc = x.data() + xoff + col * xs;
+                const std::vector<float> xt = q8 ? quantize_x_host(xc, k) : std::vector<float>();
+                for (int64_t r = 0; r < ys; ++r) {
+                  const float got = y[size_t(col * ys + r)];
+                  if (r >= n) {
+                    touched += got != kSentinel;
+                    continue;
+                  }
+                  if (q8) qa.add(got, w[i].deq.data() + r * k, xc, xt.data(), k);
+                  else err.add(got, w[i].deq.data() + r * k, xc, k);
+                }
+              }
+              EXPECT_EQ(touched, 0) << "weight " << i << ": writes outside its rows";
+              if (q8) {
+                qa.expect();
+                q8_all.worst_tilde = std::max(q8_all.worst_tilde, qa.worst_tilde);
+                q8_all.worst_det = std::max(q8_all.worst_det, qa.worst_det);
+                q8_all.worst_stat = std::max(q8_all.worst_stat, qa.worst_stat);
+              } else {
+                const double bound =
+                    m <= 16 ? kMvBound : (mix.t[i] == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
+                EXPECT_LE(err.worst, bound) << "weight " << i << " (" << kiln::gguf::type_name(mix.t[i]) << ")";
+                if (m <= 16) worst_f32 = std::max(worst_f32, err.worst);
+              }
+            }
+            for (auto* p : dy) delete p;
+          }
+        }
+        for (auto* p : dw) delete p;
+      }
+    }
+  }
+  cu::detail::set_matvec_pdl(true);
+  std::printf("matmul_n: mat-vec F32 x worst |y - ref| / sum|w x| %.2e (bound %.0e); int8 x: x~ %.2e (bound %.0e), "
+              "det %.3f (<= 1), stat %.2e (bound %.0e)\n",
+              worst_f32, kMvBound, q8_all.worst_tilde, kMvBound, q8_all.worst_det, q8_all.worst_stat, kQ8Rel);
+}
+
 TEST(CudaMatmul, GetRowsExact) {
   KILN_REQUIRE_GPU();
   Gpu gpu;
@@ -543,3 +648,9 @@ TEST(CudaMatmulBench, Decode) {
 }
 
 }  // namespace
+
+#else  // !KILN_HAVE_CUDA
+
+TEST(CudaMatmul, NotBuilt) { GTEST_SKIP() << "kiln was built without CUDA (KILN_CUDA=OFF or no nvcc)"; }
+
+#endif

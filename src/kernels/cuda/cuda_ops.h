@@ -57,6 +57,21 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m);
 // the mat-vec path quantizes x to int8 per 32 values for most block types (matmul.cu).
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
             int64_t x_stride, float* y, int64_t y_stride, int64_t m);
+// One weight of matmul_n: W [k, n] of wt (rows w_stride bytes apart); y column t at y + t*y_stride.
+struct MatmulW {
+  GgmlType wt = GgmlType::F32;
+  const void* w = nullptr;
+  size_t w_stride = 0;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+};
+// y_i = W_i x for i < n_w (1 <= n_w <= 4), one x [k, m] for all: what n_w matmul calls give, with
+// fewer launches. Mat-vec path (m <= 16) with int8 x: x is quantized once per x order the weights
+// need (one order for most mixes); m = 1 (decode): ONE launch per weight type covers the rows of all
+// weights of that type (CTAs mapped to weights by a segment table); m = 2..16: the int8 kernel per
+// weight on that one quantized x; the F32-x types / mode: their matmul each. m > 16: one matmul each. Workspace: the largest matmul_workspace of the weights.
+void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m);
 // Expert mat-mul: expert e's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t at
 // ids[t*K + j]); x column for (j, t) at x + t*x_tok + (nx == 1 ? 0 : j)*x_slot; y column (j, t) at
 // y + t*y_tok + j*y_slot. ids are in range (the router wrote them).
@@ -87,6 +102,15 @@ void topk_route(const Launch& L, const float* logits, int64_t n_expert, int64_t 
 // Strided copy of n_rows rows of row_bytes bytes (rows (i1, i2, i3) at the given byte strides).
 void copy_rows(const Launch& L, void* dst, const size_t dst_nb[3], const void* src, const size_t src_nb[3],
                size_t row_bytes, const int64_t ne[3]);
+
+// ---- fused elementwise ops (fused.cu): one kernel each (backend::Stream's fused ops) -----------
+// beta, g rows [H, n1, n2] (same shape), in place; dt_bias, a [H] contiguous:
+// beta = sigmoid(beta); g = softplus(g + dt_bias) * a.
+void delta_gates(const Launch& L, Rows beta, Rows g, const float* dt_bias, const float* a);
+// x rows in place: x = rms_norm(x) * w * silu(z); z the same shape (only read); w [ne0].
+void rms_norm_gated(const Launch& L, Rows x, const float* w, Rows z, float eps);
+// x += t; y = rms_norm(x) * w (w [ne0] or nullptr); x, t, y the same shape; y may be x or t.
+void add_rms_norm(const Launch& L, Rows x, Rows t, const float* w, Rows y, float eps);
 
 // ---- sequence ops (attention.cu, deltanet.cu) -------------------------------------------------
 // x rows [D, Hkv, T] F32 into cache (ne0 = D, ne1 = Hkv, ne2 = n_ctx) of F32/F16/Q8_0/Q4_0.

@@ -1,5 +1,6 @@
 // kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul_supported, matmul_workspace,
-//   matmul, matmul_id_workspace, matmul_id, get_rows.
+//   matmul, matmul_n, matmul_id_workspace, matmul_id, get_rows. matmul_n: one x for up to 4
+//   weights (x quantized once per x order; m = 1: one segmented int8 launch per weight type).
 // Owns: the choice of path. m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
 //   sums — for the types of matvec_q8_supported x is first quantized to int8 per 32 values
 //   (quantize_x, into the workspace) and the int8 kernel (matvec_q8.cuh) takes __dp4a sums; the other
@@ -271,6 +272,84 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     }
   }
   launched("matmul");
+}
+
+void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m) {
+  KILN_MM_CHECK(ws != nullptr && n_w >= 1 && n_w <= detail::kMvMaxSeg, "matmul_n", "1..4 weights (n_w, max)", n_w,
+                detail::kMvMaxSeg);
+  KILN_MM_CHECK(k > 0 && k % 32 == 0 && m >= 0, "matmul_n", "k must be a positive multiple of 32 (k, m)", k, m);
+  for (int i = 0; i < n_w; ++i) {
+    const MatmulW& W = ws[i];
+    KILN_MM_CHECK(matmul_supported(W.wt), "matmul_n", "unsupported weight type (type, index)", int(W.wt), i);
+    KILN_MM_CHECK(k % block_elems(W.wt) == 0, "matmul_n", "k not a multiple of the block size (k, block)", k,
+                  block_elems(W.wt));
+    KILN_MM_CHECK(W.n >= 0, "matmul_n", "negative n (n, index)", W.n, i);
+    KILN_MM_CHECK(W.n == 0 || W.w_stride >= size_t(k / block_elems(W.wt)) * block_bytes(W.wt), "matmul_n",
+                  "w_stride below the row size", (long long)W.w_stride, k);
+    KILN_MM_CHECK(m <= 1 || (x_stride >= k && W.y_stride >= W.n), "matmul_n", "column strides too small (x, y)",
+                  x_stride, W.y_stride);
+  }
+  if (m == 0) return;
+  bool done[detail::kMvMaxSeg] = {};
+  // Large m (every weight), empty weights and the F32-x types: one matmul each (on the mat-vec path
+  // the F32-x kernel reads no workspace, so the int8 weights' quantized x below is not disturbed).
+  for (int i = 0; i < n_w; ++i) {
+    const MatmulW& W = ws[i];
+    if (W.n == 0 || m > kMvMaxM || !detail::matvec_uses_q8(W.wt)) {
+      if (W.n > 0) matmul(L, W.wt, W.w, W.w_stride, k, W.n, x, x_stride, W.y, W.y_stride, m);
+      done[i] = true;
+    }
+  }
+  const bool pdl = detail::matvec_pdl(L.sm);
+  for (int i = 0; i < n_w; ++i) {
+    if (done[i]) continue;
+    // x quantized once for every remaining weight whose type reads x in this order.
+    const int layout = detail::matvec_q8_x_layout(ws[i].wt);
+    const size_t need = detail::q8_x_bytes(k, m);
+    KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul_n",
+                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
+    detail::quantize_x(x, x_stride, 0, 1, k, m, layout, L.ws, pdl, L.stream);
+    const auto* xq = static_cast<const int8_t*>(L.ws);
+    const auto* xmeta =
+        reinterpret_cast<const detail::Q8Meta*>(static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, m));
+    for (int j = i; j < n_w; ++j) {
+      if (done[j] || detail::matvec_q8_x_layout(ws[j].wt) != layout) continue;
+      // One launch for weight j and every later one of its type.
+      const GgmlType t = ws[j].wt;
+      int seg[detail::kMvMaxSeg], nseg = 0;
+      int64_t rows = 0;
+      for (int q = j; q < n_w; ++q)
+        if (!done[q] && ws[q].wt == t) seg[nseg++] = q, rows += ws[q].n, done[q] = true;
+      MvArgs a;
+      a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl;
+      if (m == 1) {  // decode: one segmented launch (its own kernel instances, one column)
+        a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.n = ws[seg[0]].n, a.y = ws[seg[0]].y;
+        a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = x_vec_ok(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);
+        a.nseg = nseg;
+        for (int e = 0; e < nseg; ++e) {
+          const MatmulW& W = ws[seg[e]];
+          a.seg[e].w = W.w, a.seg[e].w_stride = W.w_stride, a.seg[e].n = W.n;
+          a.seg[e].y = W.y, a.seg[e].y_stride = W.y_stride;
+        }
+        mv_q8(t, a, 1, L.stream);
+        continue;
+      }
+      // Several columns: the plain kernel per weight and pass of 8 columns, on the x quantized above.
+      for (int e = 0; e < nseg; ++e) {
+        const MatmulW& W = ws[seg[e]];
+        for (int64_t c0 = 0; c0 < m; c0 += detail::kMvCols) {
+          a.w = W.w, a.w_stride = W.w_stride, a.n = W.n;
+          a.x = x + c0 * x_stride, a.y = W.y + c0 * W.y_stride, a.y_stride = W.y_stride;
+          a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
+          a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
+          a.ks = mv_ks(L, k, W.n, 1);
+          a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32);
+          mv_q8(t, a, 1, L.stream);
+        }
+      }
+    }
+  }
+  launched("matmul_n");
 }
 
 size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {

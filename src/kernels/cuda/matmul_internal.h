@@ -16,6 +16,18 @@ using gguf::GgmlType;
 
 inline constexpr int kMvCols = 8;       // columns of X one mat-vec pass computes
 inline constexpr int kMvRowsPerCta = 4;  // weight rows per CTA (matvec.cuh)
+inline constexpr int kMvMaxSeg = 4;      // weights of one segmented int8 launch (matmul_n)
+
+// One weight of a segmented int8 mat-vec launch: CTAs [cta0, next segment's cta0) compute y = W x
+// for this weight's n rows (cta0 is filled by the launcher, mvq_launch).
+struct MvSeg {
+  const void* w = nullptr;
+  size_t w_stride = 0;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  int64_t cta0 = 0;
+};
 
 // One mat-vec pass: y[:, c] = W x[:, c] for c < m (m <= kMvCols). Expert mode (ids != nullptr): grid
 // row s (+ slot0) is slot s = t*K + j of matmul_id: W = w + ids[s] * w_expert_stride, x column
@@ -42,6 +54,11 @@ struct MvArgs {
   const int8_t* xq = nullptr;
   const void* xs = nullptr;
   bool pdl = false;  // launched with programmatic dependent launch (sm_90+; after quantize_x)
+  // int8-x kernel only, m = 1, not with expert mode: nseg > 0 replaces w / w_stride / n / y /
+  // y_stride by seg[0..nseg) (all of the launch's weight type, all with the same x), CTAs mapped to
+  // segments in order (matmul_n: one launch for several weights).
+  int nseg = 0;
+  MvSeg seg[kMvMaxSeg];
 };
 
 // Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the

@@ -13,7 +13,9 @@
 //   F32: acc += dx * (d * (isum - kOff * xsum) + m * xsum). Sums: F32 per lane in k order, a warp
 //   tree, then the ks warps of the group. With programmatic dependent launch (sm_90+) the ring's
 //   first steps are requested before waiting for quantize_x (expert mode: after, the ids come from
-//   the kernels before).
+//   the kernels before). Segmented launches (MvArgs::nseg, matmul_n): the CTAs of up to 4 weights of
+//   the same type and x in one grid, each CTA taking its weight, rows and y from the segment table;
+//   one column (decode), instantiated apart so the plain kernels keep their registers.
 // Must not: allocate or synchronize, or read a byte outside the weight rows.
 // Threading: kernels only.
 #pragma once
@@ -41,7 +43,28 @@ struct MvqGeom {
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
 
-template <GgmlType T, int M, int A>
+// The CTA's weight: the launch's own, or in a segmented launch the segment whose CTAs hold blockIdx.x
+// (segments in CTA order; compile-time indices, so the table stays in parameter space).
+struct MvSegSel {
+  const uint8_t* w;
+  size_t w_stride;
+  int64_t n;
+  float* y;
+  int64_t y_stride, bx;
+};
+__device__ __forceinline__ MvSegSel mv_seg(const MvArgs& a) {
+  MvSegSel r{static_cast<const uint8_t*>(a.w), a.w_stride, a.n, a.y, a.y_stride, int64_t(blockIdx.x)};
+  if (a.nseg > 0) {
+#pragma unroll
+    for (int i = 0; i < kMvMaxSeg; ++i)
+      if (i < a.nseg && int64_t(blockIdx.x) >= a.seg[i].cta0)
+        r = {static_cast<const uint8_t*>(a.seg[i].w), a.seg[i].w_stride, a.seg[i].n, a.seg[i].y, a.seg[i].y_stride,
+             int64_t(blockIdx.x) - a.seg[i].cta0};
+  }
+  return r;
+}
+
+template <GgmlType T, int M, int A, bool SEG = false>
 __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(const MvArgs a) {
   constexpr int R = kMvRowsPerCta;
   using D = q8::U<T>;
@@ -53,6 +76,14 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
   const int8_t* xq = a.xq;
   const uint2* xs = static_cast<const uint2*>(a.xs);
   float* y = a.y;
+  // SEG (segmented launch): the start reads the CTA's segment; the stores select it again, so nothing
+  // extra lives through the loop. Without SEG the code is the plain launch's.
+  size_t w_stride = a.w_stride;
+  int64_t n = a.n, bx = blockIdx.x;
+  if constexpr (SEG) {
+    const MvSegSel sg = mv_seg(a);
+    w = sg.w, w_stride = sg.w_stride, n = sg.n, bx = sg.bx;
+  }
   q8::pdl_launch_dependents();
   if (a.ids != nullptr) {
     q8::pdl_wait();  // the expert ids come from the kernels before
@@ -63,17 +94,17 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
     y += t * a.y_tok + j * a.y_slot;
   }
   const int ks = a.ks, kpart = wid % ks;
-  const int64_t row0 = int64_t(blockIdx.x) * (R * (kMvWarps / ks)) + (wid / ks) * R;
+  const int64_t row0 = bx * (R * (kMvWarps / ks)) + (wid / ks) * R;
   const int64_t nunits = k / 32, nsteps = (nunits + 31) / 32;
   const int64_t rowbytes = (k / D::kQK) * D::kBS;
 
   __shared__ uint4 ring[kMvWarps][S][G::kSV];
   uintptr_t rbase[R];  // row starts (rows past n repeat row n - 1; their sums are not stored)
 #pragma unroll
-  for (int r = 0; r < R; ++r) rbase[r] = uintptr_t(w) + size_t(min(row0 + r, a.n - 1)) * a.w_stride;
+  for (int r = 0; r < R; ++r) rbase[r] = uintptr_t(w) + size_t(min(row0 + r, n - 1)) * w_stride;
   // The copying lane's row and first vector.
   const int cr = lane >> 3, cv = lane & 7;
-  const uintptr_t cbase = uintptr_t(w) + size_t(min(row0 + cr, a.n - 1)) * a.w_stride;
+  const uintptr_t cbase = uintptr_t(w) + size_t(min(row0 + cr, n - 1)) * w_stride;
 
   // Start the copy of step s into ring slot `slot`: vector v (= cv + 8i) of the copying row's step,
   // from the aligned address at or below its first byte, to ring slot vector cr * kVPR + v.
@@ -183,9 +214,15 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
     const int grp = threadIdx.x / (R * M), idx = threadIdx.x % (R * M);
     float v = red[grp * ks][idx];
     for (int i = 1; i < ks; ++i) v += red[grp * ks + i][idx];
-    const int64_t row = int64_t(blockIdx.x) * (R * (kMvWarps / ks)) + grp * R + idx / M;
     const int c = idx % M;
-    if (row < a.n && c < a.m) y[c * a.y_stride + row] = v;
+    if constexpr (SEG) {
+      const MvSegSel se = mv_seg(a);
+      const int64_t row = se.bx * (R * (kMvWarps / ks)) + grp * R + idx / M;
+      if (row < se.n && c < a.m) se.y[c * se.y_stride + row] = v;
+    } else {
+      const int64_t row = int64_t(blockIdx.x) * (R * (kMvWarps / ks)) + grp * R + idx / M;
+      if (row < a.n && c < a.m) y[c * a.y_stride + row] = v;
+    }
   }
 }
 
@@ -203,6 +240,21 @@ template <GgmlType T>
 void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   constexpr int kNat = q8::U<T>::kAlign;
   const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
+  if (a.nseg > 0) {  // segmented (matmul_n, m = 1): CTAs of the segments in order; the alignment all allow
+    MvArgs b = a;
+    int64_t ctas = 0;
+    uintptr_t bits = 0;
+    for (int i = 0; i < b.nseg; ++i) {
+      b.seg[i].cta0 = ctas;
+      ctas += (b.seg[i].n + rows_per_cta - 1) / rows_per_cta;
+      bits |= uintptr_t(b.seg[i].w) | uintptr_t(b.seg[i].w_stride);
+    }
+    const dim3 grid{unsigned(ctas), unsigned(n_grid_y)}, block(kMvThreads);
+    if constexpr (kNat > 2) {
+      if (bits % kNat == 0) return q8::launch(b.pdl, grid, block, s, matvec_q8_kernel<T, 1, kNat, true>, b);
+    }
+    return q8::launch(b.pdl, grid, block, s, matvec_q8_kernel<T, 1, 2, true>, b);
+  }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
   if constexpr (kNat > 2) {

@@ -1,0 +1,168 @@
+// kernels/cuda/fused.cu — the fused elementwise launchers of cuda_ops.h: delta_gates, rms_norm_gated,
+//   add_rms_norm. Each is ONE kernel doing what backend::Stream's comment spells as a sequence of ops
+//   (decode runs ~1000 small kernels per token; every launch saved counts).
+// Owns: the GPU arithmetic of these fused ops. Row sums in F32 as elementwise.cu's norms: each thread
+//   over a strided slice of its row, then a fixed warp / block tree (deterministic for a shape).
+// Must not: allocate, synchronize, or read device memory on the host. Launchers only enqueue on
+//   L.stream (graph-capturable); argument errors are KILN_CHECK failures before anything is enqueued.
+// Threading: launchers are stateless and thread-safe.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace kiln::cuda {
+namespace {
+
+#define KILN_FUSED_LAUNCHED(what)                                                                      \
+  do {                                                                                                 \
+    const cudaError_t e_ = cudaGetLastError();                                                         \
+    KILN_CHECK(e_ == cudaSuccess, "{}: kernel launch failed: {} ({})", what, cudaGetErrorName(e_),     \
+               cudaGetErrorString(e_));                                                                \
+  } while (0)
+
+constexpr int kMaxGridY = 65535;
+constexpr int kWarpRows = 4;  // rows per block in the warp-per-row form (ne0 <= 1024)
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Block-wide sum (blockDim.x a multiple of 32, <= 1024); every thread gets it. red: 32 floats of
+// shared memory; begins and ends with a barrier.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : 0.f;
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
+__device__ __forceinline__ float siluf_(float v) { return v / (1.f + expf(-v)); }
+__device__ __forceinline__ float softplusf_(float v) { return v > 20.f ? v : log1pf(expf(v)); }
+
+__device__ __forceinline__ float* row_of(const Rows& r, int64_t row) {
+  const int64_t i1 = row % r.n1, i2 = row / r.n1;
+  return r.p + i1 * r.s1 + i2 * r.s2;
+}
+
+void check_rows(const Rows& r, const char* what) {
+  KILN_CHECK(r.p != nullptr && r.ne0 >= 0 && r.n1 >= 0 && r.n2 >= 0, "{}: bad rows (null or negative shape)", what);
+}
+void check_same(const Rows& a, const Rows& b, const char* what) {
+  KILN_CHECK(a.ne0 == b.ne0 && a.n1 == b.n1 && a.n2 == b.n2, "{}: shape mismatch [{} {} {}] vs [{} {} {}]", what,
+             a.ne0, a.n1, a.n2, b.ne0, b.n1, b.n2);
+}
+int64_t n_rows(const Rows& r) { return r.n1 * r.n2; }
+int block_threads(int64_t ne0) { return ne0 <= 4096 ? 256 : ne0 <= 16384 ? 512 : 1024; }
+
+// ---- delta_gates: x over ne0 (grid-stride), y over rows (grid-stride) ----------------------------
+__global__ void delta_gates_kernel(Rows beta, Rows g, const float* __restrict__ dt_bias, const float* __restrict__ a) {
+  const int64_t nr = beta.n1 * beta.n2;
+  for (int64_t r = blockIdx.y; r < nr; r += gridDim.y) {
+    float* br = row_of(beta, r);
+    float* gr = row_of(g, r);
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < beta.ne0; i += int64_t(gridDim.x) * blockDim.x) {
+      br[i] = sigmoidf_(br[i]);
+      gr[i] = softplusf_(gr[i] + dt_bias[i]) * a[i];
+    }
+  }
+}
+
+// ---- row norms: a warp per row (WARP) or a block per row ----------------------------------------
+// x = x * (1/sqrt(mean(x^2) + eps)) * w * silu(z).
+template <bool WARP>
+__global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows z, float eps, float inv_n) {
+  __shared__ float red[32];
+  const int64_t nr = x.n1 * x.n2;
+  const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);
+  if (r >= nr) return;  // whole warps (WARP) or whole blocks exit together
+  float* xr = row_of(x, r);
+  const float* zr = row_of(z, r);
+  const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
+  float ss = 0.f;
+  for (int64_t i = i0; i < x.ne0; i += step) ss = fmaf(xr[i], xr[i], ss);
+  ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+  const float sc = 1.f / sqrtf(ss * inv_n + eps);
+  for (int64_t i = i0; i < x.ne0; i += step) xr[i] = xr[i] * sc * w[i] * siluf_(zr[i]);
+}
+
+// x += t; y = x * (1/sqrt(mean(x^2) + eps)) * w. Each thread re-reads only the x elements it wrote
+// itself (same i0 / step in both passes), so no barrier is needed between them; y may be x or t
+// for the same reason.
+template <bool WARP>
+__global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w, Rows y, float eps, float inv_n) {
+  __shared__ float red[32];
+  const int64_t nr = x.n1 * x.n2;
+  const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);
+  if (r >= nr) return;
+  float* xr = row_of(x, r);
+  const float* tr = row_of(t, r);
+  float* yr = row_of(y, r);
+  const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
+  float ss = 0.f;
+  for (int64_t i = i0; i < x.ne0; i += step) {
+    const float v = xr[i] + tr[i];
+    xr[i] = v;
+    ss = fmaf(v, v, ss);
+  }
+  ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+  const float sc = 1.f / sqrtf(ss * inv_n + eps);
+  for (int64_t i = i0; i < x.ne0; i += step) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+}
+
+template <class K, class... A>
+void launch_rows(const Launch& L, int64_t ne0, int64_t nr, K warp_kernel, K block_kernel, A... args) {
+  if (ne0 <= 1024) {
+    warp_kernel<<<unsigned((nr + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(args...);
+  } else {
+    block_kernel<<<unsigned(nr), block_threads(ne0), 0, L.stream>>>(args...);
+  }
+}
+
+}  // namespace
+
+void delta_gates(const Launch& L, Rows beta, Rows g, const float* dt_bias, const float* a) {
+  check_rows(beta, "delta_gates beta");
+  check_rows(g, "delta_gates g");
+  check_same(beta, g, "delta_gates beta/g");
+  KILN_CHECK(dt_bias != nullptr && a != nullptr, "delta_gates: null dt_bias or a");
+  if (beta.ne0 == 0 || n_rows(beta) == 0) return;
+  const int64_t bx = (beta.ne0 + 255) / 256, nr = n_rows(beta);
+  const dim3 grid(unsigned(bx < (1 << 20) ? bx : (1 << 20)), unsigned(nr < kMaxGridY ? nr : kMaxGridY));
+  delta_gates_kernel<<<grid, 256, 0, L.stream>>>(beta, g, dt_bias, a);
+  KILN_FUSED_LAUNCHED("delta_gates");
+}
+
+void rms_norm_gated(const Launch& L, Rows x, const float* w, Rows z, float eps) {
+  check_rows(x, "rms_norm_gated x");
+  check_rows(z, "rms_norm_gated z");
+  check_same(x, z, "rms_norm_gated x/z");
+  KILN_CHECK(w != nullptr, "rms_norm_gated: null weight");
+  KILN_CHECK(n_rows(x) < (int64_t(1) << 31), "rms_norm_gated: {} rows", n_rows(x));
+  if (x.ne0 == 0 || n_rows(x) == 0) return;
+  launch_rows(L, x.ne0, n_rows(x), rms_norm_gated_kernel<true>, rms_norm_gated_kernel<false>, x, w, z, eps,
+              1.0f / float(x.ne0));
+  KILN_FUSED_LAUNCHED("rms_norm_gated");
+}
+
+void add_rms_norm(const Launch& L, Rows x, Rows t, const float* w, Rows y, float eps) {
+  check_rows(x, "add_rms_norm x");
+  check_rows(t, "add_rms_norm t");
+  check_rows(y, "add_rms_norm y");
+  check_same(x, t, "add_rms_norm x/t");
+  check_same(x, y, "add_rms_norm x/y");
+  KILN_CHECK(n_rows(x) < (int64_t(1) << 31), "add_rms_norm: {} rows", n_rows(x));
+  if (x.ne0 == 0 || n_rows(x) == 0) return;
+  launch_rows(L, x.ne0, n_rows(x), add_rms_norm_kernel<true>, add_rms_norm_kernel<false>, x, t, w, y, eps,
+              1.0f / float(x.ne0));
+  KILN_FUSED_LAUNCHED("add_rms_norm");
+}
+
+}  // namespace kiln::cuda
