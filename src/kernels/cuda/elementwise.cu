@@ -14,60 +14,12 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/row_common.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-#define KILN_EW_LAUNCHED(what)                                                                          \
-  do {                                                                                                  \
-    const cudaError_t e_ = cudaGetLastError();                                                          \
-    KILN_CHECK(e_ == cudaSuccess, "{}: kernel launch failed: {} ({})", what, cudaGetErrorName(e_),      \
-               cudaGetErrorString(e_));                                                                 \
-  } while (0)
 
-constexpr int kMaxGridY = 65535;
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-// Block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `red` is 32 floats of shared memory; the call begins and ends with a barrier, so it can be reused.
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  v = lane < nw ? red[lane] : 0.f;
-  return warp_sum(v);
-}
-__device__ float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  v = lane < nw ? red[lane] : -INFINITY;
-  return warp_max(v);
-}
-
-__device__ __forceinline__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
-__device__ __forceinline__ float siluf_(float v) { return v / (1.f + expf(-v)); }
-__device__ __forceinline__ float softplusf_(float v) { return v > 20.f ? v : log1pf(expf(v)); }
-
-__device__ __forceinline__ const float* row_ptr(const Rows& r, int64_t row) {
-  const int64_t i1 = row % r.n1, i2 = row / r.n1;
-  return r.p + i1 * r.s1 + i2 * r.s2;
-}
-__device__ __forceinline__ float* row_mut(const Rows& r, int64_t row) {
-  const int64_t i1 = row % r.n1, i2 = row / r.n1;
-  return r.p + i1 * r.s1 + i2 * r.s2;
-}
 
 // Rows that are one contiguous block become a single row (fewer index computations).
 bool contiguous(const Rows& r) { return r.s1 == r.ne0 && (r.n2 == 1 || r.s2 == r.ne0 * r.n1); }
@@ -77,14 +29,6 @@ Rows flat(Rows r) {
   r.s1 = r.s2 = r.ne0;
   return r;
 }
-void check_rows(const Rows& r, const char* what) {
-  KILN_CHECK(r.p != nullptr && r.ne0 >= 0 && r.n1 >= 0 && r.n2 >= 0, "{}: bad rows (null or negative shape)", what);
-}
-void check_same(const Rows& a, const Rows& b, const char* what) {
-  KILN_CHECK(a.ne0 == b.ne0 && a.n1 == b.n1 && a.n2 == b.n2, "{}: shape mismatch [{} {} {}] vs [{} {} {}]", what,
-             a.ne0, a.n1, a.n2, b.ne0, b.n1, b.n2);
-}
-int64_t n_rows(const Rows& r) { return r.n1 * r.n2; }
 
 // Elementwise grid: x over ne0 (grid-stride), y over rows (grid-stride).
 dim3 ew_grid(const Rows& r) {
@@ -341,7 +285,7 @@ void unary(const Launch& L, Unary op, Rows x, Rows y) {
     case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, 256, 0, L.stream>>>(x, y); break;
     case Unary::Softplus: unary_kernel<Unary::Softplus><<<g, 256, 0, L.stream>>>(x, y); break;
   }
-  KILN_EW_LAUNCHED("unary");
+  KILN_CUDA_LAUNCHED("unary");
 }
 
 void binary(const Launch& L, Binary op, Rows a, Rows b, int b_mode, Rows y) {
@@ -363,7 +307,7 @@ void binary(const Launch& L, Binary op, Rows a, Rows b, int b_mode, Rows y) {
     case Binary::SwiGlu: launch_binary<Binary::SwiGlu>(L, a, b, b_mode, y); break;
     case Binary::SigmoidMul: launch_binary<Binary::SigmoidMul>(L, a, b, b_mode, y); break;
   }
-  KILN_EW_LAUNCHED("binary");
+  KILN_CUDA_LAUNCHED("binary");
 }
 
 void scale(const Launch& L, Rows x, float s, Rows y) {
@@ -373,7 +317,7 @@ void scale(const Launch& L, Rows x, float s, Rows y) {
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   if (contiguous(x) && contiguous(y)) x = flat(x), y = flat(y);
   scale_kernel<<<ew_grid(x), 256, 0, L.stream>>>(x, s, y);
-  KILN_EW_LAUNCHED("scale");
+  KILN_CUDA_LAUNCHED("scale");
 }
 
 void rms_norm(const Launch& L, Rows x, const float* w, Rows y, float eps) {
@@ -382,7 +326,7 @@ void rms_norm(const Launch& L, Rows x, const float* w, Rows y, float eps) {
   check_same(x, y, "rms_norm");
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   launch_rows(L, x.ne0, n_rows(x), norm_kernel<true>, norm_kernel<false>, x, w, y, eps, 1.0f / float(x.ne0));
-  KILN_EW_LAUNCHED("rms_norm");
+  KILN_CUDA_LAUNCHED("rms_norm");
 }
 
 void l2_norm(const Launch& L, Rows x, Rows y, float eps) {
@@ -392,7 +336,7 @@ void l2_norm(const Launch& L, Rows x, Rows y, float eps) {
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   launch_rows(L, x.ne0, n_rows(x), norm_kernel<true>, norm_kernel<false>, x, static_cast<const float*>(nullptr), y,
               eps, 1.0f);
-  KILN_EW_LAUNCHED("l2_norm");
+  KILN_CUDA_LAUNCHED("l2_norm");
 }
 
 void rope(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams& p) {
@@ -405,14 +349,14 @@ void rope(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams
   const int threads = work >= 256 ? 256 : work > 64 ? 128 : 64;
   rope_kernel<<<unsigned(x.n2), threads, size_t(p.n_rot) * sizeof(float), L.stream>>>(x, pos, p.n_rot, p.neox,
                                                                                         p.freq_base, p.freq_scale);
-  KILN_EW_LAUNCHED("rope");
+  KILN_CUDA_LAUNCHED("rope");
 }
 
 void softmax(const Launch& L, Rows x, float scale) {
   check_rows(x, "softmax x");
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   launch_rows(L, x.ne0, n_rows(x), softmax_kernel<true>, softmax_kernel<false>, x, scale);
-  KILN_EW_LAUNCHED("softmax");
+  KILN_CUDA_LAUNCHED("softmax");
 }
 
 void hadamard(const Launch& L, Rows x, int64_t n) {
@@ -424,7 +368,7 @@ void hadamard(const Launch& L, Rows x, int64_t n) {
   const int threads = n / 2 >= 256 ? 256 : int(n / 2 < 32 ? 32 : n / 2);
   hadamard_kernel<<<unsigned(n_rows(x) * cpr), threads, size_t(n) * sizeof(float), L.stream>>>(
       x, n, cpr, 1.0f / sqrtf(float(n)));
-  KILN_EW_LAUNCHED("hadamard");
+  KILN_CUDA_LAUNCHED("hadamard");
 }
 
 void topk_route(const Launch& L, const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm,
@@ -434,7 +378,7 @@ void topk_route(const Launch& L, const float* logits, int64_t n_expert, int64_t 
   if (n_tok == 0) return;
   topk_kernel<<<unsigned((n_tok + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(
       logits, n_expert, n_tok, k, renorm, w_scale, ids, weights);
-  KILN_EW_LAUNCHED("topk_route");
+  KILN_CUDA_LAUNCHED("topk_route");
 }
 
 void copy_rows(const Launch& L, void* dst, const size_t dst_nb[3], const void* src, const size_t src_nb[3],
@@ -472,7 +416,7 @@ void copy_rows(const Launch& L, void* dst, const size_t dst_nb[3], const void* s
     default: KILN_COPY(char); break;
   }
 #undef KILN_COPY
-  KILN_EW_LAUNCHED("copy_rows");
+  KILN_CUDA_LAUNCHED("copy_rows");
 }
 
 }  // namespace kiln::cuda

@@ -13,61 +13,21 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/row_common.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-#define KILN_FUSED_LAUNCHED(what)                                                                      \
-  do {                                                                                                 \
-    const cudaError_t e_ = cudaGetLastError();                                                         \
-    KILN_CHECK(e_ == cudaSuccess, "{}: kernel launch failed: {} ({})", what, cudaGetErrorName(e_),     \
-               cudaGetErrorString(e_));                                                                \
-  } while (0)
-
-constexpr int kMaxGridY = 65535;
 constexpr int kWarpRows = 4;  // rows per block in the warp-per-row form (ne0 <= 1024)
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-// Block-wide sum (blockDim.x a multiple of 32, <= 1024); every thread gets it. red: 32 floats of
-// shared memory; begins and ends with a barrier.
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  v = lane < nw ? red[lane] : 0.f;
-  return warp_sum(v);
-}
-
-__device__ __forceinline__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
-__device__ __forceinline__ float siluf_(float v) { return v / (1.f + expf(-v)); }
-__device__ __forceinline__ float softplusf_(float v) { return v > 20.f ? v : log1pf(expf(v)); }
-
-__device__ __forceinline__ float* row_of(const Rows& r, int64_t row) {
-  const int64_t i1 = row % r.n1, i2 = row / r.n1;
-  return r.p + i1 * r.s1 + i2 * r.s2;
-}
-
-void check_rows(const Rows& r, const char* what) {
-  KILN_CHECK(r.p != nullptr && r.ne0 >= 0 && r.n1 >= 0 && r.n2 >= 0, "{}: bad rows (null or negative shape)", what);
-}
-void check_same(const Rows& a, const Rows& b, const char* what) {
-  KILN_CHECK(a.ne0 == b.ne0 && a.n1 == b.n1 && a.n2 == b.n2, "{}: shape mismatch [{} {} {}] vs [{} {} {}]", what,
-             a.ne0, a.n1, a.n2, b.ne0, b.n1, b.n2);
-}
-int64_t n_rows(const Rows& r) { return r.n1 * r.n2; }
 int block_threads(int64_t ne0) { return ne0 <= 4096 ? 256 : ne0 <= 16384 ? 512 : 1024; }
 
 // ---- delta_gates: x over ne0 (grid-stride), y over rows (grid-stride) ----------------------------
 __global__ void delta_gates_kernel(Rows beta, Rows g, const float* __restrict__ dt_bias, const float* __restrict__ a) {
   const int64_t nr = beta.n1 * beta.n2;
   for (int64_t r = blockIdx.y; r < nr; r += gridDim.y) {
-    float* br = row_of(beta, r);
-    float* gr = row_of(g, r);
+    float* br = row_mut(beta, r);
+    float* gr = row_mut(g, r);
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < beta.ne0; i += int64_t(gridDim.x) * blockDim.x) {
       br[i] = sigmoidf_(br[i]);
       gr[i] = softplusf_(gr[i] + dt_bias[i]) * a[i];
@@ -83,8 +43,8 @@ __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows 
   const int64_t nr = x.n1 * x.n2;
   const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);
   if (r >= nr) return;  // whole warps (WARP) or whole blocks exit together
-  float* xr = row_of(x, r);
-  const float* zr = row_of(z, r);
+  float* xr = row_mut(x, r);
+  const float* zr = row_mut(z, r);
   const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
   float ss = 0.f;
   for (int64_t i = i0; i < x.ne0; i += step) ss = fmaf(xr[i], xr[i], ss);
@@ -102,9 +62,9 @@ __global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w,
   const int64_t nr = x.n1 * x.n2;
   const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);
   if (r >= nr) return;
-  float* xr = row_of(x, r);
-  const float* tr = row_of(t, r);
-  float* yr = row_of(y, r);
+  float* xr = row_mut(x, r);
+  const float* tr = row_mut(t, r);
+  float* yr = row_mut(y, r);
   const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
   float ss = 0.f;
   for (int64_t i = i0; i < x.ne0; i += step) {
@@ -137,7 +97,7 @@ void delta_gates(const Launch& L, Rows beta, Rows g, const float* dt_bias, const
   const int64_t bx = (beta.ne0 + 255) / 256, nr = n_rows(beta);
   const dim3 grid(unsigned(bx < (1 << 20) ? bx : (1 << 20)), unsigned(nr < kMaxGridY ? nr : kMaxGridY));
   delta_gates_kernel<<<grid, 256, 0, L.stream>>>(beta, g, dt_bias, a);
-  KILN_FUSED_LAUNCHED("delta_gates");
+  KILN_CUDA_LAUNCHED("delta_gates");
 }
 
 void rms_norm_gated(const Launch& L, Rows x, const float* w, Rows z, float eps) {
@@ -149,7 +109,7 @@ void rms_norm_gated(const Launch& L, Rows x, const float* w, Rows z, float eps) 
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   launch_rows(L, x.ne0, n_rows(x), rms_norm_gated_kernel<true>, rms_norm_gated_kernel<false>, x, w, z, eps,
               1.0f / float(x.ne0));
-  KILN_FUSED_LAUNCHED("rms_norm_gated");
+  KILN_CUDA_LAUNCHED("rms_norm_gated");
 }
 
 void add_rms_norm(const Launch& L, Rows x, Rows t, const float* w, Rows y, float eps) {
@@ -162,7 +122,7 @@ void add_rms_norm(const Launch& L, Rows x, Rows t, const float* w, Rows y, float
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   launch_rows(L, x.ne0, n_rows(x), add_rms_norm_kernel<true>, add_rms_norm_kernel<false>, x, t, w, y, eps,
               1.0f / float(x.ne0));
-  KILN_FUSED_LAUNCHED("add_rms_norm");
+  KILN_CUDA_LAUNCHED("add_rms_norm");
 }
 
 }  // namespace kiln::cuda

@@ -1,0 +1,79 @@
+// kernels/cuda/row_common.cuh — device helpers shared by the row-op launchers (elementwise.cu,
+//   fused.cu): the launch check, warp / block reductions, the activation functions and row addressing
+//   of cuda::Rows, argument checks. Internal to src/kernels/cuda (an anonymous namespace: each .cu
+//   gets its own copy).
+// Must not: allocate or synchronize.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace kiln::cuda {
+namespace {
+
+#define KILN_CUDA_LAUNCHED(what)                                                                          \
+  do {                                                                                                  \
+    const cudaError_t e_ = cudaGetLastError();                                                          \
+    KILN_CHECK(e_ == cudaSuccess, "{}: kernel launch failed: {} ({})", what, cudaGetErrorName(e_),      \
+               cudaGetErrorString(e_));                                                                 \
+  } while (0)
+
+constexpr int kMaxGridY = 65535;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `red` is 32 floats of shared memory; the call begins and ends with a barrier, so it can be reused.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : 0.f;
+  return warp_sum(v);
+}
+__device__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  v = lane < nw ? red[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+__device__ __forceinline__ float sigmoidf_(float v) { return 1.f / (1.f + expf(-v)); }
+__device__ __forceinline__ float siluf_(float v) { return v / (1.f + expf(-v)); }
+__device__ __forceinline__ float softplusf_(float v) { return v > 20.f ? v : log1pf(expf(v)); }
+
+__device__ __forceinline__ const float* row_ptr(const Rows& r, int64_t row) {
+  const int64_t i1 = row % r.n1, i2 = row / r.n1;
+  return r.p + i1 * r.s1 + i2 * r.s2;
+}
+__device__ __forceinline__ float* row_mut(const Rows& r, int64_t row) {
+  const int64_t i1 = row % r.n1, i2 = row / r.n1;
+  return r.p + i1 * r.s1 + i2 * r.s2;
+}
+
+void check_rows(const Rows& r, const char* what) {
+  KILN_CHECK(r.p != nullptr && r.ne0 >= 0 && r.n1 >= 0 && r.n2 >= 0, "{}: bad rows (null or negative shape)", what);
+}
+void check_same(const Rows& a, const Rows& b, const char* what) {
+  KILN_CHECK(a.ne0 == b.ne0 && a.n1 == b.n1 && a.n2 == b.n2, "{}: shape mismatch [{} {} {}] vs [{} {} {}]", what,
+             a.ne0, a.n1, a.n2, b.ne0, b.n1, b.n2);
+}
+int64_t n_rows(const Rows& r) { return r.n1 * r.n2; }
+
+}  // namespace
+}  // namespace kiln::cuda
