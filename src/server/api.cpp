@@ -338,6 +338,22 @@ json chat_logprob_entry(const engine::TokenOut& t, const tokenizer::Tokenizer& t
   return e;
 }
 
+json completion_logprob_lists(const std::vector<engine::TokenOut>& toks, const tokenizer::Tokenizer& tok, int top_n,
+                              size_t text_offset0) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  size_t off = text_offset0;
+  for (const auto& t : toks) {
+    tokens.push_back(valid_utf8(t.piece));
+    lps.push_back(t.logprob.logprob);
+    json top = json::object();
+    for (int k = 0; k < top_n && k < int(t.top.size()); ++k) top[valid_utf8(tok.token_to_piece(t.top[k].id, false))] = t.top[k].logprob;
+    tops.push_back(top_n > 0 ? top : json(nullptr));
+    offs.push_back(off);
+    off += t.piece.size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
 json timings_json(const engine::Timings& t) {
   auto per_s = [](int64_t n, double ms) { return ms > 0 ? 1e3 * double(n) / ms : 0.0; };
   return json{{"cache_n", t.cache_n},

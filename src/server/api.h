@@ -61,6 +61,11 @@ json bytes_array(const std::string& s);
 // OpenAI chat logprobs entry for one token: {"token","logprob","bytes","top_logprobs":[…]}.
 json chat_logprob_entry(const engine::TokenOut& t, const tokenizer::Tokenizer& tok, int top_n);
 
+// OpenAI completions "logprobs": {tokens, token_logprobs, top_logprobs (null when top_n is 0),
+// text_offset (from text_offset0)}.
+json completion_logprob_lists(const std::vector<engine::TokenOut>& toks, const tokenizer::Tokenizer& tok, int top_n,
+                              size_t text_offset0);
+
 // llama-server's "timings" object.
 json timings_json(const engine::Timings& t);
 

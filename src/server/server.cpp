@@ -3,11 +3,6 @@
 
 #include <httplib.h>
 
-#include <dirent.h>
-#include <netdb.h>
-#include <sys/socket.h>
-
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -20,6 +15,8 @@
 #include "core/log.h"
 #include "core/read_file.h"
 #include "server/api.h"
+#include "server/client_socket.h"
+#include "server/native.h"
 #include "server/webui.h"
 
 namespace kiln::server {
@@ -53,46 +50,6 @@ std::string file_stem(const std::string& path) {
   auto slash = path.find_last_of('/');
   std::string f = slash == std::string::npos ? path : path.substr(slash + 1);
   return f;
-}
-
-// The accepted socket of a request, found by its addresses: cpp-httplib 0.11 (Debian 12) hands
-// handlers neither the socket nor Request::is_connection_closed. Scans /proc/self/fd for the TCP
-// socket whose peer is req.remote_addr:remote_port and whose local port is req.local_port; the fd
-// stays ours until the handler returns. -1 when not found (then no disconnect detection).
-int find_client_socket(const httplib::Request& req) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1;
-  while (dirent* e = readdir(d)) {
-    char* end = nullptr;
-    long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
-    sockaddr_storage peer{}, self{};
-    socklen_t pl = sizeof(peer), sl = sizeof(self);
-    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
-    char host[NI_MAXHOST], port[NI_MAXSERV], lport[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), pl, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) continue;
-    if (getnameinfo(reinterpret_cast<sockaddr*>(&self), sl, nullptr, 0, lport, sizeof(lport), NI_NUMERICSERV) != 0) continue;
-    if (req.remote_addr == host && req.remote_port == std::atoi(port) && req.local_port == std::atoi(lport)) {
-      found = int(fd);
-      break;
-    }
-  }
-  closedir(d);
-  return found;
-}
-
-// True once the peer has closed (orderly FIN or reset). Pending bytes (a pipelined request) or
-// nothing to read yet mean it is still there. A client that half-closes its sending side and
-// waits for the answer reads as gone (HTTP clients do not do that).
-bool peer_closed(int fd) {
-  if (fd < 0) return false;
-  char c;
-  ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0) return false;
-  if (n == 0) return true;
-  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
@@ -225,6 +182,10 @@ struct Server::Impl {
     GenParams gp;
     std::optional<chat::ParserConfig> parser;  // chat only
     std::string echo_text;                     // completions with echo
+    bool native = false;                       // llama-server's /completion (chat false too)
+    NativeParams np;                           // native only
+    std::string prompt_text;                   // native only: the prompt as text ("prompt")
+    int id_slot = -1;                          // native only: the slot that ran it (-1: unknown)
     uint64_t task = 0;
     Clock::time_point t0;
     int client_fd = -1;  // non-streamed requests: the socket polled for a disconnect (find_client_socket)
@@ -255,21 +216,7 @@ struct Server::Impl {
 
   // A completion choice's "logprobs" (tokens, token_logprobs, top_logprobs, text_offset), or null.
   json completion_logprobs(const Gen& g, const std::vector<engine::TokenOut>& toks, size_t text_offset0) const {
-    if (!g.gp.logprobs) return nullptr;
-    const int top_n = g.gp.top_logprobs;
-    json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
-    size_t off = text_offset0;
-    for (const auto& t : toks) {
-      tokens.push_back(valid_utf8(t.piece));
-      lps.push_back(t.logprob.logprob);
-      json top = json::object();
-      for (int k = 0; k < top_n && k < int(t.top.size()); ++k)
-        top[valid_utf8(tok().token_to_piece(t.top[k].id, false))] = t.top[k].logprob;
-      tops.push_back(top_n > 0 ? top : json(nullptr));
-      offs.push_back(off);
-      off += t.piece.size();
-    }
-    return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+    return g.gp.logprobs ? completion_logprob_lists(toks, tok(), g.gp.top_logprobs, text_offset0) : json(nullptr);
   }
 
   // The fields every response and stream chunk starts with.
@@ -279,6 +226,14 @@ struct Server::Impl {
                 {"created", g.created},
                 {"model", model_id},
                 {"system_fingerprint", "kiln-" KILN_SERVER_VERSION}};
+  }
+
+  // The slot running request `h` (-1 once it has left it); a single slot is always 0.
+  int slot_of(const engine::RequestHandle& h) const {
+    if (eng->options().n_parallel == 1) return 0;
+    for (const auto& s : eng->slots())
+      if (s.busy && s.request_id == h.id()) return s.id;
+    return -1;
   }
 
   void run_blocking(Gen& g, httplib::Response& res) {
@@ -304,6 +259,7 @@ struct Server::Impl {
       }
       auto ev = h.next(std::chrono::milliseconds(100));
       if (!ev) continue;
+      if (g.id_slot < 0) g.id_slot = slot_of(h);
       text += ev->text;
       for (auto& t : ev->tokens) toks.push_back(std::move(t));
       if (ev->final()) fin = std::move(ev);
@@ -315,6 +271,10 @@ struct Server::Impl {
     }
     const auto& t = fin->timings;
     log_timings(g, t, engine::finish_reason_name(fin->finish));
+    if (g.native) {
+      NativeFinal f{std::move(text), std::move(toks), fin->finish, fin->stop_word, t, int64_t(g.prompt.size()), g.prompt_text, g.id_slot};
+      return send_json(res, native_final(g.gp, g.np, f, tok(), model_id));
+    }
     json out = response_head(g, false);
     if (g.chat) {
       auto msg = chat::parse_output(text, *g.parser);
@@ -338,6 +298,8 @@ struct Server::Impl {
     bool started = false;
     bool finished = false;
     Clock::time_point last_write;
+    int id_slot = -1;        // native: the slot running it
+    int64_t n_decoded = 0;   // native: tokens generated so far
   };
 
   void run_streaming(std::shared_ptr<Gen> g, httplib::Response& res) {
@@ -390,6 +352,7 @@ struct Server::Impl {
                 return write(": keep-alive\n\n");
               continue;
             }
+            if (g->native && st->id_slot < 0) st->id_slot = slot_of(st->h);
             return on_stream_event(*g, *st, *ev, sink, write);
           }
         },
@@ -409,6 +372,7 @@ struct Server::Impl {
       sink.done();
       return true;
     }
+    if (g.native) return on_native_event(g, st, ev, sink, write);
     if (g.chat) {
       chat::Delta d = st.parser->feed(ev.text);
       if (ev.final()) d.append(st.parser->finish());
@@ -448,6 +412,21 @@ struct Server::Impl {
       write(sse(u));
     }
     write("data: [DONE]\n\n");
+    st.finished = true;
+    sink.done();
+    return true;
+  }
+
+  // /completion's stream: chunks {content, stop:false, …}, then the summary with stop:true; no [DONE].
+  template <class W>
+  bool on_native_event(const Gen& g, StreamState& st, engine::Event& ev, httplib::DataSink& sink, W& write) {
+    st.n_decoded += int64_t(ev.tokens.size());
+    if (!ev.text.empty() || (g.gp.req.n_probs != 0 && !ev.tokens.empty()))
+      if (!write(sse(native_partial(g.gp, ev.text, ev.tokens, tok(), st.id_slot, int64_t(g.prompt.size()), st.n_decoded)))) return false;
+    if (!ev.final()) return true;
+    log_timings(g, ev.timings, engine::finish_reason_name(ev.finish));
+    NativeFinal f{"", {}, ev.finish, ev.stop_word, ev.timings, int64_t(g.prompt.size()), g.prompt_text, st.id_slot};
+    write(sse(native_final(g.gp, g.np, f, tok(), model_id)));
     st.finished = true;
     sink.done();
     return true;
@@ -498,6 +477,23 @@ struct Server::Impl {
     start(g, res);
   }
 
+  // llama-server's native POST /completion (native.h): the /v1/completions generation, other JSON.
+  void h_completion(const httplib::Request& req, httplib::Response& res) {
+    json body;
+    if (!parse_body(req, res, body)) return;
+    auto g = std::make_shared<Gen>();
+    g->chat = false;
+    g->native = true;
+    if (auto e = parse_gen_params(body, Endpoint::Completions, info().n_vocab, g->gp)) return send_error(res, *e);
+    g->gp.echo = false;
+    if (auto e = parse_native_params(body, info().n_vocab, eng->options().n_parallel, g->np)) return send_error(res, *e);
+    g->prompt = native_prompt_ids(g->np, tok(), [this](const std::string& t) { return tokenize_prompt(t); });
+    g->prompt_text = g->np.prompt.size() == 1 && g->np.prompt[0].is_text ? g->np.prompt[0].text : tok().decode(g->prompt);
+    if (auto e = check_context(g->prompt.size())) return send_error(res, *e);
+    if (!g->gp.stream) g->client_fd = find_client_socket(req);
+    start(g, res);
+  }
+
   void start(std::shared_ptr<Gen> g, httplib::Response& res) {
     g->id = (g->chat ? "chatcmpl-" : "cmpl-") + random_id();
     g->created = unix_now();
@@ -507,6 +503,12 @@ struct Server::Impl {
     if (g->gp.req.max_tokens == 0) {
       // Nothing to generate (n_predict 0): answer at once, like llama-server.
       engine::Timings t;
+      if (g->native) {
+        NativeFinal f{"", {}, engine::FinishReason::Length, "", t, int64_t(g->prompt.size()), g->prompt_text, -1};
+        GenParams gp = g->gp;
+        gp.stream = false;  // one JSON answer, also when a stream was asked for
+        return send_json(res, native_final(gp, g->np, f, tok(), model_id));
+      }
       json out = {{"id", g->id}, {"object", g->chat ? "chat.completion" : "text_completion"}, {"created", g->created}, {"model", model_id}};
       json choice = g->chat ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", "length"}}
                             : json{{"index", 0}, {"text", g->echo_text}, {"logprobs", nullptr}, {"finish_reason", "length"}};
@@ -695,6 +697,7 @@ struct Server::Impl {
     http.Post("/chat/completions", wrap(&Impl::h_chat));
     http.Post("/v1/completions", wrap(&Impl::h_completions));
     http.Post("/completions", wrap(&Impl::h_completions));
+    http.Post("/completion", wrap(&Impl::h_completion));
     http.Post("/tokenize", wrap(&Impl::h_tokenize));
     http.Post("/detokenize", wrap(&Impl::h_detokenize));
     http.Post("/apply-template", wrap(&Impl::h_apply_template));
