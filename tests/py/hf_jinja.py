@@ -5,7 +5,7 @@ from datetime import datetime
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 
 class _Generation(Extension):
@@ -22,9 +22,10 @@ class _Generation(Extension):
         return caller()
 
 
-def hf_environment(now: datetime) -> ImmutableSandboxedEnvironment:
+def hf_environment(now: datetime, immutable: bool = True) -> SandboxedEnvironment:
     """ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loopcontrols, {% generation %},
-    HF's tojson and raise_exception, and strftime_now answering for `now`."""
+    HF's tojson and raise_exception, and strftime_now answering for `now`. immutable=False gives
+    SandboxedEnvironment instead (list/dict mutators allowed): kiln's default, as llama-server."""
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -34,7 +35,8 @@ def hf_environment(now: datetime) -> ImmutableSandboxedEnvironment:
     def strftime_now(fmt):
         return now.strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
+    cls = ImmutableSandboxedEnvironment if immutable else SandboxedEnvironment
+    env = cls(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

@@ -1,13 +1,16 @@
 """kiln's Jinja engine vs Python jinja2 configured exactly like HF transformers.
 
 For every real chat template in ../shared/data/chat-templates and every conversation below,
-render with jinja2 (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols,
-HF's tojson / raise_exception / strftime_now, {% generation %}) and with
-`kiln template render --batch` (one process per template). Outputs must be byte-identical;
-when jinja2 raises for a conversation, kiln must fail too.
+render with jinja2 (SandboxedEnvironment — list/dict mutators allowed, as llama-server and kiln's
+default — with trim_blocks, lstrip_blocks, loopcontrols, HF's tojson / raise_exception /
+strftime_now, {% generation %}) and with `kiln template render --batch` (one process per
+template). Outputs must be byte-identical; when jinja2 raises for a conversation, kiln must fail
+too. The templates that mutate are also checked in HF's ImmutableSandboxedEnvironment against
+`kiln template render --immutable`.
 """
 import copy
 import json
+import re
 import subprocess
 from datetime import datetime
 
@@ -147,9 +150,22 @@ def test_case_count():
 
 
 def test_all_templates_match_jinja2(kiln_bin, shared_data, work_dir, capsys):
-    env = hf_environment(NOW)
-    templates = _templates(shared_data)
-    assert len(templates) >= 60, "expected the 65 shared chat templates"
+    _compare_all(kiln_bin, work_dir, capsys, hf_environment(NOW, immutable=False), _templates(shared_data), [])
+
+
+MUTATORS = re.compile(r"\.(append|extend|insert|pop|remove|reverse|sort|clear|update|popitem|setdefault)\(")
+
+
+def test_mutating_templates_match_immutable_hf(kiln_bin, shared_data, work_dir, capsys):
+    """HF transformers' ImmutableSandboxedEnvironment vs `kiln template render --immutable`, on the
+    templates that call list/dict mutators (Kimi-K2: its tool-call cases fail in both)."""
+    templates = [p for p in _templates(shared_data) if MUTATORS.search(p.read_text(encoding="utf-8"))]
+    assert templates, "expected at least one shared template that mutates a list (Kimi-K2)"
+    _compare_all(kiln_bin, work_dir, capsys, hf_environment(NOW), templates, ["--immutable"], min_templates=1)
+
+
+def _compare_all(kiln_bin, work_dir, capsys, env, templates, extra_args, min_templates=60):
+    assert len(templates) >= min_templates, "expected the 65 shared chat templates"
     batch = work_dir / "jinja_cases.json"
     batch.write_text(json.dumps([c for _, c in CASES], ensure_ascii=False), encoding="utf-8")
     report, failures = [], []
@@ -161,7 +177,7 @@ def test_all_templates_match_jinja2(kiln_bin, shared_data, work_dir, capsys):
         except Exception as e:  # template does not even compile in jinja2
             tmpl, compile_err = None, e
         proc = subprocess.run([str(kiln_bin), "template", "render", "--template", str(path), "--batch", str(batch),
-                               "--now", NOW_ARG], capture_output=True, timeout=120)
+                               "--now", NOW_ARG, *extra_args], capture_output=True, timeout=120)
         assert proc.returncode == 0, f"{path.name}: kiln exited {proc.returncode}: {proc.stderr.decode()[-2000:]}"
         ours = json.loads(proc.stdout.decode("utf-8"))
         assert len(ours) == len(CASES)
@@ -195,11 +211,12 @@ def test_all_templates_match_jinja2(kiln_bin, shared_data, work_dir, capsys):
 
 
 def test_unit_fixture_matches_jinja2(root):
-    """tests/unit/jinja_cases.json (used by the C++ unit test) must equal jinja2's output."""
+    """tests/unit/jinja_cases.json (used by the C++ unit test) must equal jinja2's output (with list/dict
+    mutators allowed, as in kiln's default)."""
     cases = json.loads((root / "tests" / "unit" / "jinja_cases.json").read_text(encoding="utf-8"))
     ctx = {"d": {"a": 1, "b": [1, 2]}, "l": [3, 1, 2], "s": "Hello World", "n": None,
            "msgs": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
-    env = hf_environment(NOW)
+    env = hf_environment(NOW, immutable=False)
     assert len(cases) >= 20
     for src, want in cases:
         assert env.from_string(src).render(**copy.deepcopy(ctx)) == want, src

@@ -1,6 +1,7 @@
 // Unit tests for kiln's Jinja engine (src/chat/jinja).
 // Construct cases: tests/unit/jinja_cases.json holds [template, expected] pairs whose expected
-// text was produced by Python jinja2 3.1 configured like HF transformers, with context
+// text was produced by Python jinja2 3.1 configured like HF transformers but with
+// SandboxedEnvironment (list/dict mutators allowed, as kiln's default), with context
 // kCtx below and strftime_now pinned to 2026-11-30; tests/py/test_jinja_oracle.py re-checks
 // every pair against jinja2 so the fixture cannot drift. Error/limit cases below assert
 // that rendering fails cleanly (jinja2 raises for the same templates, see comments).
@@ -117,11 +118,137 @@ TEST(Jinja, RaiseExceptionCarriesMessage) {
   EXPECT_EQ(e, "template line 3: raise_exception: Only user and assistant roles!");
 }
 
-TEST(Jinja, SandboxBlocksMutation) {
-  // ImmutableSandboxedEnvironment: list.append / dict.update are SecurityErrors.
-  error_of("{% set l = [] %}{{ l.append(1) }}");
-  error_of("{% set d = {} %}{{ d.update({'a': 1}) }}");
+TEST(Jinja, ImmutableSandboxBlocksMutation) {
+  // Options::immutable_sandbox = HF's ImmutableSandboxedEnvironment: every list/dict mutator
+  // is a SecurityError; the non-mutating methods still work.
+  jj::Options o = opts();
+  o.immutable_sandbox = true;
+  for (const char* m : {"append(1)", "extend([1])", "insert(0, 1)", "pop()", "remove(1)", "reverse()", "sort()", "clear()"}) {
+    std::string e = error_of(std::string("{% set l = [1] %}{{ l.") + m + " }}", json::object(), o);
+    EXPECT_NE(e.find("is unsafe"), std::string::npos) << m << ": " << e;
+  }
+  for (const char* m : {"update({'a': 1})", "pop('a')", "popitem()", "setdefault('a')", "clear()"}) {
+    std::string e = error_of(std::string("{% set d = {'a': 1} %}{{ d.") + m + " }}", json::object(), o);
+    EXPECT_NE(e.find("is unsafe"), std::string::npos) << m << ": " << e;
+  }
+  auto ok = render("{% set l = [1, 2] %}{{ l.index(2) }}{{ l.count(1) }}{{ {'a': 1}.get('a') }}", json::object(), o);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(*ok, "111");
+  // The default (jinja2 SandboxedEnvironment, as llama-server) allows them.
+  ok = render("{% set l = [] %}{{ l.append(1) }}{{ l }}");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(*ok, "None[1]");
   error_of("{% set x = 1 %}{% set x.attr = 2 %}");  // only namespaces take attribute sets
+}
+
+TEST(Jinja, ListMutatorsFailLikePython) {
+  error_of("{% set l = [] %}{{ l.pop() }}");                     // IndexError: pop from empty list
+  error_of("{% set l = [1] %}{{ l.pop(1) }}");                   // IndexError: pop index out of range
+  error_of("{% set l = [1] %}{{ l.pop(-2) }}");
+  error_of("{% set l = [1] %}{{ l.pop('0') }}");                 // TypeError
+  error_of("{% set l = [1] %}{{ l.remove(2) }}");                // ValueError: x not in list
+  error_of("{% set l = [1] %}{{ l.append() }}");                 // TypeError: exactly one argument
+  error_of("{% set l = [1] %}{{ l.append(1, 2) }}");
+  error_of("{% set l = [1] %}{{ l.append(x=1) }}");              // no keyword arguments
+  error_of("{% set l = [1] %}{{ l.insert(0) }}");
+  error_of("{% set l = [1] %}{{ l.extend(5) }}");                // int is not iterable
+  error_of("{% set l = [1, 'a'] %}{{ l.sort() }}");              // '<' between str and int
+  error_of("{% set l = [1, 2] %}{{ l.sort(1) }}");               // no positional arguments
+  error_of("{% set t = (1, 2) %}{{ t.append(3) }}");             // tuples have no append
+  error_of("{{ ([1]|select).append(2) }}");                     // nor generators
+  error_of("{% set l = [2, 1] %}{{ l.sort(key=none, cmp=1) }}"); // unknown keyword
+}
+
+TEST(Jinja, DictMutatorsFailLikePython) {
+  error_of("{% set d = {} %}{{ d.pop('k') }}");                  // KeyError
+  error_of("{% set d = {} %}{{ d.popitem() }}");                 // KeyError: dictionary is empty
+  error_of("{% set d = {} %}{{ d.update(1) }}");                 // not iterable
+  error_of("{% set d = {} %}{{ d.update(['abc']) }}");           // element has length 3
+  error_of("{% set d = {} %}{{ d.update({}, {}) }}");            // at most 1 argument
+  error_of("{% set d = {} %}{{ d.setdefault([1], 2) }}");        // unhashable key
+  error_of("{% set d = {} %}{{ d.pop() }}");
+}
+
+TEST(Jinja, MutationIsSharedByEveryReference) {
+  // Python reference semantics: the list in the namespace, the alias, the dict holding it and
+  // the loop/macro scopes all see one list; copies (copy(), |list, slices, +) do not.
+  const char* src =
+      "{% set ns = namespace(ids=[]) %}{% set alias = ns.ids %}{% set holder = {'x': alias} %}"
+      "{% macro push(v) %}{% set _ = ns.ids.append(v) %}{% endmacro %}"
+      "{% for m in msgs %}{% set _ = alias.append(m.role) %}{% endfor %}{{ push('m') }}"
+      "{% set c1 = ns.ids.copy() %}{% set c2 = ns.ids|list %}{% set c3 = ns.ids[:] %}{% set c4 = ns.ids + [] %}"
+      "{% set _ = holder.x.pop(0) %}"
+      "{{ ns.ids }}|{{ alias }}|{{ holder }}|{{ c1 }}|{{ c2 == c1 and c3 == c1 and c4 == c1 }}|{{ msgs|length }}";
+  auto r = render(src, json::parse(kCtx));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "['assistant', 'm']|['assistant', 'm']|{'x': ['assistant', 'm']}|['user', 'assistant', 'm']|True|2");
+  // A context value mutated in one render does not leak into the next render.
+  auto t = jj::Template::parse("{% set _ = l.append(9) %}{{ l }}", opts());
+  ASSERT_TRUE(t.ok());
+  json ctx = json::parse(kCtx);
+  for (int i = 0; i < 3; i++) {
+    auto out = t->render(ctx);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    EXPECT_EQ(*out, "[3, 1, 2, 9]");
+  }
+}
+
+TEST(Jinja, KimiToolResponseQueue) {
+  // The pattern of Kimi-K2's template: ids queued while rendering calls, popped by results.
+  const char* src =
+      "{% set q = namespace(ids=[], n=0) %}{% for m in messages %}"
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}{% set id = 'functions.' ~ c.name ~ ':' ~ q.n %}"
+      "{% set q.n = q.n + 1 %}{% set _ = q.ids.append(id) %}[call {{ id }}]{% endfor %}"
+      "{% elif m.role == 'tool' %}{% if q.ids %}[result {{ q.ids.pop(0) }}]{% else %}[result ?]{% endif %}{% endif %}"
+      "{% endfor %}";
+  json ctx = json::parse(R"({"messages": [
+    {"role": "assistant", "tool_calls": [{"name": "a"}, {"name": "b"}]},
+    {"role": "tool"}, {"role": "tool"}, {"role": "tool"}]})");
+  auto r = render(src, ctx);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "[call functions.a:0][call functions.b:1][result functions.a:0][result functions.b:1][result ?]");
+}
+
+TEST(Jinja, ReferenceCyclesAreRefused) {
+  // Python allows a list to contain itself; kiln refuses it (printing, comparing and freeing
+  // such values would need cycle handling everywhere), with an error instead of a hang.
+  std::string e = error_of("{% set l = [] %}{% set _ = l.append(l) %}{{ l }}");
+  EXPECT_NE(e.find("cycle"), std::string::npos) << e;
+  error_of("{% set a = [] %}{% set b = [a] %}{% set _ = a.append(b) %}");
+  error_of("{% set a = [] %}{% set b = {'k': [a]} %}{% set _ = a.extend([1, b]) %}");
+  error_of("{% set a = [] %}{% set _ = a.insert(0, {'x': a}) %}");
+  error_of("{% set d = {} %}{% set _ = d.update(me=d) %}");
+  error_of("{% set d = {} %}{% set _ = d.setdefault('me', [d]) %}");
+  error_of("{% set ns = namespace(l=[]) %}{% set ns.self = [ns] %}");
+  error_of("{% set ns = namespace(l=[]) %}{% set _ = ns.l.append(ns) %}");
+  // Sharing without a cycle is fine (a DAG), including the same list twice.
+  auto r = render("{% set a = [1] %}{% set b = [] %}{% set _ = b.append(a) %}{% set _ = b.append(a) %}"
+                  "{% set _ = a.append(2) %}{{ b }}");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "[[1, 2], [1, 2]]");
+}
+
+TEST(Jinja, MutationGrowthIsBounded) {
+  // Unbounded growth hits max_steps (every added element and every key scan is charged), not
+  // memory or quadratic time; the loops alone would stay under the limit.
+  jj::Options o = opts();
+  o.max_steps = 200000;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string e = error_of("{% set l = [1] %}{% for i in range(100) %}{% set _ = l.extend(l) %}{% endfor %}", json::object(), o);
+  EXPECT_NE(e.find("max_steps"), std::string::npos) << e;
+  e = error_of("{% set l = [] %}{% for i in range(100000) %}{% for j in range(100000) %}{% set _ = l.append(j) %}"
+               "{% endfor %}{% endfor %}", json::object(), o);
+  EXPECT_NE(e.find("max_steps"), std::string::npos) << e;
+  e = error_of("{% set d = {} %}{% for i in range(3000) %}{% set _ = d.update({i: i}) %}{% endfor %}", json::object(), o);
+  EXPECT_NE(e.find("max_steps"), std::string::npos) << e;
+  e = error_of("{% set l = [] %}{% for i in range(6000) %}{% set _ = l.insert(0, i) %}{% endfor %}", json::object(), o);
+  EXPECT_NE(e.find("max_steps"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // Ordinary use stays far below the limit.
+  auto ok = render("{% set l = [] %}{% for i in range(1000) %}{% set _ = l.append(i) %}{% endfor %}{{ l|length }}",
+                   json::object(), o);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(*ok, "1000");
 }
 
 TEST(Jinja, TypeErrorsFail) {

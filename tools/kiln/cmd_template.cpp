@@ -17,9 +17,11 @@ using kiln::read_file;
 
 const char* kUsage =
     "usage: kiln template render --template FILE (--context JSON_FILE | --batch JSON_FILE) [--now DATE]\n"
+    "                            [--immutable]\n"
     "\n"
     "Renders a Jinja2 chat template with kiln's Jinja engine (HF transformers semantics:\n"
-    "trim_blocks, lstrip_blocks, loop controls, tojson, raise_exception, strftime_now).\n"
+    "trim_blocks, lstrip_blocks, loop controls, tojson, raise_exception, strftime_now;\n"
+    "list/dict methods such as append and update allowed, as llama-server renders).\n"
     "\n"
     "options:\n"
     "  --template FILE      the template source (.jinja)\n"
@@ -30,6 +32,8 @@ const char* kUsage =
     "                       {\"ok\": true, \"text\": ...} or {\"ok\": false, \"error\": ...} per context\n"
     "  --now DATE           pin strftime_now() to DATE (YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS])\n"
     "                       instead of the local time\n"
+    "  --immutable          HF transformers' ImmutableSandboxedEnvironment: list.append,\n"
+    "                       dict.update, ... are errors\n"
     "\n"
     "exit status: 0 rendered (batch: always 0 once the inputs are read), 1 template or\n"
     "context error (message on stderr), 2 usage error.\n";
@@ -44,6 +48,7 @@ int cmd_template(int argc, char** argv) {
     return 2;
   }
   std::string tpl_path, ctx_path, batch_path, now;
+  bool immutable = false;
   for (int i = 2; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -63,6 +68,7 @@ int cmd_template(int argc, char** argv) {
     else if (a == "--context") ok = need(ctx_path);
     else if (a == "--batch") ok = need(batch_path);
     else if (a == "--now") ok = need(now);
+    else if (a == "--immutable") immutable = true;
     else {
       std::fprintf(stderr, "kiln template render: unknown option '%s'\n%s", a.c_str(), kUsage);
       return 2;
@@ -75,6 +81,7 @@ int cmd_template(int argc, char** argv) {
   }
   namespace jj = kiln::chat::jinja;
   jj::Options opt;
+  opt.immutable_sandbox = immutable;
   if (!now.empty()) {
     auto f = jj::fixed_strftime(now);
     if (!f) {

@@ -1,6 +1,7 @@
 // chat/jinja/interp.cpp — tree-walking evaluator: scopes, statements, operators, filters,
-// tests, str/list/dict methods and globals with jinja2 + ImmutableSandboxedEnvironment
-// semantics (as HF transformers configures it).
+// tests, str/list/dict methods and globals with jinja2 + SandboxedEnvironment semantics
+// (llama-server's: list/dict mutators allowed, see mutate.cpp), or HF transformers'
+// ImmutableSandboxedEnvironment when Options::immutable_sandbox is set.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <unordered_set>
 
 #include "chat/jinja/ast.h"
+#include "chat/jinja/mutate.h"
 
 namespace kiln::chat::jinja {
 
@@ -204,10 +206,17 @@ struct Interp {
   ScopeP root;
   Value globals;  // Dict of builtins
 
-  Interp(const detail::Program& p) : prog(p), opt(p.opt) {}
+  MutateEnv menv;  // what list/dict mutators need from us (mutate.h)
 
-  void step() {
-    if (++steps > opt.max_steps) fail("limit", "template exceeded max_steps (" + std::to_string(opt.max_steps) + ")");
+  Interp(const detail::Program& p) : prog(p), opt(p.opt) {
+    menv.steps = [this](size_t n) { step(n); };
+    menv.less = [this](const Value& a, const Value& b) { return less(a, b, "<"); };
+    menv.iterate = [this](const Value& v) { return iterate(v, "iterate"); };
+  }
+
+  void step(size_t n = 1) {
+    steps += n;
+    if (steps > opt.max_steps) fail("limit", "template exceeded max_steps (" + std::to_string(opt.max_steps) + ")");
   }
   void check_size(size_t n, const char* construct) {
     if (n > opt.max_output_bytes)
@@ -253,10 +262,9 @@ struct Interp {
     switch (obj.kind) {
       case Kind::Undefined: undefined_error(obj, "attribute '" + name + "'");
       case Kind::Dict: {
-        static const std::unordered_set<std::string> safe = {"get", "items", "keys", "values", "copy"};
-        static const std::unordered_set<std::string> mut = {"pop", "popitem", "setdefault", "update", "clear", "fromkeys"};
+        static const std::unordered_set<std::string> safe = {"get", "items", "keys", "values", "copy", "fromkeys"};
         if (safe.count(name)) return make_method(obj, name, false);
-        if (mut.count(name)) return make_method(obj, name, true);
+        if (is_dict_mutator(name)) return make_method(obj, name, opt.immutable_sandbox);
         if (const Value* v = obj.d->find(name)) return *v;
         return Value::undefined("'dict object' has no attribute '" + name + "'");
       }
@@ -270,10 +278,9 @@ struct Interp {
       case Kind::List: {
         if (obj.gen) break;
         static const std::unordered_set<std::string> safe = {"index", "count", "copy"};
-        static const std::unordered_set<std::string> mut = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear"};
         if (safe.count(name) && !obj.tuple) return make_method(obj, name, false);
         if ((name == "index" || name == "count") && obj.tuple) return make_method(obj, name, false);
-        if (mut.count(name) && !obj.tuple) return make_method(obj, name, true);
+        if (is_list_mutator(name) && !obj.tuple) return make_method(obj, name, opt.immutable_sandbox);
         break;
       }
       default: break;
@@ -900,7 +907,19 @@ struct Interp {
       }
       fail(construct, "str." + name + "() is not supported by kiln's jinja engine");
     }
+    if ((self.is_dict() && is_dict_mutator(name)) || (self.is_list() && !self.tuple && is_list_mutator(name)))
+      return call_mutator(self, name, a, menv);
     if (self.is_dict()) {
+      if (name == "fromkeys") {  // a classmethod: a new dict, self untouched
+        const Value* it = arg(a, 0, "iterable");
+        if (!it) fail(construct, "fromkeys expected at least 1 argument, got 0");
+        Value d = Value::dict(), v = arg_or(a, 1, "value", Value::none());
+        for (const auto& k : iterate(*it, "fromkeys")) {
+          step(1 + d.d->items.size() / 16);
+          d.d->set(dict_key(k), v);
+        }
+        return d;
+      }
       if (name == "get") {
         const Value* k = arg(a, 0, "key");
         if (!k) fail(construct, "get expected at least 1 argument, got 0");
@@ -1186,8 +1205,7 @@ struct Interp {
       return Value::str(r);
     }
     if (name == "list") {
-      if (v.is_list() && !v.gen && !v.tuple) return v;
-      return Value::list(iterate(v, cn));
+      return Value::list(iterate(v, cn));  // a new list, as Python's list(v)
     }
     if (name == "first") {
       auto items = iterate(v, cn);
@@ -1634,6 +1652,7 @@ struct Interp {
       const Value* ns = sc.find(n->names[0]);
       if (!ns) ns = globals.d->find(n->names[0]);
       if (!ns || ns->kind != Kind::Namespace) fail("set", "Can only set attributes on namespace objects.");
+      check_no_cycle(*ns, v, menv, "set");
       ns->d->set(n->attr, v);
       return;
     }

@@ -1,8 +1,10 @@
 // chat/jinja/jinja.h — kiln's own Jinja2 engine for chat templates (public API).
 // Owns: lexing, parsing and rendering of Jinja2 templates with the semantics of Python
-//       jinja2 as configured by HF transformers (ImmutableSandboxedEnvironment,
-//       trim_blocks, lstrip_blocks, loopcontrols, HF `tojson`, `raise_exception`,
-//       `strftime_now`, `{% generation %}`). See docs/jinja.md for the supported subset.
+//       jinja2 as configured by HF transformers (trim_blocks, lstrip_blocks, loopcontrols,
+//       HF `tojson`, `raise_exception`, `strftime_now`, `{% generation %}`), in a
+//       SandboxedEnvironment that lets templates mutate lists/dicts (`ns.ids.append(x)`, as
+//       llama-server renders them) unless Options::immutable_sandbox asks for HF's
+//       ImmutableSandboxedEnvironment. See docs/jinja.md for the supported subset.
 // Must not: know about tokens, models or the engine; let exceptions escape; abort on a bad
 //       template (every template/data problem is a returned kiln::Error).
 // Threading: a parsed Template is immutable; render() may be called concurrently from many
@@ -25,6 +27,9 @@ struct Options {
   size_t max_output_bytes = 16 << 20;  // rendered text (and any built string) larger → error
   size_t max_steps = 50'000'000;       // evaluation steps (nodes + loop iterations) → error
   size_t max_recursion = 200;          // nested macro calls → error
+  // true: HF transformers' ImmutableSandboxedEnvironment (list.append, dict.update, … are
+  // security errors). false: jinja2's SandboxedEnvironment, as llama-server renders templates.
+  bool immutable_sandbox = false;
   // strftime_now(fmt) inside templates. Null → real local time (std::strftime).
   std::function<std::string(const std::string& fmt)> strftime_now;
 };

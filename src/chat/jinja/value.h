@@ -2,8 +2,10 @@
 // Owns: Value (undefined/none/bool/int/float/str/list/tuple/dict/namespace/callable), Python
 //       str()/repr() formatting, json.dumps-compatible serialisation, UTF-8 helpers.
 // Must not: evaluate templates (that is interp.cpp).
-// Threading: Values are shared immutable data (except Namespace dicts, which belong to one
-//       render call); never share a Value between concurrent renders.
+// Threading: strings are shared immutable data; lists, dicts and namespaces are shared by
+//       reference and mutable (Python semantics: list.append / dict.update / set ns.x change
+//       them for every Value that refers to them) and belong to one render call; never share
+//       a Value between concurrent renders.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -41,7 +43,7 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::shared_ptr<const std::string> s;  // String; Undefined: hint (name or message)
-  std::shared_ptr<std::vector<Value>> l;  // List / tuple (not mutated after construction)
+  std::shared_ptr<std::vector<Value>> l;  // List / tuple (lists: mutable, shared by reference)
   std::shared_ptr<Dict> d;                // Dict / Namespace
   std::shared_ptr<const Callable> fn;     // Callable
 
