@@ -15,6 +15,17 @@ json ApiError::to_json() const {
   return json{{"error", e}};
 }
 
+const char* json_kind(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    default: return "a number";
+  }
+}
+
 ApiError bad_request(std::string field, std::string message) {
   ApiError e;
   e.status = 400;
@@ -26,23 +37,12 @@ ApiError bad_request(std::string field, std::string message) {
 
 namespace {
 
-const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "a number";
-  }
-}
-
 // Field readers: out = nullopt when absent or null (use the default); an ApiError on a bad value.
 std::optional<ApiError> get_number(const json& b, const char* key, double lo, double hi, std::optional<double>& out) {
   out.reset();
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return bad_request(key, fmt::format("expected a number, got {}", type_name(*it)));
+  if (!it->is_number()) return bad_request(key, fmt::format("expected a number, got {}", json_kind(*it)));
   double v = it->get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) return bad_request(key, fmt::format("{} is out of range [{}, {}]", it->dump(), lo, hi));
   out = v;
@@ -64,7 +64,7 @@ std::optional<ApiError> get_int(const json& b, const char* key, int64_t lo, int6
       return bad_request(key, fmt::format("expected an integer, got {}", it->dump()));
     v = int64_t(d);
   } else {
-    return bad_request(key, fmt::format("expected an integer, got {}", type_name(*it)));
+    return bad_request(key, fmt::format("expected an integer, got {}", json_kind(*it)));
   }
   if (v < lo || v > hi) return bad_request(key, fmt::format("{} is out of range [{}, {}]", v, lo, hi));
   out = v;
@@ -75,7 +75,7 @@ std::optional<ApiError> get_bool(const json& b, const char* key, std::optional<b
   out.reset();
   auto it = b.find(key);
   if (it == b.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) return bad_request(key, fmt::format("expected a boolean, got {}", type_name(*it)));
+  if (!it->is_boolean()) return bad_request(key, fmt::format("expected a boolean, got {}", json_kind(*it)));
   out = it->get<bool>();
   return std::nullopt;
 }
@@ -115,7 +115,7 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
   auto& s = r.sampling;
 
   if (auto it = b.find("model"); it != b.end() && !it->is_null() && !it->is_string())
-    return bad_request("model", fmt::format("expected a string, got {}", type_name(*it)));
+    return bad_request("model", fmt::format("expected a string, got {}", json_kind(*it)));
 
   std::optional<int64_t> i;
 
@@ -150,7 +150,7 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
 
   KILN_API_TRY(set_bool(b, "stream", out.stream));
   if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
-    if (!it->is_object()) return bad_request("stream_options", fmt::format("expected an object, got {}", type_name(*it)));
+    if (!it->is_object()) return bad_request("stream_options", fmt::format("expected an object, got {}", json_kind(*it)));
     if (auto e = set_bool(*it, "include_usage", out.include_usage)) {
       e->param = "stream_options.include_usage";
       e->message = "stream_options." + e->message;
@@ -170,12 +170,12 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
       for (size_t k = 0; k < it->size(); ++k) {
         const auto& v = (*it)[k];
         std::string field = fmt::format("stop[{}]", k);
-        if (!v.is_string()) return bad_request(field, fmt::format("expected a string, got {}", type_name(v)));
+        if (!v.is_string()) return bad_request(field, fmt::format("expected a string, got {}", json_kind(v)));
         if (v.get<std::string>().empty()) return bad_request(field, "must not be an empty string");
         r.stop.push_back(v.get<std::string>());
       }
     } else {
-      return bad_request("stop", fmt::format("expected a string or an array of strings, got {}", type_name(*it)));
+      return bad_request("stop", fmt::format("expected a string or an array of strings, got {}", json_kind(*it)));
     }
   }
 
@@ -212,7 +212,7 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
         KILN_API_TRY(add(field, e[0].get<int64_t>(), e[1]));
       }
     } else {
-      return bad_request("logit_bias", fmt::format("expected an object, got {}", type_name(*it)));
+      return bad_request("logit_bias", fmt::format("expected an object, got {}", json_kind(*it)));
     }
   }
 
@@ -232,7 +232,7 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
     }
     KILN_API_TRY(set_bool(b, "echo", out.echo));
     if (auto it = b.find("suffix"); it != b.end() && !it->is_null()) {
-      if (!it->is_string()) return bad_request("suffix", fmt::format("expected a string, got {}", type_name(*it)));
+      if (!it->is_string()) return bad_request("suffix", fmt::format("expected a string, got {}", json_kind(*it)));
       if (!it->get<std::string>().empty()) return bad_request("suffix", "suffix (insertion) is not supported");
     }
   }
@@ -244,13 +244,13 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
   if (out.logprobs) r.n_probs = out.top_logprobs > 0 ? out.top_logprobs : -1;
 
   if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object()) return bad_request("response_format", fmt::format("expected an object, got {}", type_name(*it)));
+    if (!it->is_object()) return bad_request("response_format", fmt::format("expected an object, got {}", json_kind(*it)));
     auto t = it->find("type");
     if (t == it->end() || !t->is_string()) return bad_request("response_format.type", "expected a string");
     if (*t != "text") return bad_request("response_format.type", fmt::format("'{}' is not supported (only 'text')", t->get<std::string>()));
   }
   if (auto it = b.find("user"); it != b.end() && !it->is_null() && !it->is_string())
-    return bad_request("user", fmt::format("expected a string, got {}", type_name(*it)));
+    return bad_request("user", fmt::format("expected a string, got {}", json_kind(*it)));
   return std::nullopt;
 }
 
@@ -284,7 +284,7 @@ std::optional<ApiError> parse_completion_prompt(const json& b, int64_t n_vocab, 
     }
     return std::nullopt;
   }
-  return bad_request(field, fmt::format("expected a string or an array of token ids, got {}", type_name(*p)));
+  return bad_request(field, fmt::format("expected a string or an array of token ids, got {}", json_kind(*p)));
 }
 
 std::string valid_utf8(const std::string& s) {

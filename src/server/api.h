@@ -31,6 +31,8 @@ struct ApiError {
 };
 
 ApiError bad_request(std::string field, std::string message);
+// "null", "a boolean", "a string", "an array", "an object" or "a number": for error messages.
+const char* json_kind(const json& v);
 
 // Generation parameters shared by /v1/chat/completions, /v1/completions and /completion.
 struct GenParams {

@@ -7,17 +7,6 @@ namespace kiln::server {
 
 namespace {
 
-const char* kind_of(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "a number";
-  }
-}
-
 // A token id at `field`, appended to `ids`.
 std::optional<ApiError> take_id(const json& v, const std::string& field, int64_t n_vocab, std::vector<int32_t>& ids) {
   if (!v.is_number_integer()) return bad_request(field, fmt::format("expected a token id (integer), got {}", v.dump()));
@@ -34,7 +23,7 @@ std::optional<ApiError> parse_one_prompt(const json& p, const std::string& field
     out.push_back(PromptPart{true, p.get<std::string>(), {}});
     return std::nullopt;
   }
-  if (!p.is_array()) return bad_request(field, fmt::format("expected a string or an array of token ids, got {}", kind_of(p)));
+  if (!p.is_array()) return bad_request(field, fmt::format("expected a string or an array of token ids, got {}", json_kind(p)));
   if (p.empty()) return bad_request(field, "must not be empty");
   for (size_t k = 0; k < p.size(); ++k) {
     const auto& v = p[k];
@@ -69,7 +58,7 @@ std::optional<ApiError> parse_native_params(const json& b, int64_t n_vocab, int 
   }
 
   if (auto f = b.find("return_tokens"); f != b.end() && !f->is_null()) {
-    if (!f->is_boolean()) return bad_request("return_tokens", fmt::format("expected a boolean, got {}", kind_of(*f)));
+    if (!f->is_boolean()) return bad_request("return_tokens", fmt::format("expected a boolean, got {}", json_kind(*f)));
     out.return_tokens = f->get<bool>();
   }
   // Constrained decoding is not implemented yet: a client that asks for it must not get
@@ -78,7 +67,7 @@ std::optional<ApiError> parse_native_params(const json& b, int64_t n_vocab, int 
     if (auto f = b.find(k); f != b.end() && !f->is_null() && !(f->is_string() && f->get<std::string>().empty()))
       return bad_request(k, fmt::format("{} (constrained decoding) is not supported yet", k));
   if (auto f = b.find("post_sampling_probs"); f != b.end() && !f->is_null()) {
-    if (!f->is_boolean()) return bad_request("post_sampling_probs", fmt::format("expected a boolean, got {}", kind_of(*f)));
+    if (!f->is_boolean()) return bad_request("post_sampling_probs", fmt::format("expected a boolean, got {}", json_kind(*f)));
     if (f->get<bool>()) return bad_request("post_sampling_probs", "post-sampling probabilities are not supported (n_probs gives the model's logprobs)");
   }
   if (auto f = b.find("id_slot"); f != b.end() && !f->is_null()) {

@@ -91,23 +91,6 @@ void launch_binary(const Launch& L, Rows a, Rows b, int mode, Rows y) {
 }
 
 // ---- row reductions: a warp per row (ne0 <= 1024) or a block per row ----------------------------
-// Rows per block in the warp-per-row form.
-constexpr int kWarpRows = 4;
-int block_threads(int64_t ne0) { return ne0 <= 4096 ? 256 : ne0 <= 16384 ? 512 : 1024; }
-
-// Sum of squares of row xr (n floats), by a warp (WARP) or the whole block.
-template <bool WARP>
-__device__ float row_sum_sq(const float* xr, int64_t n, float* red) {
-  float s = 0.f;
-  if constexpr (WARP) {
-    for (int64_t i = threadIdx.x & 31; i < n; i += 32) s = fmaf(xr[i], xr[i], s);
-    return warp_sum(s);
-  } else {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
-    return block_sum(s, red);
-  }
-}
-
 // y = x * (1/sqrt(sum_sq * inv_n + eps)) * w  (rms_norm: inv_n = 1/ne0; l2_norm: inv_n = 1, no w).
 template <bool WARP>
 __global__ void norm_kernel(Rows x, const float* __restrict__ w, Rows y, float eps, float inv_n) {
@@ -139,15 +122,6 @@ __global__ void softmax_kernel(Rows x, float scale) {
   s = WARP ? warp_sum(s) : block_sum(s, red);
   const float inv = 1.f / s;
   for (int64_t i = i0; i < x.ne0; i += step) xr[i] = expf(scale * xr[i] - mx) * inv;
-}
-
-template <class K, class... A>
-void launch_rows(const Launch& L, int64_t ne0, int64_t nr, K warp_kernel, K block_kernel, A... args) {
-  if (ne0 <= 1024) {
-    warp_kernel<<<unsigned((nr + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(args...);
-  } else {
-    block_kernel<<<unsigned(nr), block_threads(ne0), 0, L.stream>>>(args...);
-  }
 }
 
 // ---- rope ------------------------------------------------------------------------------------

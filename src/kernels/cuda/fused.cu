@@ -18,9 +18,6 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kWarpRows = 4;  // rows per block in the warp-per-row form (ne0 <= 1024)
-
-int block_threads(int64_t ne0) { return ne0 <= 4096 ? 256 : ne0 <= 16384 ? 512 : 1024; }
 
 // ---- delta_gates: x over ne0 (grid-stride), y over rows (grid-stride) ----------------------------
 __global__ void delta_gates_kernel(Rows beta, Rows g, const float* __restrict__ dt_bias, const float* __restrict__ a) {
@@ -46,9 +43,7 @@ __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows 
   float* xr = row_mut(x, r);
   const float* zr = row_mut(z, r);
   const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
-  float ss = 0.f;
-  for (int64_t i = i0; i < x.ne0; i += step) ss = fmaf(xr[i], xr[i], ss);
-  ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+  const float ss = row_sum_sq<WARP>(xr, x.ne0, red);
   const float sc = 1.f / sqrtf(ss * inv_n + eps);
   for (int64_t i = i0; i < x.ne0; i += step) xr[i] = xr[i] * sc * w[i] * siluf_(zr[i]);
 }
@@ -75,15 +70,6 @@ __global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w,
   ss = WARP ? warp_sum(ss) : block_sum(ss, red);
   const float sc = 1.f / sqrtf(ss * inv_n + eps);
   for (int64_t i = i0; i < x.ne0; i += step) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
-}
-
-template <class K, class... A>
-void launch_rows(const Launch& L, int64_t ne0, int64_t nr, K warp_kernel, K block_kernel, A... args) {
-  if (ne0 <= 1024) {
-    warp_kernel<<<unsigned((nr + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(args...);
-  } else {
-    block_kernel<<<unsigned(nr), block_threads(ne0), 0, L.stream>>>(args...);
-  }
 }
 
 }  // namespace

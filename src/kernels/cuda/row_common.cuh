@@ -75,5 +75,34 @@ void check_same(const Rows& a, const Rows& b, const char* what) {
 }
 int64_t n_rows(const Rows& r) { return r.n1 * r.n2; }
 
+// ---- row reductions: a warp per row (ne0 <= 1024) or a block per row ----
+// Rows per block in the warp-per-row form.
+constexpr int kWarpRows = 4;
+int block_threads(int64_t ne0) { return ne0 <= 4096 ? 256 : ne0 <= 16384 ? 512 : 1024; }
+
+// Sum of squares of row xr (n floats), by a warp (WARP) or the whole block.
+template <bool WARP>
+__device__ float row_sum_sq(const float* xr, int64_t n, float* red) {
+  float s = 0.f;
+  if constexpr (WARP) {
+    for (int64_t i = threadIdx.x & 31; i < n; i += 32) s = fmaf(xr[i], xr[i], s);
+    return warp_sum(s);
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
+    return block_sum(s, red);
+  }
+}
+
+// Launches a row kernel: the warp-per-row form (kWarpRows rows per block) up to 1024 columns, else
+// a block per row.
+template <class K, class... A>
+void launch_rows(const Launch& L, int64_t ne0, int64_t nr, K warp_kernel, K block_kernel, A... args) {
+  if (ne0 <= 1024) {
+    warp_kernel<<<unsigned((nr + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(args...);
+  } else {
+    block_kernel<<<unsigned(nr), block_threads(ne0), 0, L.stream>>>(args...);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cuda
