@@ -182,6 +182,21 @@ class Stream {
   //   binary(Add, x, t, x); rms_norm(x, w, y, eps).
   // y may be x or t; no other overlap.
   virtual void add_rms_norm(const Tensor& x, const Tensor& t, const Tensor* w, const Tensor& y, float eps) = 0;
+  // Delta-net input side (qwen35), in place: mixed [C, T] with C = (2*Hk + Hv) * S channels per token
+  // (Hk q heads, Hk k heads, Hv v heads of S channels); beta, g [Hv, T]; dt_bias, a [Hv]; conv_w
+  // [d_conv, C]; conv_state [d_conv - 1, C, 1, n_seq]:
+  //   delta_gates(beta, g, dt_bias, a); conv1d_silu(mixed, conv_w, seq, conv_state, mixed);
+  //   l2_norm(q, q, eps); l2_norm(k, k, eps)   (q, k: rows [S, Hk, T] of mixed at channels 0 and Hk*S).
+  // The default makes exactly those calls (the CPU's arithmetic).
+  virtual void delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
+                          const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias,
+                          const Tensor& a, float eps);
+  // The gated delta rule and the gated RMSNorm of its output (z, norm_w as rms_norm_gated's z, w):
+  //   gated_delta(q, k, v, g, beta, seq, state, out, chunk); rms_norm_gated(out, norm_w, z, eps).
+  // The default makes exactly those calls.
+  virtual void gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                                const Tensor& seq, const Tensor& state, const Tensor& out, int chunk,
+                                const Tensor& norm_w, const Tensor& z, float eps);
 };
 
 class Device {
@@ -208,6 +223,12 @@ int cuda_device_count();
 std::string cuda_unavailable_reason();
 // The process-wide device for ordinal i (< cuda_device_count()); created on first use.
 Device& cuda_device(int i);
+
+// Per-op GPU times, for finding the next gap (docs/gpu.md): with KILN_CUDA_PROFILE=1 in the
+// environment every CUDA stream runs op by op (no graphs), holds each step back until the host has
+// enqueued it, and times every op with a pair of events. Returns the table of the ops timed since
+// the last call (and forgets them); "" when profiling is off.
+std::string cuda_profile_report();
 
 // Scratch planning: reserve() hands out aligned offsets while planning; allocate() makes one
 // Buffer of the total; tensor() views it. Re-plan (reset + reserve + allocate) only when the batch

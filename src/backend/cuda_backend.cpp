@@ -16,6 +16,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <mutex>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -26,6 +30,7 @@ namespace kiln::backend {
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "kiln was built without CUDA (no nvcc found at build time)"; }
 Device& cuda_device(int) { KILN_CHECK(false, "kiln was built without CUDA"); __builtin_unreachable(); }
+std::string cuda_profile_report() { return ""; }
 #else
 
 #define KILN_CUDA_CALL(call)                                                                                  \
@@ -143,6 +148,22 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* what) {
              b.ne[0], b.ne[1], b.ne[2], b.ne[3]);
 }
 
+// ---- KILN_CUDA_PROFILE (backend.h: cuda_profile_report) ----
+bool profiling() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_PROFILE");
+    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+struct ProfRow {
+  int64_t calls = 0;
+  double ms = 0, bytes = 0;
+};
+std::mutex g_prof_mu;
+std::map<std::string, ProfRow> g_prof;  // label -> totals over every stream
+constexpr int64_t kProfHoldUs = 20000;  // device-side hold at the start of each step (host enqueues meanwhile)
+
 class CudaStream final : public Stream {
  public:
   explicit CudaStream(CudaDevice& dev) : dev_(dev) {
@@ -163,6 +184,7 @@ class CudaStream final : public Stream {
   ~CudaStream() override {
     DeviceScope ds(dev_.ordinal());
     cudaStreamSynchronize(stream_);
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
     cublasDestroy(blas_);
     cudaFree(blas_ws_);
     cudaFree(ws_);
@@ -189,6 +211,7 @@ class CudaStream final : public Stream {
     check_same_shape(dst, src, "copy");
     if (dst.n_elements() == 0) return;
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "copy " + shape(src); });
     const size_t dnb[3] = {dst.nb[1], dst.nb[2], dst.nb[3]}, snb[3] = {src.nb[1], src.nb[2], src.nb[3]};
     const int64_t ne[3] = {src.ne[1], src.ne[2], src.ne[3]};
     C::copy_rows(L_, ptr(dst, "copy dst"), dnb, ptr(src, "copy src"), snb, src.row_bytes(), ne);
@@ -227,10 +250,12 @@ class CudaStream final : public Stream {
   void synchronize() override {
     DeviceScope ds(dev_.ordinal());
     KILN_CUDA_CALL(cudaStreamSynchronize(stream_));
+    if (!timed_.empty()) prof_collect();
   }
 
   // ---- graphs ----
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
+    if (profiling()) return nullptr;  // ops are timed one by one
     DeviceScope ds(dev_.ordinal());
     KILN_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t g = nullptr;
@@ -283,6 +308,7 @@ class CudaStream final : public Stream {
     KILN_CHECK(x.ne[0] == w.ne[0] && y.ne[0] == w.ne[1] && y.ne[1] == x.ne[1],
                "matmul: w [{}, {}] x [{}, {}] -> y [{}, {}]", w.ne[0], w.ne[1], x.ne[0], x.ne[1], y.ne[0], y.ne[1]);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("matmul {} {}x{} m{}", gguf::type_name(w.type), w.ne[0], w.ne[1], x.ne[1]); }, double(w.nb[1]) * double(w.ne[1]));
     const int64_t k = w.ne[0], n = w.ne[1], m = x.ne[1];
     const C::Launch L = launch(C::matmul_workspace(w.type, k, n, m));
     C::matmul(L, w.type, ptr(w, "matmul w"), w.nb[1], k, n, fptr(x, "matmul x"), int64_t(x.nb[1] / 4),
@@ -302,6 +328,7 @@ class CudaStream final : public Stream {
     KILN_CHECK(y.ne[0] == n && y.ne[1] == K && y.ne[2] == T, "matmul_id: y [{}, {}, {}], expected [{}, {}, {}]", y.ne[0],
                y.ne[1], y.ne[2], n, K, T);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("matmul_id {} {}x{}x{} K{} T{}", gguf::type_name(w.type), k, n, w.ne[2], K, T); }, double(w.nb[1]) * double(n) * double(std::min<int64_t>(K * T, w.ne[2])));
     const C::Launch L = launch(C::matmul_id_workspace(w.type, k, n, K * T));
     C::matmul_id(L, w.type, ptr(w, "matmul_id w"), w.nb[1], w.nb[2], k, n, fptr(x, "matmul_id x"), x.ne[1],
                  int64_t(x.nb[1] / 4), int64_t(x.nb[2] / 4), iptr(ids, "matmul_id ids"), K, T, fptr(y, "matmul_id y"),
@@ -313,6 +340,7 @@ class CudaStream final : public Stream {
     KILN_CHECK(out.ne[0] == table.ne[0], "get_rows: row length {} vs {}", out.ne[0], table.ne[0]);
     KILN_CHECK(out.ne[2] == 1 && out.ne[3] == 1, "get_rows: out must be 2-D [k, n]");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("get_rows {} {}", gguf::type_name(table.type), shape(out)); });
     C::get_rows(launch(), table.type, ptr(table, "get_rows table"), table.nb[1], table.ne[0], iptr(ids, "get_rows ids"),
                 out.ne[1], fptr(out, "get_rows out"), int64_t(out.nb[1] / 4));
   }
@@ -321,25 +349,30 @@ class CudaStream final : public Stream {
     if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0] && w->is_contiguous(),
                       "rms_norm: weight must be F32 [{}]", x.ne[0]);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "rms_norm " + shape(x); });
     C::rms_norm(launch(), rows(x, "rms_norm x"), w ? fptr(*w, "rms_norm w") : nullptr, rows(y, "rms_norm y"), eps);
   }
   void l2_norm(const Tensor& x, const Tensor& y, float eps) override {
     check_same_shape(x, y, "l2_norm");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "l2_norm " + shape(x); });
     C::l2_norm(launch(), rows(x, "l2_norm x"), rows(y, "l2_norm y"), eps);
   }
   void rope(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
     check_i32(pos, x.ne[2], "rope pos");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "rope " + shape(x); });
     C::rope(launch(), rows(x, "rope x"), iptr(pos, "rope pos"), p);
   }
   void softmax(const Tensor& x, float scale) override {
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "softmax " + shape(x); });
     C::softmax(launch(), rows(x, "softmax x"), scale);
   }
   void unary(Unary op, const Tensor& x, const Tensor& y) override {
     check_same_shape(x, y, "unary");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("unary{} {}", int(op), shape(x)); });
     C::unary(launch(), to_cuda(op), rows(x, "unary x"), rows(y, "unary y"));
   }
   void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) override {
@@ -352,11 +385,13 @@ class CudaStream final : public Stream {
                "binary: b [{} {} {} {}] must be a's shape [{} {} {} {}], one row [{}] or one scalar per row [1, {}, {}]",
                b.ne[0], b.ne[1], b.ne[2], b.ne[3], a.ne[0], a.ne[1], a.ne[2], a.ne[3], a.ne[0], a.ne[1], a.ne[2]);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("binary{} {}", int(op), shape(a)); });
     C::binary(launch(), to_cuda(op), rows(a, "binary a"), rows(b, "binary b"), mode, rows(y, "binary y"));
   }
   void scale(const Tensor& x, float s, const Tensor& y) override {
     check_same_shape(x, y, "scale");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "scale " + shape(x); });
     C::scale(launch(), rows(x, "scale x"), s, rows(y, "scale y"));
   }
   void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
@@ -368,11 +403,13 @@ class CudaStream final : public Stream {
     KILN_CHECK(weights.is_contiguous() && weights.n_elements() == int64_t(k) * logits.ne[1], "topk_route: weights [k, n_tok]");
     KILN_CHECK(logits.ne[2] == 1 && logits.ne[3] == 1, "topk_route: logits [n_expert, n_tok]");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "topk_route " + shape(logits); });
     C::topk_route(launch(), fptr(logits, "topk_route logits"), logits.ne[0], logits.ne[1], k, renorm, w_scale,
                   iptr(ids, "topk_route ids"), fptr(weights, "topk_route weights"));
   }
   void hadamard(const Tensor& x, int64_t n) override {
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "hadamard " + shape(x); });
     C::hadamard(launch(), rows(x, "hadamard x"), n);
   }
   void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) override {
@@ -385,6 +422,7 @@ class CudaStream final : public Stream {
     KILN_CHECK(cache.ne[0] == x.ne[0] && cache.ne[1] == x.ne[1],
                "kv_store: x rows [{}, {}] vs cache [head_dim {}, n_head_kv {}]", x.ne[0], x.ne[1], cache.ne[0], cache.ne[1]);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("kv_store {} {}", gguf::type_name(cache.type), shape(x)); });
     C::kv_store(launch(), rows(x, "kv_store x"), iptr(seq, "kv_store seq"), iptr(pos, "kv_store pos"),
                 seq_mem(cache, "kv_store cache"));
   }
@@ -403,6 +441,7 @@ class CudaStream final : public Stream {
                  "attention: cache [{} {} {} {}] vs head_dim {} n_head_kv {}", c->ne[0], c->ne[1], c->ne[2], c->ne[3],
                  p.head_dim, p.n_head_kv);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("attention {} {}", gguf::type_name(k.type), shape(q)); });
     // Split-KV work is sized for the cache length (an upper bound of every pos + 1).
     const C::AttnArgs a = attn_args(p, k.ne[2]);
     C::attention(launch(C::attention_workspace(a, T)), rows(q, "attention q"), iptr(seq, "attention seq"),
@@ -425,6 +464,7 @@ class CudaStream final : public Stream {
                state.ne[3], d_conv - 1, C_);
     check_i32(seq, T, "conv1d_silu seq");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "conv1d_silu " + shape(x); });
     C::conv1d_silu(launch(), fptr(x, "conv1d_silu x"), int64_t(x.nb[1] / 4), fptr(w, "conv1d_silu w"), d_conv, C_,
                    iptr(seq, "conv1d_silu seq"), seq_mem(state, "conv1d_silu state"), fptr(y, "conv1d_silu y"),
                    int64_t(y.nb[1] / 4), T);
@@ -447,6 +487,7 @@ class CudaStream final : public Stream {
                state.ne[3], S, S, Hv);
     check_i32(seq, T, "gated_delta seq");
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return fmt::format("gated_delta {} chunk{}", shape(v), chunk); });
     C::gated_delta(launch(C::gated_delta_workspace(S, Hv, chunk, T)), rows(q, "gated_delta q"), rows(k, "gated_delta k"),
                    rows(v, "gated_delta v"), fptr(g, "gated_delta g"), fptr(beta, "gated_delta beta"),
                    iptr(seq, "gated_delta seq"), seq_mem(state, "gated_delta state"), rows(out, "gated_delta out"), chunk);
@@ -473,6 +514,17 @@ class CudaStream final : public Stream {
       need = std::max(need, C::matmul_workspace(w[i].type, k, w[i].ne[1], m));
     }
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof(
+        [&] {
+          std::string l = fmt::format("matmul_n k{} m{}:", k, m);
+          for (int i = 0; i < n; ++i) l += fmt::format(" {}x{}", gguf::type_name(w[i].type), w[i].ne[1]);
+          return l;
+        },
+        [&] {
+          double b = 0;
+          for (int i = 0; i < n; ++i) b += double(w[i].nb[1]) * double(w[i].ne[1]);
+          return b;
+        }());
     C::matmul_n(launch(need), ws, n, k, fptr(x, "matmul_n x"), int64_t(x.nb[1] / 4), m);
   }
   void delta_gates(const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a) override {
@@ -483,6 +535,7 @@ class CudaStream final : public Stream {
                  "delta_gates: dt_bias / a must be one F32 row [{}]", beta.ne[0]);
     }
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "delta_gates " + shape(g); });
     C::delta_gates(launch(), rows(beta, "delta_gates beta"), rows(g, "delta_gates g"), fptr(dt_bias, "delta_gates dt_bias"),
                    fptr(a, "delta_gates a"));
   }
@@ -491,6 +544,7 @@ class CudaStream final : public Stream {
     KILN_CHECK(w.type == GgmlType::F32 && w.n_elements() == x.ne[0] && w.is_contiguous(),
                "rms_norm_gated: weight must be F32 [{}]", x.ne[0]);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "rms_norm_gated " + shape(x); });
     C::rms_norm_gated(launch(), rows(x, "rms_norm_gated x"), fptr(w, "rms_norm_gated w"), rows(z, "rms_norm_gated z"),
                       eps);
   }
@@ -500,12 +554,103 @@ class CudaStream final : public Stream {
     if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0] && w->is_contiguous(),
                       "add_rms_norm: weight must be F32 [{}]", x.ne[0]);
     DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "add_rms_norm " + shape(x); });
     C::add_rms_norm(launch(), rows(x, "add_rms_norm x"), rows(t, "add_rms_norm t"), w ? fptr(*w, "add_rms_norm w") : nullptr,
                     rows(y, "add_rms_norm y"), eps);
+  }
+  void delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
+                  const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a,
+                  float eps) override {
+    check_f32(mixed, "delta_prep mixed");
+    const int64_t T = mixed.ne[1], Hv = beta.ne[0];
+    const bool shapes = S > 0 && Hk > 0 && mixed.ne[2] == 1 && mixed.ne[3] == 1 && mixed.ne[0] == (2 * Hk + Hv) * S &&
+                        conv_w.type == GgmlType::F32 && conv_w.is_contiguous() && conv_w.ne[1] == mixed.ne[0] &&
+                        g.ne == beta.ne && dt_bias.is_contiguous() && a.is_contiguous() &&
+                        dt_bias.n_elements() == Hv && a.n_elements() == Hv && dt_bias.type == GgmlType::F32 &&
+                        a.type == GgmlType::F32 && conv_state.ne[2] == 1;
+    if (shapes) {
+      check_i32(seq, T, "delta_prep seq");
+      DeviceScope ds(dev_.ordinal());
+      auto pf = prof([&] { return "delta_prep (fused) " + shape(mixed); });
+      if (C::delta_prep_fused(launch(), fptr(mixed, "delta_prep mixed"), int64_t(mixed.nb[1] / 4), S, Hk, Hv,
+                              fptr(conv_w, "delta_prep conv_w"), int(conv_w.ne[0]), iptr(seq, "delta_prep seq"),
+                              seq_mem(conv_state, "delta_prep conv_state"), rows(beta, "delta_prep beta"),
+                              rows(g, "delta_prep g"), fptr(dt_bias, "delta_prep dt_bias"), fptr(a, "delta_prep a"), eps,
+                              T))
+        return;
+    }
+    Stream::delta_prep(mixed, S, Hk, conv_w, seq, conv_state, beta, g, dt_bias, a, eps);
+  }
+  void gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                        const Tensor& seq, const Tensor& state, const Tensor& out, int chunk, const Tensor& norm_w,
+                        const Tensor& z, float eps) override {
+    const int64_t T = q.ne[2];
+    const bool shapes = g.is_contiguous() && beta.is_contiguous() && g.ne[0] == v.ne[1] && beta.ne == g.ne &&
+                        g.ne[1] == T && norm_w.type == GgmlType::F32 && norm_w.is_contiguous() &&
+                        norm_w.n_elements() == v.ne[0] && z.ne == out.ne && out.ne == v.ne && state.type == GgmlType::F32;
+    if (shapes) {
+      check_i32(seq, T, "gated_delta_norm seq");
+      DeviceScope ds(dev_.ordinal());
+      auto pf = prof([&] { return "gated_delta_norm (fused) " + shape(v); });
+      if (C::gated_delta_norm_fused(launch(), rows(q, "gated_delta_norm q"), rows(k, "gated_delta_norm k"),
+                                    rows(v, "gated_delta_norm v"), fptr(g, "gated_delta_norm g"),
+                                    fptr(beta, "gated_delta_norm beta"), iptr(seq, "gated_delta_norm seq"),
+                                    seq_mem(state, "gated_delta_norm state"), rows(out, "gated_delta_norm out"),
+                                    fptr(norm_w, "gated_delta_norm w"), rows(z, "gated_delta_norm z"), eps))
+        return;
+    }
+    Stream::gated_delta_norm(q, k, v, g, beta, seq, state, out, chunk, norm_w, z, eps);
   }
 
  private:
   static constexpr int64_t kGdnPlanHv = 128;
+
+  // ---- profiling: one event pair per op, collected at synchronize() ----
+  struct Timed {
+    cudaEvent_t a, b;
+    std::string label;
+    double bytes;
+  };
+  class ProfScope {
+   public:
+    ProfScope(CudaStream* s, size_t i) : s_(s), i_(i) {}
+    ~ProfScope() {
+      if (s_) cudaEventRecord(s_->timed_[i_].b, s_->stream_);
+    }
+    ProfScope(const ProfScope&) = delete;
+    ProfScope& operator=(const ProfScope&) = delete;
+
+   private:
+    CudaStream* s_;
+    size_t i_;
+  };
+  // Times the op enqueued in the caller's scope as label() (called only when profiling), with
+  // `bytes` of weights it reads (0: not reported).
+  template <class F>
+  ProfScope prof(F&& label, double bytes = 0) {
+    if (!profiling()) return {nullptr, 0};
+    if (timed_.empty()) C::busy_wait(L_, kProfHoldUs);
+    const size_t i = timed_.size();
+    while (events_.size() < 2 * (i + 1)) {
+      cudaEvent_t e;
+      KILN_CUDA_CALL(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    timed_.push_back({events_[2 * i], events_[2 * i + 1], label(), bytes});
+    KILN_CUDA_CALL(cudaEventRecord(timed_[i].a, stream_));
+    return {this, i};
+  }
+  void prof_collect() {
+    std::lock_guard<std::mutex> lock(g_prof_mu);
+    for (const Timed& t : timed_) {
+      float ms = 0;
+      KILN_CUDA_CALL(cudaEventElapsedTime(&ms, t.a, t.b));
+      ProfRow& r = g_prof[t.label];
+      ++r.calls, r.ms += ms, r.bytes += t.bytes;
+    }
+    timed_.clear();
+  }
+  static std::string shape(const Tensor& t) { return fmt::format("[{} {} {}]", t.ne[0], t.ne[1], t.ne[2]); }
 
   // Device address of t's byte 0; t must be in a buffer of this device and inside it.
   void* ptr(const Tensor& t, const char* what) const {
@@ -584,6 +729,8 @@ class CudaStream final : public Stream {
     L_.ws_bytes = ws_size_;
   }
 
+  std::vector<Timed> timed_;  // ops enqueued since the last synchronize (profiling)
+  std::vector<cudaEvent_t> events_;
   CudaDevice& dev_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
@@ -621,6 +768,27 @@ const Probe& probe() {
 
 int cuda_device_count() { return probe().count; }
 std::string cuda_unavailable_reason() { return probe().reason; }
+
+std::string cuda_profile_report() {
+  if (!profiling()) return "";
+  std::vector<std::pair<std::string, ProfRow>> rows;
+  {
+    std::lock_guard<std::mutex> lock(g_prof_mu);
+    rows.assign(g_prof.begin(), g_prof.end());
+    g_prof.clear();
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.ms;
+  std::string out = fmt::format("CUDA op times (KILN_CUDA_PROFILE; op by op, no graphs): {:.3f} ms in all\n", total);
+  out += "| op | calls | total ms | % | us/call | weight GB/s |\n| --- | --- | --- | --- | --- | --- |\n";
+  for (const auto& [label, r] : rows) {
+    const double us = 1e3 * r.ms / double(r.calls);
+    const std::string bw = r.bytes > 0 && r.ms > 0 ? fmt::format("{:.0f}", r.bytes / (r.ms * 1e6)) : "";
+    out += fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.1f} | {} |\n", label, r.calls, r.ms, 100 * r.ms / total, us, bw);
+  }
+  return out;
+}
 
 Device& cuda_device(int i) {
   const int n = cuda_device_count();

@@ -80,3 +80,31 @@ Tensor Arena::tensor(size_t offset, GgmlType type, std::array<int64_t, 4> ne) co
 }
 
 }  // namespace kiln::backend
+
+namespace kiln::backend {
+
+// ---- Stream's default fused ops: exactly the unfused calls their comments name ----
+void Stream::delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
+                        const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias,
+                        const Tensor& a, float eps) {
+  KILN_CHECK(mixed.type == GgmlType::F32 && mixed.ne[2] == 1 && mixed.ne[3] == 1 && mixed.ne[0] >= 2 * Hk * S,
+             "delta_prep: mixed must be F32 [C >= 2*Hk*S, T]");
+  delta_gates(beta, g, dt_bias, a);
+  conv1d_silu(mixed, conv_w, seq, conv_state, mixed);
+  for (int64_t part = 0; part < 2; ++part) {  // q heads, then k heads: rows [S, Hk, T] of mixed
+    Tensor h = mixed;
+    h.offset += size_t(part * Hk * S) * 4;
+    h.ne = {S, Hk, mixed.ne[1], 1};
+    h.nb = {4, size_t(S) * 4, mixed.nb[1], mixed.nb[1] * size_t(mixed.ne[1])};
+    l2_norm(h, h, eps);
+  }
+}
+
+void Stream::gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                              const Tensor& seq, const Tensor& state, const Tensor& out, int chunk,
+                              const Tensor& norm_w, const Tensor& z, float eps) {
+  gated_delta(q, k, v, g, beta, seq, state, out, chunk);
+  rms_norm_gated(out, norm_w, z, eps);
+}
+
+}  // namespace kiln::backend

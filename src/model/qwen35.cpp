@@ -12,8 +12,9 @@
 // Only backend::Stream ops (model/blocks.h). Rows as the CPU kernels were always called: sigmoid_mul
 //    per head of D, silu per head row of S (ggml's row: its vector silu leaves a row's S % 16 tail to
 //    libm; rms_norm_gated keeps those rows); sigmoid / softplus / add / mul are independent of the row
-//    split. The projections sharing the normed input go through one matmul_n; the gates
-//    (delta_gates) and the gated norm (rms_norm_gated) are fused ops (the CPU makes the same calls).
+//    split. The projections sharing the normed input go through one matmul_n; the delta-net's
+//    gates + conv + L2 norms (delta_prep) and recurrence + gated norm (gated_delta_norm) are fused
+//    ops (the CPU makes the same unfused calls; a GPU runs one kernel each for small batches).
 #include "model/blocks.h"
 
 namespace kiln::model {
@@ -50,17 +51,15 @@ void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const Tensor& mixed = s.a.mixed;  // [conv, T]: per token q | k | v
   const Tensor w[] = {L.ssm_qkv.t, L.ssm_gate.t, L.ssm_beta.t, L.ssm_alpha.t}, y[] = {mixed, s.a.z, s.a.beta, s.a.g};
   s.st.matmul_n(w, y, 4, s.a.cur);
-  s.st.delta_gates(s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t);  // beta = sigmoid(beta); g = softplus(g + dt) * a
-
-  s.st.conv1d_silu(mixed, L.ssm_conv1d.t, s.a.seq, mem.conv_state(il), mixed);
+  // beta = sigmoid(beta); g = softplus(g + dt) * a; causal conv + SiLU; L2 norm of the q and k heads.
+  s.st.delta_prep(mixed, S, Hk, L.ssm_conv1d.t, s.a.seq, mem.conv_state(il), s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t,
+                  c.rms_eps);
   const Tensor q = rows_view(mixed, S, Hk, T, S, conv), k = rows_view(mixed, S, Hk, T, S, conv, kd),
                v = rows_view(mixed, S, Hv, T, S, conv, 2 * kd);
-  s.st.l2_norm(q, q, c.rms_eps);
-  s.st.l2_norm(k, k, c.rms_eps);
   const Tensor out = dense_view(s.a.dout, S, Hv, T), z = dense_view(s.a.z, S, Hv, T);
-  s.st.gated_delta(q, k, v, s.a.g, s.a.beta, s.a.seq, mem.ssm_state(il), out, s.opt.delta_chunk_min);
-  // Gated RMSNorm per head, then the output projection.
-  s.st.rms_norm_gated(out, L.ssm_norm.t, z, c.rms_eps);  // rms_norm, silu(z), mul (z is scratch after)
+  // The recurrence, then the gated RMSNorm per head (rms_norm, silu(z), mul; z is scratch after).
+  s.st.gated_delta_norm(q, k, v, s.a.g, s.a.beta, s.a.seq, mem.ssm_state(il), out, s.opt.delta_chunk_min,
+                        L.ssm_norm.t, z, c.rms_eps);
   s.st.matmul(L.ssm_out.t, s.a.dout, s.a.tmp);
 }
 

@@ -468,6 +468,7 @@ int cmd_bench(int argc, char** argv) {
                     if (ng > 0)
                       if (auto st = run.gen(1); !st) return fail(st.error());
                   }
+                  backend::cuda_profile_report();  // KILN_CUDA_PROFILE: forget the warm-up's op times
                   for (int i = 0; i < reps; ++i) {
                     const auto t0 = Clock::now();
                     if (auto st = once(); !st) return fail(st.error());
@@ -475,6 +476,8 @@ int cmd_bench(int argc, char** argv) {
                     r.samples_ns.push_back(double(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
                     if (progress) std::fprintf(stderr, "%s %s rep %d/%d\n", mf.desc.c_str(), r.name().c_str(), i + 1, reps);
                   }
+                  if (const std::string prof = backend::cuda_profile_report(); !prof.empty())
+                    std::fprintf(stderr, "%s %s, %d reps: %s\n", mf.desc.c_str(), r.name().c_str(), reps, prof.c_str());
                   if (md) print_md_row(r);
                   else if (output == "jsonl") std::printf("%s\n", r.to_json().dump().c_str());
                   else json_rows.push_back(r.to_json());

@@ -135,4 +135,22 @@ size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok);
 void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta, const int32_t* seq,
                  SeqMem state, Rows out, int chunk);
 
+// ---- fused delta-net ops for small batches (deltanet_fused.cu) --------------------------------
+// Each returns false, enqueuing nothing, where its kernel does not cover the shape (more than 64
+// tokens, d_conv != 4, S not a multiple of 32 / not 64 or 128, ...); the caller runs the unfused ops.
+// delta_prep: mixed x [C, T] (C = (2*Hk + Hv) * S: q heads, k heads, v heads; token stride x_stride),
+// in place: gates (delta_gates on beta, g [Hv, T]), conv1d_silu with its state, L2 norm of each q/k head.
+bool delta_prep_fused(const Launch& L, float* x, int64_t x_stride, int64_t S, int64_t Hk, int64_t Hv, const float* w,
+                      int d_conv, const int32_t* seq, SeqMem state, Rows beta, Rows g, const float* dt_bias,
+                      const float* a, float eps, int64_t T);
+// gated_delta (as above, every run the recurrence) then rms_norm_gated(out, norm_w, z, eps).
+bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta,
+                            const int32_t* seq, SeqMem state, Rows out, const float* norm_w, Rows z, float eps);
+
+// ---- profiling aid (elementwise.cu) -------------------------------------------------------------
+// One thread that spins for `us` microseconds of device time: holds the stream back while the host
+// enqueues a step op by op, so that per-op event timings (KILN_CUDA_PROFILE) measure the GPU's work,
+// not the host's launch rate.
+void busy_wait(const Launch& L, int64_t us);
+
 }  // namespace kiln::cuda

@@ -92,7 +92,7 @@ void launch_binary(const Launch& L, Rows a, Rows b, int mode, Rows y) {
 
 // ---- row reductions: a warp per row (ne0 <= 1024) or a block per row ----------------------------
 // y = x * (1/sqrt(sum_sq * inv_n + eps)) * w  (rms_norm: inv_n = 1/ne0; l2_norm: inv_n = 1, no w).
-template <bool WARP>
+template <int NV, bool WARP>
 __global__ void norm_kernel(Rows x, const float* __restrict__ w, Rows y, float eps, float inv_n) {
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
@@ -100,10 +100,24 @@ __global__ void norm_kernel(Rows x, const float* __restrict__ w, Rows y, float e
   if (r >= nr) return;  // whole warps (WARP) or whole blocks exit together
   const float* xr = row_ptr(x, r);
   float* yr = row_mut(y, r);
-  const float ss = row_sum_sq<WARP>(xr, x.ne0, red);
-  const float sc = 1.f / sqrtf(ss * inv_n + eps);
   const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
-  for (int64_t i = i0; i < x.ne0; i += step) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+  if constexpr (NV > 0) {
+    float v[NV], wv[NV];
+    row_load(xr, x.ne0, i0, step, v);
+    if (w) row_load(w, x.ne0, i0, step, wv);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) ss = fmaf(v[j], v[j], ss);
+    ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+    const float sc = 1.f / sqrtf(ss * inv_n + eps);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] = w ? v[j] * sc * wv[j] : v[j] * sc;
+    row_store(yr, x.ne0, i0, step, v);
+  } else {
+    const float ss = row_sum_sq<WARP>(xr, x.ne0, red);
+    const float sc = 1.f / sqrtf(ss * inv_n + eps);
+    for (int64_t i = i0; i < x.ne0; i += step) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+  }
 }
 
 template <bool WARP>
@@ -299,7 +313,7 @@ void rms_norm(const Launch& L, Rows x, const float* w, Rows y, float eps) {
   check_rows(y, "rms_norm y");
   check_same(x, y, "rms_norm");
   if (x.ne0 == 0 || n_rows(x) == 0) return;
-  launch_rows(L, x.ne0, n_rows(x), norm_kernel<true>, norm_kernel<false>, x, w, y, eps, 1.0f / float(x.ne0));
+  KILN_LAUNCH_ROWS(L, x.ne0, n_rows(x), norm_kernel, x, w, y, eps, 1.0f / float(x.ne0));
   KILN_CUDA_LAUNCHED("rms_norm");
 }
 
@@ -308,8 +322,7 @@ void l2_norm(const Launch& L, Rows x, Rows y, float eps) {
   check_rows(y, "l2_norm y");
   check_same(x, y, "l2_norm");
   if (x.ne0 == 0 || n_rows(x) == 0) return;
-  launch_rows(L, x.ne0, n_rows(x), norm_kernel<true>, norm_kernel<false>, x, static_cast<const float*>(nullptr), y,
-              eps, 1.0f);
+  KILN_LAUNCH_ROWS(L, x.ne0, n_rows(x), norm_kernel, x, static_cast<const float*>(nullptr), y, eps, 1.0f);
   KILN_CUDA_LAUNCHED("l2_norm");
 }
 
@@ -391,6 +404,20 @@ void copy_rows(const Launch& L, void* dst, const size_t dst_nb[3], const void* s
   }
 #undef KILN_COPY
   KILN_CUDA_LAUNCHED("copy_rows");
+}
+
+__global__ void busy_wait_kernel(int64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(2000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (int64_t(t - t0) < ns);
+}
+
+void busy_wait(const Launch& L, int64_t us) {
+  busy_wait_kernel<<<1, 1, 0, L.stream>>>(us * 1000);
+  KILN_CUDA_LAUNCHED("busy_wait");
 }
 
 }  // namespace kiln::cuda

@@ -32,9 +32,9 @@ __global__ void delta_gates_kernel(Rows beta, Rows g, const float* __restrict__ 
   }
 }
 
-// ---- row norms: a warp per row (WARP) or a block per row ----------------------------------------
+// ---- row norms: KILN_LAUNCH_ROWS forms (row_common.cuh) ----------------------------------------
 // x = x * (1/sqrt(mean(x^2) + eps)) * w * silu(z).
-template <bool WARP>
+template <int NV, bool WARP>
 __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows z, float eps, float inv_n) {
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
@@ -43,15 +43,30 @@ __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows 
   float* xr = row_mut(x, r);
   const float* zr = row_mut(z, r);
   const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
-  const float ss = row_sum_sq<WARP>(xr, x.ne0, red);
-  const float sc = 1.f / sqrtf(ss * inv_n + eps);
-  for (int64_t i = i0; i < x.ne0; i += step) xr[i] = xr[i] * sc * w[i] * siluf_(zr[i]);
+  if constexpr (NV > 0) {
+    float v[NV], zv[NV], wv[NV];
+    row_load(xr, x.ne0, i0, step, v);
+    row_load(zr, x.ne0, i0, step, zv);
+    row_load(w, x.ne0, i0, step, wv);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) ss = fmaf(v[j], v[j], ss);
+    ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+    const float sc = 1.f / sqrtf(ss * inv_n + eps);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] = v[j] * sc * wv[j] * siluf_(zv[j]);
+    row_store(xr, x.ne0, i0, step, v);
+  } else {
+    const float ss = row_sum_sq<WARP>(xr, x.ne0, red);
+    const float sc = 1.f / sqrtf(ss * inv_n + eps);
+    for (int64_t i = i0; i < x.ne0; i += step) xr[i] = xr[i] * sc * w[i] * siluf_(zr[i]);
+  }
 }
 
 // x += t; y = x * (1/sqrt(mean(x^2) + eps)) * w. Each thread re-reads only the x elements it wrote
 // itself (same i0 / step in both passes), so no barrier is needed between them; y may be x or t
 // for the same reason.
-template <bool WARP>
+template <int NV, bool WARP>
 __global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w, Rows y, float eps, float inv_n) {
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
@@ -62,14 +77,29 @@ __global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w,
   float* yr = row_mut(y, r);
   const int64_t i0 = WARP ? (threadIdx.x & 31) : threadIdx.x, step = WARP ? 32 : blockDim.x;
   float ss = 0.f;
-  for (int64_t i = i0; i < x.ne0; i += step) {
-    const float v = xr[i] + tr[i];
-    xr[i] = v;
-    ss = fmaf(v, v, ss);
+  if constexpr (NV > 0) {
+    float v[NV], tv[NV], wv[NV];
+    row_load(xr, x.ne0, i0, step, v);
+    row_load(tr, x.ne0, i0, step, tv);
+    if (w) row_load(w, x.ne0, i0, step, wv);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] += tv[j], ss = fmaf(v[j], v[j], ss);
+    row_store(xr, x.ne0, i0, step, v);
+    ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+    const float sc = 1.f / sqrtf(ss * inv_n + eps);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] = w ? v[j] * sc * wv[j] : v[j] * sc;
+    row_store(yr, x.ne0, i0, step, v);
+  } else {
+    for (int64_t i = i0; i < x.ne0; i += step) {
+      const float v = xr[i] + tr[i];
+      xr[i] = v;
+      ss = fmaf(v, v, ss);
+    }
+    ss = WARP ? warp_sum(ss) : block_sum(ss, red);
+    const float sc = 1.f / sqrtf(ss * inv_n + eps);
+    for (int64_t i = i0; i < x.ne0; i += step) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
   }
-  ss = WARP ? warp_sum(ss) : block_sum(ss, red);
-  const float sc = 1.f / sqrtf(ss * inv_n + eps);
-  for (int64_t i = i0; i < x.ne0; i += step) yr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
 }
 
 }  // namespace
@@ -93,8 +123,7 @@ void rms_norm_gated(const Launch& L, Rows x, const float* w, Rows z, float eps) 
   KILN_CHECK(w != nullptr, "rms_norm_gated: null weight");
   KILN_CHECK(n_rows(x) < (int64_t(1) << 31), "rms_norm_gated: {} rows", n_rows(x));
   if (x.ne0 == 0 || n_rows(x) == 0) return;
-  launch_rows(L, x.ne0, n_rows(x), rms_norm_gated_kernel<true>, rms_norm_gated_kernel<false>, x, w, z, eps,
-              1.0f / float(x.ne0));
+  KILN_LAUNCH_ROWS(L, x.ne0, n_rows(x), rms_norm_gated_kernel, x, w, z, eps, 1.0f / float(x.ne0));
   KILN_CUDA_LAUNCHED("rms_norm_gated");
 }
 
@@ -106,8 +135,7 @@ void add_rms_norm(const Launch& L, Rows x, Rows t, const float* w, Rows y, float
   check_same(x, y, "add_rms_norm x/y");
   KILN_CHECK(n_rows(x) < (int64_t(1) << 31), "add_rms_norm: {} rows", n_rows(x));
   if (x.ne0 == 0 || n_rows(x) == 0) return;
-  launch_rows(L, x.ne0, n_rows(x), add_rms_norm_kernel<true>, add_rms_norm_kernel<false>, x, t, w, y, eps,
-              1.0f / float(x.ne0));
+  KILN_LAUNCH_ROWS(L, x.ne0, n_rows(x), add_rms_norm_kernel, x, t, w, y, eps, 1.0f / float(x.ne0));
   KILN_CUDA_LAUNCHED("add_rms_norm");
 }
 

@@ -104,5 +104,37 @@ void launch_rows(const Launch& L, int64_t ne0, int64_t nr, K warp_kernel, K bloc
   }
 }
 
+// ---- register-held rows (norm kernels) ----
+// A row kernel K<NV, WARP>: WARP = a warp per row (kWarpRows rows per block), else a block of
+// kRowThreads per row. NV > 0: each thread holds its NV elements i0 + j * step in registers, so a
+// pass issues all its loads at once and later passes re-read nothing (a strided loop whose stores
+// may alias its next loads runs one memory latency per iteration); NV = 0: a plain loop (rows wider
+// than kRowThreads * 16).
+constexpr int kRowThreads = 1024;
+template <int NV>
+__device__ __forceinline__ void row_load(const float* p, int64_t n, int64_t i0, int64_t step, float (&v)[NV]) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = i0 + j * step < n ? p[i0 + j * step] : 0.f;
+}
+template <int NV>
+__device__ __forceinline__ void row_store(float* p, int64_t n, int64_t i0, int64_t step, const float (&v)[NV]) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    if (i0 + j * step < n) p[i0 + j * step] = v[j];
+}
+// Launches K<NV, WARP><<<...>>>(args...) with the form and NV that fit rows of ne0.
+#define KILN_LAUNCH_ROWS(L, ne0, nr, K, ...)                                                     \
+  do {                                                                                          \
+    const int64_t ne0_ = (ne0), nr_ = (nr);                                                     \
+    const unsigned wb_ = unsigned((nr_ + kWarpRows - 1) / kWarpRows);                           \
+    if (ne0_ <= 128) K<4, true><<<wb_, 32 * kWarpRows, 0, (L).stream>>>(__VA_ARGS__);           \
+    else if (ne0_ <= 256) K<8, true><<<wb_, 32 * kWarpRows, 0, (L).stream>>>(__VA_ARGS__);      \
+    else if (ne0_ <= 1024) K<32, true><<<wb_, 32 * kWarpRows, 0, (L).stream>>>(__VA_ARGS__);    \
+    else if (ne0_ <= 4 * kRowThreads) K<4, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__);  \
+    else if (ne0_ <= 8 * kRowThreads) K<8, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__);  \
+    else if (ne0_ <= 16 * kRowThreads) K<16, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__); \
+    else K<0, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__);                \
+  } while (0)
+
 }  // namespace
 }  // namespace kiln::cuda
