@@ -194,12 +194,14 @@ class CudaStream final : public Stream {
 
   // ---- transfers ----
   void upload(const Tensor& dst, const void* src, size_t bytes) override {
+    flush();
     KILN_CHECK(dst.is_contiguous() && bytes <= dst.n_bytes(), "upload: {} bytes into a {}-byte tensor", bytes, dst.n_bytes());
     if (bytes == 0) return;
     DeviceScope ds(dev_.ordinal());
     KILN_CUDA_CALL(cudaMemcpyAsync(ptr(dst, "upload dst"), src, bytes, cudaMemcpyHostToDevice, stream_));
   }
   void download(void* dst, const Tensor& src, size_t bytes) override {
+    flush();
     KILN_CHECK(src.is_contiguous() && bytes <= src.n_bytes(), "download: {} bytes from a {}-byte tensor", bytes,
                src.n_bytes());
     if (bytes == 0) return;
@@ -207,6 +209,7 @@ class CudaStream final : public Stream {
     KILN_CUDA_CALL(cudaMemcpyAsync(dst, ptr(src, "download src"), bytes, cudaMemcpyDeviceToHost, stream_));
   }
   void copy(const Tensor& dst, const Tensor& src) override {
+    flush();
     KILN_CHECK(dst.type == src.type, "copy: type mismatch ({} vs {})", gguf::type_name(dst.type), gguf::type_name(src.type));
     check_same_shape(dst, src, "copy");
     if (dst.n_elements() == 0) return;
@@ -217,6 +220,7 @@ class CudaStream final : public Stream {
     C::copy_rows(L_, ptr(dst, "copy dst"), dnb, ptr(src, "copy src"), snb, src.row_bytes(), ne);
   }
   void fill_zero(const Tensor& dst) override {
+    flush();
     if (dst.n_elements() == 0) return;
     DeviceScope ds(dev_.ordinal());
     char* p = static_cast<char*>(ptr(dst, "fill_zero"));
@@ -248,6 +252,7 @@ class CudaStream final : public Stream {
                                          size_t(ne[0]), stream_));
   }
   void synchronize() override {
+    flush();
     DeviceScope ds(dev_.ordinal());
     KILN_CUDA_CALL(cudaStreamSynchronize(stream_));
     if (!timed_.empty()) prof_collect();
@@ -256,12 +261,15 @@ class CudaStream final : public Stream {
   // ---- graphs ----
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
     if (profiling()) return nullptr;  // ops are timed one by one
+    flush();
     DeviceScope ds(dev_.ordinal());
     KILN_CUDA_CALL(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t g = nullptr;
     try {
       body();
-    } catch (...) {  // leave the stream usable: end (and drop) the capture, then rethrow
+      flush();  // a deferred op of the body belongs to the graph
+    } catch (...) {
+      def_.on = false;  // leave the stream usable: end (and drop) the capture, then rethrow
       cudaStreamEndCapture(stream_, &g);
       if (g) cudaGraphDestroy(g);
       throw;
@@ -274,6 +282,7 @@ class CudaStream final : public Stream {
     return std::make_unique<CudaGraph>(dev_.ordinal(), g, e);
   }
   void replay(Graph& g) override {
+    flush();
     auto* cg = dynamic_cast<CudaGraph*>(&g);
     KILN_CHECK(cg != nullptr && cg->ordinal() == dev_.ordinal(), "replay: not a graph captured on CUDA{}", dev_.ordinal());
     DeviceScope ds(dev_.ordinal());
@@ -307,14 +316,16 @@ class CudaStream final : public Stream {
                "matmul: 2-D tensors only");
     KILN_CHECK(x.ne[0] == w.ne[0] && y.ne[0] == w.ne[1] && y.ne[1] == x.ne[1],
                "matmul: w [{}, {}] x [{}, {}] -> y [{}, {}]", w.ne[0], w.ne[1], x.ne[0], x.ne[1], y.ne[0], y.ne[1]);
+    const C::XProducer* pre = take(x);
     DeviceScope ds(dev_.ordinal());
-    auto pf = prof([&] { return fmt::format("matmul {} {}x{} m{}", gguf::type_name(w.type), w.ne[0], w.ne[1], x.ne[1]); }, double(w.nb[1]) * double(w.ne[1]));
+    auto pf = prof([&] { return fmt::format("matmul {}{} {}x{} m{}", pre ? "(+x) " : "", gguf::type_name(w.type), w.ne[0], w.ne[1], x.ne[1]); }, double(w.nb[1]) * double(w.ne[1]));
     const int64_t k = w.ne[0], n = w.ne[1], m = x.ne[1];
     const C::Launch L = launch(C::matmul_workspace(w.type, k, n, m));
     C::matmul(L, w.type, ptr(w, "matmul w"), w.nb[1], k, n, fptr(x, "matmul x"), int64_t(x.nb[1] / 4),
-              fptr(y, "matmul y"), int64_t(y.nb[1] / 4), m);
+              fptr(y, "matmul y"), int64_t(y.nb[1] / 4), m, pre);
   }
   void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) override {
+    flush();
     check_f32(x, "matmul_id x");
     check_f32(y, "matmul_id y");
     KILN_CHECK(C::matmul_supported(w.type), "matmul_id: weight type {} not supported on CUDA", gguf::type_name(w.type));
@@ -335,6 +346,7 @@ class CudaStream final : public Stream {
                  int64_t(y.nb[1] / 4), int64_t(y.nb[2] / 4));
   }
   void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    flush();
     check_f32(out, "get_rows out");
     check_i32(ids, out.ne[1], "get_rows ids");
     KILN_CHECK(out.ne[0] == table.ne[0], "get_rows: row length {} vs {}", out.ne[0], table.ne[0]);
@@ -345,6 +357,7 @@ class CudaStream final : public Stream {
                 out.ne[1], fptr(out, "get_rows out"), int64_t(out.nb[1] / 4));
   }
   void rms_norm(const Tensor& x, const Tensor* w, const Tensor& y, float eps) override {
+    flush();
     check_same_shape(x, y, "rms_norm");
     if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0] && w->is_contiguous(),
                       "rms_norm: weight must be F32 [{}]", x.ne[0]);
@@ -353,23 +366,27 @@ class CudaStream final : public Stream {
     C::rms_norm(launch(), rows(x, "rms_norm x"), w ? fptr(*w, "rms_norm w") : nullptr, rows(y, "rms_norm y"), eps);
   }
   void l2_norm(const Tensor& x, const Tensor& y, float eps) override {
+    flush();
     check_same_shape(x, y, "l2_norm");
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return "l2_norm " + shape(x); });
     C::l2_norm(launch(), rows(x, "l2_norm x"), rows(y, "l2_norm y"), eps);
   }
   void rope(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
+    flush();
     check_i32(pos, x.ne[2], "rope pos");
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return "rope " + shape(x); });
     C::rope(launch(), rows(x, "rope x"), iptr(pos, "rope pos"), p);
   }
   void softmax(const Tensor& x, float scale) override {
+    flush();
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return "softmax " + shape(x); });
     C::softmax(launch(), rows(x, "softmax x"), scale);
   }
   void unary(Unary op, const Tensor& x, const Tensor& y) override {
+    flush();
     check_same_shape(x, y, "unary");
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return fmt::format("unary{} {}", int(op), shape(x)); });
@@ -384,11 +401,19 @@ class CudaStream final : public Stream {
     KILN_CHECK(mode >= 0,
                "binary: b [{} {} {} {}] must be a's shape [{} {} {} {}], one row [{}] or one scalar per row [1, {}, {}]",
                b.ne[0], b.ne[1], b.ne[2], b.ne[3], a.ne[0], a.ne[1], a.ne[2], a.ne[3], a.ne[0], a.ne[1], a.ne[2]);
+    flush();
+    if (op == Binary::SwiGlu && mode == 0 && same_view(y, a)) {
+      C::XProducer p;
+      p.kind = C::XProducer::Kind::SwiGlu;
+      p.b = rows(b, "binary b");
+      if (defer(p, y)) return;
+    }
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return fmt::format("binary{} {}", int(op), shape(a)); });
     C::binary(launch(), to_cuda(op), rows(a, "binary a"), rows(b, "binary b"), mode, rows(y, "binary y"));
   }
   void scale(const Tensor& x, float s, const Tensor& y) override {
+    flush();
     check_same_shape(x, y, "scale");
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return "scale " + shape(x); });
@@ -396,6 +421,7 @@ class CudaStream final : public Stream {
   }
   void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
                   const Tensor& weights) override {
+    flush();
     check_f32(logits, "topk_route logits");
     KILN_CHECK(logits.is_contiguous(), "topk_route: contiguous logits");
     check_i32(ids, int64_t(k) * logits.ne[1], "topk_route ids");
@@ -408,11 +434,13 @@ class CudaStream final : public Stream {
                   iptr(ids, "topk_route ids"), fptr(weights, "topk_route weights"));
   }
   void hadamard(const Tensor& x, int64_t n) override {
+    flush();
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return "hadamard " + shape(x); });
     C::hadamard(launch(), rows(x, "hadamard x"), n);
   }
   void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) override {
+    flush();
     const int64_t T = x.ne[2];
     check_i32(seq, T, "kv_store seq");
     check_i32(pos, T, "kv_store pos");
@@ -428,6 +456,7 @@ class CudaStream final : public Stream {
   }
   void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
                  const AttnSpec& p, const Tensor& out) override {
+    flush();
     const int64_t T = q.ne[2];
     check_same_shape(q, out, "attention q/out");
     check_i32(seq, T, "attention seq");
@@ -449,6 +478,7 @@ class CudaStream final : public Stream {
                  rows(out, "attention out"));
   }
   void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y) override {
+    flush();
     check_f32(x, "conv1d_silu x");
     check_f32(y, "conv1d_silu y");
     check_f32(w, "conv1d_silu w");
@@ -471,6 +501,7 @@ class CudaStream final : public Stream {
   }
   void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                    const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) override {
+    flush();
     const int64_t S = q.ne[0], Hk = q.ne[1], T = q.ne[2], Hv = v.ne[1];
     check_same_shape(q, k, "gated_delta q/k");
     check_same_shape(v, out, "gated_delta v/out");
@@ -513,10 +544,11 @@ class CudaStream final : public Stream {
                          int64_t(y[i].nb[1] / 4)};
       need = std::max(need, C::matmul_workspace(w[i].type, k, w[i].ne[1], m));
     }
+    const C::XProducer* pre = take(x);
     DeviceScope ds(dev_.ordinal());
     auto pf = prof(
         [&] {
-          std::string l = fmt::format("matmul_n k{} m{}:", k, m);
+          std::string l = fmt::format("matmul_n {}k{} m{}:", pre ? "(+x) " : "", k, m);
           for (int i = 0; i < n; ++i) l += fmt::format(" {}x{}", gguf::type_name(w[i].type), w[i].ne[1]);
           return l;
         },
@@ -525,9 +557,10 @@ class CudaStream final : public Stream {
           for (int i = 0; i < n; ++i) b += double(w[i].nb[1]) * double(w[i].ne[1]);
           return b;
         }());
-    C::matmul_n(launch(need), ws, n, k, fptr(x, "matmul_n x"), int64_t(x.nb[1] / 4), m);
+    C::matmul_n(launch(need), ws, n, k, fptr(x, "matmul_n x"), int64_t(x.nb[1] / 4), m, pre);
   }
   void delta_gates(const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a) override {
+    flush();
     check_same_shape(beta, g, "delta_gates beta/g");
     for (const Tensor* t : {&dt_bias, &a}) {
       check_f32(*t, "delta_gates dt_bias/a");
@@ -540,6 +573,7 @@ class CudaStream final : public Stream {
                    fptr(a, "delta_gates a"));
   }
   void rms_norm_gated(const Tensor& x, const Tensor& w, const Tensor& z, float eps) override {
+    flush();
     check_same_shape(x, z, "rms_norm_gated x/z");
     KILN_CHECK(w.type == GgmlType::F32 && w.n_elements() == x.ne[0] && w.is_contiguous(),
                "rms_norm_gated: weight must be F32 [{}]", x.ne[0]);
@@ -553,14 +587,20 @@ class CudaStream final : public Stream {
     check_same_shape(x, y, "add_rms_norm x/y");
     if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0] && w->is_contiguous(),
                       "add_rms_norm: weight must be F32 [{}]", x.ne[0]);
+    flush();
+    C::XProducer p;
+    p.kind = C::XProducer::Kind::AddRmsNorm;
+    p.x = rows(x, "add_rms_norm x"), p.t = rows(t, "add_rms_norm t"), p.w = w ? fptr(*w, "add_rms_norm w") : nullptr;
+    p.eps = eps;
+    if (defer(p, y)) return;
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return "add_rms_norm " + shape(x); });
-    C::add_rms_norm(launch(), rows(x, "add_rms_norm x"), rows(t, "add_rms_norm t"), w ? fptr(*w, "add_rms_norm w") : nullptr,
-                    rows(y, "add_rms_norm y"), eps);
+    C::add_rms_norm(launch(), p.x, p.t, p.w, rows(y, "add_rms_norm y"), eps);
   }
   void delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
                   const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a,
                   float eps) override {
+    flush();
     check_f32(mixed, "delta_prep mixed");
     const int64_t T = mixed.ne[1], Hv = beta.ne[0];
     const bool shapes = S > 0 && Hk > 0 && mixed.ne[2] == 1 && mixed.ne[3] == 1 && mixed.ne[0] == (2 * Hk + Hv) * S &&
@@ -584,6 +624,7 @@ class CudaStream final : public Stream {
   void gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                         const Tensor& seq, const Tensor& state, const Tensor& out, int chunk, const Tensor& norm_w,
                         const Tensor& z, float eps) override {
+    flush();
     const int64_t T = q.ne[2];
     const bool shapes = g.is_contiguous() && beta.is_contiguous() && g.ne[0] == v.ne[1] && beta.ne == g.ne &&
                         g.ne[1] == T && norm_w.type == GgmlType::F32 && norm_w.is_contiguous() &&
@@ -651,6 +692,52 @@ class CudaStream final : public Stream {
     timed_.clear();
   }
   static std::string shape(const Tensor& t) { return fmt::format("[{} {} {}]", t.ne[0], t.ne[1], t.ne[2]); }
+
+  // ---- deferred x producers: add_rms_norm and in-place SwiGLU whose output is one to eight F32
+  // columns are held back until the next op; if that op is a matmul / matmul_n reading exactly that
+  // output, the mat-mul launcher runs the producer in one kernel with its x quantization
+  // (cuda_ops.h XProducer); any other next op (or synchronize, a transfer, the end of a capture)
+  // first launches it on its own. The values are the same either way. ----
+  struct Deferred {
+    bool on = false;
+    C::XProducer p;
+    Tensor out;
+  };
+  static bool same_view(const Tensor& a, const Tensor& b) {
+    return a.buf == b.buf && a.offset == b.offset && a.type == b.type && a.ne == b.ne && a.nb == b.nb;
+  }
+  // Holds p back when `out` (its output) is something a mat-mul producer can make; true if held.
+  bool defer(const C::XProducer& p, const Tensor& out) {
+    if (out.type != GgmlType::F32 || out.ne[2] != 1 || out.ne[3] != 1 || out.nb[0] != 4 || out.nb[1] % 4 != 0 ||
+        !C::produce_ok(out.ne[0], out.ne[1]))
+      return false;
+    def_.on = true, def_.p = p, def_.out = out;
+    return true;
+  }
+  // The held producer if x is its output (the caller's mat-mul runs it), else nullptr after flush().
+  const C::XProducer* take(const Tensor& x) {
+    if (def_.on && same_view(def_.out, x)) {
+      def_.on = false;
+      return &def_.p;
+    }
+    flush();
+    return nullptr;
+  }
+  // Launches the held producer on its own.
+  void flush() {
+    if (!def_.on) return;
+    def_.on = false;
+    DeviceScope ds(dev_.ordinal());
+    const C::XProducer& p = def_.p;
+    const C::Rows out = rows(def_.out, "deferred op output");
+    if (p.kind == C::XProducer::Kind::AddRmsNorm) {
+      auto pf = prof([&] { return "add_rms_norm " + shape(def_.out); });
+      C::add_rms_norm(launch(), p.x, p.t, p.w, out, p.eps);
+    } else {
+      auto pf = prof([&] { return fmt::format("binary{} {}", int(Binary::SwiGlu), shape(def_.out)); });
+      C::binary(launch(), C::Binary::SwiGlu, out, p.b, 0, out);
+    }
+  }
 
   // Device address of t's byte 0; t must be in a buffer of this device and inside it.
   void* ptr(const Tensor& t, const char* what) const {
@@ -729,6 +816,7 @@ class CudaStream final : public Stream {
     L_.ws_bytes = ws_size_;
   }
 
+  Deferred def_;
   std::vector<Timed> timed_;  // ops enqueued since the last synchronize (profiling)
   std::vector<cudaEvent_t> events_;
   CudaDevice& dev_;

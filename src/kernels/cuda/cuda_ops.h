@@ -48,6 +48,21 @@ struct SeqMem {
 };
 
 // ---- mat-mul (matmul.cu) ----------------------------------------------------------------------
+// The op that produces a mat-vec's x, run by matmul / matmul_n in ONE kernel together with the int8
+// quantization of x (the CUDA stream defers these ops to the mat-mul that reads their output; the
+// values written are those of the op alone). "out" is the mat-mul's x [k, m]:
+//   AddRmsNorm: x += t; out = rms_norm(x) * w (w may be null) — add_rms_norm(x, t, w, out, eps);
+//   SwiGlu:     out = silu(out) * b — binary(SwiGlu, out, b, out).
+// x, t, b: rows [k, m] (row c = column c). Needs m <= 8 and k <= kProduceMaxK (produce_ok).
+struct XProducer {
+  enum class Kind { AddRmsNorm, SwiGlu } kind = Kind::AddRmsNorm;
+  Rows x, t;
+  const float* w = nullptr;
+  float eps = 0;
+  Rows b;
+};
+inline constexpr int64_t kProduceMaxK = 16384;
+inline bool produce_ok(int64_t k, int64_t m) { return m >= 1 && m <= 8 && k % 32 == 0 && k <= kProduceMaxK; }
 bool matmul_supported(GgmlType wt);
 // Workspace for y[n, m] = W[k, n] x[k, m] (e.g. a dequantized F16 tile of W and x in F16).
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m);
@@ -56,7 +71,7 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m);
 // constant (sm_90+: its first bytes may be requested before the kernels enqueued just before finish);
 // the mat-vec path quantizes x to int8 per 32 values for most block types (matmul.cu).
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
-            int64_t x_stride, float* y, int64_t y_stride, int64_t m);
+            int64_t x_stride, float* y, int64_t y_stride, int64_t m, const XProducer* pre = nullptr);
 // One weight of matmul_n: W [k, n] of wt (rows w_stride bytes apart); y column t at y + t*y_stride.
 struct MatmulW {
   GgmlType wt = GgmlType::F32;
@@ -71,7 +86,8 @@ struct MatmulW {
 // need (one order for most mixes); m = 1 (decode): ONE launch per weight type covers the rows of all
 // weights of that type (CTAs mapped to weights by a segment table); m = 2..16: the int8 kernel per
 // weight on that one quantized x; the F32-x types / mode: their matmul each. m > 16: one matmul each. Workspace: the largest matmul_workspace of the weights.
-void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m);
+void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m,
+              const XProducer* pre = nullptr);
 // Expert mat-mul: expert e's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t at
 // ids[t*K + j]); x column for (j, t) at x + t*x_tok + (nx == 1 ? 0 : j)*x_slot; y column (j, t) at
 // y + t*y_tok + j*y_slot. ids are in range (the router wrote them).

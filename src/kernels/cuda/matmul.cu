@@ -225,12 +225,13 @@ bool matmul_supported(GgmlType wt) { return block_bytes(wt) != 0; }
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
-  if (m <= kMvMaxM) return detail::matvec_q8_supported(wt) ? detail::q8_x_bytes(k, m) : 0;
+  // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
+  if (m <= kMvMaxM) return detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0;
   return gemm_plan(wt, k, n, m).bytes;
 }
 
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
-            int64_t x_stride, float* y, int64_t y_stride, int64_t m) {
+            int64_t x_stride, float* y, int64_t y_stride, int64_t m, const XProducer* pre) {
   KILN_MM_CHECK(matmul_supported(wt), "matmul", "unsupported weight type", int(wt), 0);
   KILN_MM_CHECK(k > 0 && k % block_elems(wt) == 0 && k % 32 == 0, "matmul",
                 "k must be a positive multiple of the block size and of 32 (k, block)", k, block_elems(wt));
@@ -240,15 +241,28 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
                 (long long)w_stride, k);
   KILN_MM_CHECK(m == 1 || (x_stride >= k && y_stride >= n), "matmul", "column strides too small (x, y)", x_stride,
                 y_stride);
+  const bool q8 = m <= kMvMaxM && detail::matvec_uses_q8(wt);
+  const int layout = detail::matvec_q8_x_layout(wt);
+  if (pre) {  // x made (and, for the int8 path, quantized in the weight's x order) by one kernel
+    KILN_MM_CHECK(produce_ok(k, m), "matmul", "an x producer needs k <= kProduceMaxK and m <= 8 (k, m)", k, m);
+    KILN_MM_CHECK(!q8 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul",
+                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
+                  (long long)(2 * detail::q8_x_bytes(k, m)));
+    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, detail::matvec_pdl(L.sm),
+                      L.stream);
+  }
   if (m > kMvMaxM) {
     gemm(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m);
     launched("matmul");
     return;
   }
-  const bool q8 = detail::matvec_uses_q8(wt);
   const int8_t* xq = nullptr;           // quantized x [m][k] in the workspace (int8 path)
   const detail::Q8Meta* xmeta = nullptr;  // its scales and half sums [m][k / 32]
-  if (q8) {
+  if (q8 && pre) {
+    const auto* base = static_cast<const uint8_t*>(L.ws) + size_t(layout) * detail::q8_x_bytes(k, m);
+    xq = reinterpret_cast<const int8_t*>(base);
+    xmeta = reinterpret_cast<const detail::Q8Meta*>(base + detail::q8_x_meta_offset(k, m));
+  } else if (q8) {
     xq = static_cast<const int8_t*>(L.ws);
     xmeta = reinterpret_cast<const detail::Q8Meta*>(static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, m));
     const size_t need = detail::q8_x_bytes(k, m);
@@ -274,7 +288,8 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
   launched("matmul");
 }
 
-void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m) {
+void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m,
+              const XProducer* pre) {
   KILN_MM_CHECK(ws != nullptr && n_w >= 1 && n_w <= detail::kMvMaxSeg, "matmul_n", "1..4 weights (n_w, max)", n_w,
                 detail::kMvMaxSeg);
   KILN_MM_CHECK(k > 0 && k % 32 == 0 && m >= 0, "matmul_n", "k must be a positive multiple of 32 (k, m)", k, m);
@@ -290,6 +305,17 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
                   x_stride, W.y_stride);
   }
   if (m == 0) return;
+  // With a producer: x first, quantized in every x order an int8 weight here reads (both regions).
+  int pre_mask = 0;
+  if (pre) {
+    KILN_MM_CHECK(produce_ok(k, m), "matmul_n", "an x producer needs k <= kProduceMaxK and m <= 8 (k, m)", k, m);
+    for (int i = 0; i < n_w; ++i)
+      if (ws[i].n > 0 && detail::matvec_uses_q8(ws[i].wt)) pre_mask |= 1 << detail::matvec_q8_x_layout(ws[i].wt);
+    KILN_MM_CHECK(pre_mask == 0 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul_n",
+                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
+                  (long long)(2 * detail::q8_x_bytes(k, m)));
+    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, pre_mask, L.ws, detail::matvec_pdl(L.sm), L.stream);
+  }
   bool done[detail::kMvMaxSeg] = {};
   // Large m (every weight), empty weights and the F32-x types: one matmul each (on the mat-vec path
   // the F32-x kernel reads no workspace, so the int8 weights' quantized x below is not disturbed).
@@ -305,13 +331,17 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
     if (done[i]) continue;
     // x quantized once for every remaining weight whose type reads x in this order.
     const int layout = detail::matvec_q8_x_layout(ws[i].wt);
-    const size_t need = detail::q8_x_bytes(k, m);
-    KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul_n",
-                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
-    detail::quantize_x(x, x_stride, 0, 1, k, m, layout, L.ws, pdl, L.stream);
-    const auto* xq = static_cast<const int8_t*>(L.ws);
-    const auto* xmeta =
-        reinterpret_cast<const detail::Q8Meta*>(static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, m));
+    const uint8_t* base = static_cast<const uint8_t*>(L.ws);
+    if (pre_mask & (1 << layout)) {
+      base += size_t(layout) * detail::q8_x_bytes(k, m);  // quantized by produce_x above
+    } else {
+      const size_t need = detail::q8_x_bytes(k, m);
+      KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul_n",
+                    "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
+      detail::quantize_x(x, x_stride, 0, 1, k, m, layout, L.ws, pdl, L.stream);
+    }
+    const auto* xq = reinterpret_cast<const int8_t*>(base);
+    const auto* xmeta = reinterpret_cast<const detail::Q8Meta*>(base + detail::q8_x_meta_offset(k, m));
     for (int j = i; j < n_w; ++j) {
       if (done[j] || detail::matvec_q8_x_layout(ws[j].wt) != layout) continue;
       // One launch for weight j and every later one of its type.

@@ -1,7 +1,12 @@
 // kernels/cuda/matvec_q8_x.cu — the x side of the int8 mat-vec: quantize_x (F32 x columns -> int8
-//   per 32 values with an F32 scale and half sums, in the weight type's x order), the workspace
+//   per 32 values with an F32 scale and half sums, in the weight type's x order), produce_x (the op
+//   that makes x — add_rms_norm or SwiGLU — and the quantization in one kernel), the workspace
 //   layout, and which types have the int8 kernel.
-// Owns: the x quantization (matmul_internal.h states it). Must not: allocate or synchronize.
+// Owns: the x quantization (matmul_internal.h states it). produce_x: a block of 1024 threads per
+//   column holding its values in registers (row_common.cuh's row_load order: thread i has elements
+//   i + 1024 j, so each warp holds whole units of 32); sums as the row kernels of fused.cu /
+//   elementwise.cu with a 1024-thread block, so x is the same as the unfused op's, and the int8
+//   bytes are quantize_x's. Must not: allocate or synchronize.
 // Threading: the launcher only enqueues on its stream.
 #include <cuda_runtime.h>
 
@@ -9,6 +14,7 @@
 
 #include "kernels/cuda/dequant_q8.cuh"
 #include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/row_common.cuh"
 
 namespace kiln::cuda::detail {
 namespace {
@@ -38,7 +44,91 @@ __global__ void quantize_x_kernel(const float* x, int64_t s_outer, int64_t s_inn
   }
 }
 
+// Position of element e of a unit in x order `layout` (inverse of quantize_x's element of position).
+__device__ __forceinline__ int x_pos(int layout, int e) {
+  return layout == q8::kXPairs ? (e < 16 ? 2 * e : 2 * (e - 16) + 1) : e;
+}
+
+template <int NV, XProducer::Kind KIND>
+__global__ void __launch_bounds__(kRowThreads) produce_x_kernel(const XProducer p, float* x, int64_t x_stride,
+                                                                int64_t k, int mask, int8_t* xq0, Q8Meta* meta0,
+                                                                int8_t* xq1, Q8Meta* meta1) {
+  q8::pdl_launch_dependents();  // the mat-vec kernel may start its weight prefetch
+  q8::pdl_wait();               // the inputs (and the workspace's last reader) are done
+  __shared__ float red[32];
+  const int col = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+  float* out = x + int64_t(col) * x_stride;
+  float v[NV];
+  if constexpr (KIND == XProducer::Kind::AddRmsNorm) {
+    float* xr = row_mut(p.x, col);
+    const float* tr = row_mut(p.t, col);
+    float tv[NV], wv[NV];
+    row_load(xr, k, tid, kRowThreads, v);
+    row_load(tr, k, tid, kRowThreads, tv);
+    if (p.w) row_load(p.w, k, tid, kRowThreads, wv);
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] += tv[j], ss = fmaf(v[j], v[j], ss);
+    row_store(xr, k, tid, kRowThreads, v);
+    ss = block_sum(ss, red);
+    const float sc = 1.f / sqrtf(ss * (1.0f / float(k)) + p.eps);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] = p.w ? v[j] * sc * wv[j] : v[j] * sc;
+  } else {
+    float bv[NV];
+    row_load(out, k, tid, kRowThreads, v);
+    row_load(row_mut(p.b, col), k, tid, kRowThreads, bv);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] = siluf_(v[j]) * bv[j];
+  }
+  row_store(out, k, tid, kRowThreads, v);
+  const int64_t nblk = k / 32;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);  // the warp's unit (k % 32 == 0: warp-uniform)
+    if (e0 >= k) continue;
+    const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v[j]))));
+    int q = 0;
+    if (amax > 0.f) q = max(-127, min(127, __float2int_rn(v[j] * (127.f / amax))));
+    const int64_t b = int64_t(col) * nblk + e0 / 32;
+#pragma unroll
+    for (int layout = 0; layout < 2; ++layout) {
+      if (!(mask & (1 << layout))) continue;
+      const int pos = x_pos(layout, lane);
+      (layout ? xq1 : xq0)[b * 32 + pos] = int8_t(q);
+      const bool lo = pos < 16;
+      const int s0 = __reduce_add_sync(0xffffffffu, lo ? q : 0), s1 = __reduce_add_sync(0xffffffffu, lo ? 0 : q);
+      if (lane == 0) (layout ? meta1 : meta0)[b] = {__float_as_uint(amax / 127.f), (uint32_t(s0) & 0xFFFFu) | (uint32_t(s1) << 16)};
+    }
+  }
+}
+
+template <XProducer::Kind KIND>
+void launch_produce(const XProducer& p, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, bool pdl,
+                    cudaStream_t s) {
+  const size_t bytes = q8_x_bytes(k, m);
+  auto* b0 = static_cast<uint8_t*>(ws);
+  auto* b1 = b0 + bytes;
+  auto* xq0 = reinterpret_cast<int8_t*>(b0);
+  auto* xq1 = reinterpret_cast<int8_t*>(b1);
+  auto* m0 = reinterpret_cast<Q8Meta*>(b0 + q8_x_meta_offset(k, m));
+  auto* m1 = reinterpret_cast<Q8Meta*>(b1 + q8_x_meta_offset(k, m));
+  const dim3 grid{unsigned(m)}, block{unsigned(kRowThreads)};
+  const int64_t nv = (k + kRowThreads - 1) / kRowThreads;
+  void (*kern)(const XProducer, float*, int64_t, int64_t, int, int8_t*, Q8Meta*, int8_t*, Q8Meta*) =
+      nv <= 1 ? produce_x_kernel<1, KIND> : nv <= 2 ? produce_x_kernel<2, KIND> : nv <= 4 ? produce_x_kernel<4, KIND>
+      : nv <= 8 ? produce_x_kernel<8, KIND> : produce_x_kernel<16, KIND>;
+  q8::launch(pdl, grid, block, s, kern, p, x, x_stride, k, mask, xq0, m0, xq1, m1);
+}
+
 }  // namespace
+
+void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, bool pdl,
+               cudaStream_t s) {
+  KILN_CHECK(produce_ok(k, m), "produce_x: k {} m {} (k a multiple of 32 up to {}, 1 <= m <= 8)", k, m, kProduceMaxK);
+  if (pre.kind == XProducer::Kind::AddRmsNorm) launch_produce<XProducer::Kind::AddRmsNorm>(pre, x, x_stride, k, m, mask, ws, pdl, s);
+  else launch_produce<XProducer::Kind::SwiGlu>(pre, x, x_stride, k, m, mask, ws, pdl, s);
+}
 
 size_t q8_x_meta_offset(int64_t k, int64_t ncols) { return align256(size_t(k) * size_t(ncols)); }
 size_t q8_x_bytes(int64_t k, int64_t ncols) {

@@ -1,4 +1,5 @@
-// The fused delta-net Stream ops on CUDA (delta_prep, gated_delta_norm: one kernel each for batches
+// The CUDA stream's fusions.
+// 1. The fused delta-net Stream ops (delta_prep, gated_delta_norm: one kernel each for batches
 // of <= 64 tokens, the unfused kernels beyond) against the CPU stream, whose default implementation
 // makes the unfused calls the ops are defined as (the CPU's arithmetic). Batches mix slots (runs of
 // several tokens, single decode tokens) and follow each other, so conv and recurrent states carry.
@@ -6,7 +7,13 @@
 // batch (over the fused kernels' limit). Bounds: the GPU's sums are in its own order; mixed (conv,
 // L2 norms) 1e-5 abs, the gates 1e-6 abs, the conv state bit-exact (copies of inputs), the delta
 // state and the normed output 1e-4 relative to max(1, max |CPU|) (test_cuda_seq's bound for the
-// recurrence, which dominates). Skips with the reason when no CUDA device is usable.
+// recurrence, which dominates).
+// 2. Deferred x producers: add_rms_norm / in-place SwiGLU followed by the matmul(_n) that reads their
+// output run as one producer + quantization kernel; the results (the producer's outputs and y)
+// must be bit-identical to the same ops with a synchronize() between them (which launches the
+// producer on its own, then quantize_x), for mixed weight types (both int8 x orders and an F32-x
+// weight), 1, 3 and 8 columns; an op other than a mat-mul after the producer launches it first.
+// Every test skips with the reason when no CUDA device is usable.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kernel_test_util.h"
 
 using namespace kiln;
 using namespace kiln::backend;
@@ -122,4 +130,93 @@ TEST(CudaDeltaNet, FusedOpsMatchTheCpuStream) {
   }
 }
 
+// One CUDA run of: add_rms_norm(x, t, w, cur); matmul_n(W, Y, cur) (or SwiGLU(cur, b) in place then
+// matmul(W0, cur, Y0)); `split` puts a synchronize() between them. Returns x, cur and the Y's.
+struct ProdRun {
+  std::vector<std::vector<float>> outs;
+};
+ProdRun producer_run(Stream& st, Device& dev, bool swiglu, bool split, int64_t k, int64_t m,
+                     const std::vector<Tensor>& W, const std::vector<int64_t>& ns, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto mk = [&](std::vector<std::unique_ptr<Buffer>>& keep, const std::vector<float>& v, std::array<int64_t, 4> ne) {
+    keep.push_back(dev.alloc(v.size() * 4));
+    Tensor t = Tensor::make(keep.back().get(), 0, GgmlType::F32, ne);
+    st.upload(t, v.data(), v.size() * 4);
+    return t;
+  };
+  std::vector<std::unique_ptr<Buffer>> keep;
+  const Tensor x = mk(keep, rnd(size_t(k * m), rng, -2, 2), {k, m, 1, 1});
+  const Tensor t = mk(keep, rnd(size_t(k * m), rng, -2, 2), {k, m, 1, 1});
+  const Tensor b = mk(keep, rnd(size_t(k * m), rng, -2, 2), {k, m, 1, 1});
+  const Tensor w = mk(keep, rnd(size_t(k), rng, 0.5f, 1.5f), {k, 1, 1, 1});
+  const Tensor cur = mk(keep, rnd(size_t(k * m), rng, -2, 2), {k, m, 1, 1});
+  std::vector<Tensor> Y;
+  for (int64_t n : ns) Y.push_back(mk(keep, std::vector<float>(size_t(n * m), 0.f), {n, m, 1, 1}));
+  size_t wsb = 0;
+  for (const Tensor& wt : W) wsb = std::max(wsb, st.matmul_workspace(wt.type, k, wt.ne[1], m));
+  st.reserve_workspace(wsb);
+  if (swiglu) st.binary(Binary::SwiGlu, cur, b, cur);
+  else st.add_rms_norm(x, t, &w, cur, 1e-6f);
+  if (split) st.synchronize();
+  if (swiglu) st.matmul(W[0], cur, Y[0]);
+  else st.matmul_n(W.data(), Y.data(), int(W.size()), cur);
+  ProdRun r;
+  for (const Tensor& o : std::vector<Tensor>{x, cur})
+    r.outs.push_back(host(st, o, size_t(o.n_elements()) * 4));
+  for (const Tensor& o : Y) r.outs.push_back(host(st, o, size_t(o.n_elements()) * 4));
+  return r;
+}
+
+TEST(CudaFused, DeferredProducersMatchTheUnfusedOps) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no usable CUDA device: " << cuda_unavailable_reason();
+  Device& dev = cuda_device(0);
+  auto st = dev.create_stream();
+  const GgmlType types[3] = {GgmlType::Q5_K, GgmlType::IQ4_XS, GgmlType::F32};
+  for (int64_t k : {int64_t(2048), int64_t(4096)}) {
+    const std::vector<int64_t> ns = {96, 40, 7};
+    std::vector<std::unique_ptr<Buffer>> wb;
+    std::vector<Tensor> W;
+    std::mt19937 rng{uint32_t(k)};
+    for (int i = 0; i < 3; ++i) {
+      const auto f = rnd(size_t(k * ns[size_t(i)]), rng, -1, 1);
+      const auto bytes = kiln::kernels::testing::weight_rows(types[i], f.data(), k, ns[size_t(i)]);
+      wb.push_back(dev.alloc(bytes.size()));
+      W.push_back(Tensor::make(wb.back().get(), 0, types[i], {k, ns[size_t(i)], 1, 1}));
+      st->upload(W.back(), bytes.data(), bytes.size());
+    }
+    for (int64_t m : {int64_t(1), int64_t(3), int64_t(8)})
+      for (bool swiglu : {false, true}) {
+        const std::vector<Tensor> Ws = swiglu ? std::vector<Tensor>{W[1]} : W;
+        const uint32_t seed = uint32_t(k + m * 7 + swiglu);
+        const ProdRun fused = producer_run(*st, dev, swiglu, false, k, m, Ws, ns, seed);
+        const ProdRun plain = producer_run(*st, dev, swiglu, true, k, m, Ws, ns, seed);
+        ASSERT_EQ(fused.outs.size(), plain.outs.size());
+        for (size_t i = 0; i < fused.outs.size(); ++i)
+          EXPECT_EQ(fused.outs[i], plain.outs[i]) << (swiglu ? "swiglu" : "add_rms_norm") << " k=" << k << " m=" << m
+                                                  << " output " << i << " (0 x, 1 cur, then y of each weight)";
+        std::printf("[ fused ] %-12s k=%lld m=%lld: %zu outputs bit-identical to the unfused ops\n",
+                    swiglu ? "swiglu" : "add_rms_norm", (long long)k, (long long)m, fused.outs.size());
+      }
+  }
+  // A deferred producer followed by something else than its mat-mul runs first (in stream order).
+  std::mt19937 rng(9);
+  const int64_t k = 256;
+  auto xb = dev.alloc(k * 4), tb = dev.alloc(k * 4), yb = dev.alloc(k * 4);
+  const Tensor x = Tensor::make(xb.get(), 0, GgmlType::F32, {k, 1, 1, 1}), t = Tensor::make(tb.get(), 0, GgmlType::F32, {k, 1, 1, 1}),
+               y = Tensor::make(yb.get(), 0, GgmlType::F32, {k, 1, 1, 1});
+  const auto xv = rnd(size_t(k), rng, -1, 1), tv = rnd(size_t(k), rng, -1, 1);
+  st->upload(x, xv.data(), k * 4);
+  st->upload(t, tv.data(), k * 4);
+  st->add_rms_norm(x, t, nullptr, y, 1e-6f);
+  st->scale(y, 2.f, y);  // must see the normed y
+  const auto got = host(*st, y, k * 4);
+  double ss = 0;
+  for (int64_t i = 0; i < k; ++i) ss += double(xv[size_t(i)] + tv[size_t(i)]) * (xv[size_t(i)] + tv[size_t(i)]);
+  const double sc = 1.0 / std::sqrt(ss / double(k) + 1e-6);
+  double e = 0;
+  for (int64_t i = 0; i < k; ++i) e = std::max(e, std::fabs(got[size_t(i)] - 2.0 * (xv[size_t(i)] + tv[size_t(i)]) * sc));
+  EXPECT_LE(e, 1e-5) << "add_rms_norm then scale";
+}
+
 }  // namespace
+
