@@ -187,9 +187,10 @@ TEST(CudaFused, DeferredProducersMatchTheUnfusedOps) {
     for (int64_t m : {int64_t(1), int64_t(3), int64_t(8)})
       for (bool swiglu : {false, true}) {
         const std::vector<Tensor> Ws = swiglu ? std::vector<Tensor>{W[1]} : W;
+        const std::vector<int64_t> nws = swiglu ? std::vector<int64_t>{ns[1]} : ns;
         const uint32_t seed = uint32_t(k + m * 7 + swiglu);
-        const ProdRun fused = producer_run(*st, dev, swiglu, false, k, m, Ws, ns, seed);
-        const ProdRun plain = producer_run(*st, dev, swiglu, true, k, m, Ws, ns, seed);
+        const ProdRun fused = producer_run(*st, dev, swiglu, false, k, m, Ws, nws, seed);
+        const ProdRun plain = producer_run(*st, dev, swiglu, true, k, m, Ws, nws, seed);
         ASSERT_EQ(fused.outs.size(), plain.outs.size());
         for (size_t i = 0; i < fused.outs.size(); ++i)
           EXPECT_EQ(fused.outs[i], plain.outs[i]) << (swiglu ? "swiglu" : "add_rms_norm") << " k=" << k << " m=" << m
