@@ -38,11 +38,25 @@ void Sampler::apply_penalties(std::vector<float>& l) const {
   }
 }
 
-int32_t Sampler::sample(const float* logits) {
+int32_t Sampler::sample(const float* logits, const uint64_t* allow) {
   std::copy(logits, logits + n_vocab_, work_.begin());
   apply_penalties(work_);
   for (auto [t, b] : p_.logit_bias)
     if (t >= 0 && t < n_vocab_) work_[size_t(t)] += b;
+  if (allow) {
+    constexpr float kBan = -std::numeric_limits<float>::infinity();
+    for (int64_t w = 0; w * 64 < n_vocab_; ++w) {
+      const uint64_t m = allow[w];
+      if (m == ~uint64_t(0)) continue;
+      const int64_t i0 = w * 64, i1 = std::min<int64_t>(i0 + 64, n_vocab_);
+      if (m == 0) {
+        std::fill(work_.begin() + i0, work_.begin() + i1, kBan);
+        continue;
+      }
+      for (int64_t i = i0; i < i1; ++i)
+        if (!((m >> (i - i0)) & 1)) work_[size_t(i)] = kBan;
+    }
+  }
 
   if (p_.temperature <= 0) {  // greedy: first maximum
     int32_t best = 0;
