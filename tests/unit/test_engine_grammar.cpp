@@ -4,6 +4,7 @@
 // requests with grammars over the fake model (every output is derived by its grammar).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <set>
 
@@ -190,7 +191,9 @@ x ::= "(" x ")" x | "")g",
           }
           found = q != GrammarAutomaton::kDead && a.accepting(q) && g->matches(t);
         }
-        if (text != grammars[0]) EXPECT_TRUE(found) << "no completion of '" << s << "' found in " << text;
+        if (text != grammars[0]) {
+          EXPECT_TRUE(found) << "no completion of '" << s << "' found in " << text;
+        }
       }
     }
     EXPECT_GT(accepted, 0) << text;
@@ -269,6 +272,45 @@ TEST(GrammarMatcher, AcceptRejectAndEnd) {
   EXPECT_TRUE(m.done());
   // The same grammar text gives the same automaton.
   EXPECT_EQ(&cache.get(G(R"g(root ::= ("yes" | "no") "!"?)g"))->grammar(), &cache.get(g)->grammar());
+}
+
+TEST(SamplerMask, OnlyAllowedTokensAreDrawn) {
+  const int n = 1000;
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  std::vector<float> logits(static_cast<size_t>(n));
+  for (auto& x : logits) x = nd(g);
+  std::vector<uint64_t> mask((n + 63) / 64, 0);
+  std::set<int> allowed;
+  for (int i = 0; i < n; ++i)
+    if (g() % 10 == 0) {
+      mask[size_t(i) >> 6] |= uint64_t(1) << (i & 63);
+      allowed.insert(i);
+    }
+  int best = *allowed.begin();
+  for (int i : allowed)
+    if (logits[size_t(i)] > logits[size_t(best)]) best = i;
+  SamplingParams gp;
+  gp.temperature = 0;
+  EXPECT_EQ(Sampler(gp, n).sample(logits.data(), mask.data()), best);
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.seed = 9;
+  Sampler s(sp, n);
+  std::map<int, int> seen;
+  for (int k = 0; k < 3000; ++k) {
+    const int t = s.sample(logits.data(), mask.data());
+    ASSERT_TRUE(allowed.count(t)) << t;
+    ++seen[t];
+  }
+  // The most likely allowed token is drawn most often (its renormalised probability is the largest).
+  int most = seen.begin()->first;
+  for (auto [t, c] : seen)
+    if (c > seen[most]) most = t;
+  EXPECT_EQ(most, best);
 }
 
 // ------------------------------------------------------------------------------------------------
