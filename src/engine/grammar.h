@@ -7,7 +7,7 @@
 //   rules, lowering codepoint classes to UTF-8 byte sequences, and checking the result (undefined
 //   rules, missing root, left recursion). Errors name the line and column or the rule.
 // Must not: know about tokens, vocabularies or requests (matching tokens is grammar_matcher.h);
-//   see JSON (JSON Schema → GBNF is the server's business, server/json_schema.h).
+//   see JSON (JSON Schema → GBNF is the server's business, chat/json_schema.h, called by server/constraint.h).
 // Threading: a Grammar is immutable after parse() and may be shared by any number of threads.
 #pragma once
 #include <array>
