@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/log.h"
+#include "engine/grammar_matcher.h"
 #include "engine/prefix_cache.h"
 #include "model/vocab_loader.h"
 
@@ -128,6 +129,9 @@ struct Active {
   int32_t next_token = -1;  // sampled, to be fed in the next step
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<tokenizer::StreamDecoder> dec;
+  std::unique_ptr<GrammarMatcher> matcher;  // Request::grammar
+  bool grammar_on = false;                  // the grammar applies (its trigger, if any, was seen)
+  std::string trig_buf;                     // output bytes that may hold the start of the trigger
   std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
   std::vector<int64_t> cuts;  // hybrid: prompt positions (ascending, > cache_n) to snapshot at
   bool finished = false;
@@ -166,6 +170,7 @@ struct Engine::Impl {
   Engine& eng;
   std::unique_ptr<Runner> runner;
   std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<GrammarCache> grammars;
   const tokenizer::Tokenizer* tok = nullptr;
   int64_t n_ctx_slot = 0;
   int64_t step_tokens = 0;
@@ -200,6 +205,8 @@ struct Engine::Impl {
   void prepare(Active& a, int s);
   int pick_slot(const Active& a) const;
   void step();
+  int32_t sample(Active& a, const float* logits);
+  bool grammar_step(Active& a, int32_t t, bool& done);
   void process_token(Active& a, int32_t tok, const float* logits);
   void finish(Active& a, FinishReason r, Event ev, const std::string& error = {});
   void cache_insert(const Active& a, bool end_of_turn);
@@ -335,6 +342,10 @@ void Engine::Impl::prepare(Active& a, int s) {
   a.sampler = std::make_unique<Sampler>(a.req.sampling, runner->n_vocab());
   a.sampler->accept(std::span<const int32_t>(prompt));
   a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special);
+  if (a.req.grammar) {
+    a.matcher = std::make_unique<GrammarMatcher>(grammars->get(a.req.grammar));
+    a.grammar_on = a.req.grammar_trigger.empty();
+  }
   if (recurrent && a.req.cache_prompt && cache->enabled()) {
     for (int64_t p : a.req.snapshot_at)
       if (p > reused && p < P) a.cuts.push_back(p);
@@ -436,7 +447,7 @@ void Engine::Impl::step() {
     if (a.prompt_done) {
       ss.tokens.push_back(a.next_token);
       a.n_past += 1;
-      process_token(a, a.sampler->sample(runner->logits(a.out_row)), runner->logits(a.out_row));
+      process_token(a, sample(a, runner->logits(a.out_row)), runner->logits(a.out_row));
       continue;
     }
     const auto& prompt = a.req.prompt;
@@ -451,7 +462,7 @@ void Engine::Impl::step() {
         continue;
       }
       const float* lg = runner->logits(a.out_row);
-      process_token(a, a.sampler->sample(lg), lg);
+      process_token(a, sample(a, lg), lg);
     } else if (!recurrent) {
       cache_insert(a, false);  // full blocks so far (concurrent requests can share them)
     } else if (std::binary_search(a.cuts.begin(), a.cuts.end(), a.n_past)) {
@@ -461,7 +472,56 @@ void Engine::Impl::step() {
   drop_finished();
 }
 
+// The next token; when a grammar applies, its mask bans what it rejects. -1: it allows nothing.
+int32_t Engine::Impl::sample(Active& a, const float* logits) {
+  if (!a.matcher || !a.grammar_on) return a.sampler->sample(logits);
+  const uint64_t* m = a.matcher->mask();
+  const size_t words = size_t(runner->n_vocab() + 63) / 64;
+  bool any = false;
+  for (size_t w = 0; w < words && !any; ++w) any = m[w] != 0;
+  return any ? a.sampler->sample(logits, m) : -1;
+}
+
+// Feeds token t to the request's grammar (or watches for its trigger). false: the grammar rejects
+// the output (the request fails). done: the grammar is complete and nothing may follow.
+bool Engine::Impl::grammar_step(Active& a, int32_t t, bool& done) {
+  done = false;
+  if (!a.matcher) return true;
+  if (a.grammar_on) {
+    if (is_eog(t)) return a.matcher->can_end();
+    if (!a.matcher->accept_token(t)) return false;
+    done = a.matcher->done();
+    return true;
+  }
+  const std::string& trig = a.req.grammar_trigger;
+  a.trig_buf += tok->token_to_piece(t, true);
+  const size_t p = a.trig_buf.find(trig);
+  if (p == std::string::npos) {
+    if (a.trig_buf.size() >= trig.size()) a.trig_buf.erase(0, a.trig_buf.size() - (trig.size() - 1));
+    return true;
+  }
+  a.grammar_on = true;
+  std::string rest = a.trig_buf.substr(p + trig.size());
+  a.trig_buf.clear();
+  if (!a.matcher->accept_bytes(rest)) {
+    // Whitespace right after the trigger ("</think>\n\n") is not part of the constrained answer.
+    const size_t k = rest.find_first_not_of(" \t\r\n");
+    if (!a.matcher->accept_bytes(k == std::string::npos ? std::string() : rest.substr(k))) return false;
+  }
+  done = a.matcher->done();
+  return true;
+}
+
 void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
+  if (t < 0) {
+    finish(a, FinishReason::Error, Event{}, "grammar: no token of the vocabulary can continue the output");
+    return;
+  }
+  bool grammar_done = false;
+  if (!grammar_step(a, t, grammar_done)) {
+    finish(a, FinishReason::Error, Event{}, fmt::format("grammar: token {} does not continue the output", t));
+    return;
+  }
   a.n_decoded++;
   Event ev;
   TokenOut to;
@@ -473,7 +533,8 @@ void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
   ev.tokens.push_back(std::move(to));
 
   const bool stop_tok = std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), t) != a.req.stop_tokens.end();
-  if ((is_eog(t) && !a.req.ignore_eos) || stop_tok) {
+  // With a grammar, an end-of-generation token is allowed only where the grammar is complete: it ends.
+  if ((is_eog(t) && (!a.req.ignore_eos || (a.matcher && a.grammar_on))) || stop_tok) {
     ev.text = a.held + a.dec->flush();
     a.held.clear();
     finish(a, FinishReason::Stop, std::move(ev));
@@ -494,6 +555,12 @@ void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
   if (word) {
     ev.text = a.held.substr(0, best);
     ev.stop_word = *word;
+    a.held.clear();
+    finish(a, FinishReason::Stop, std::move(ev));
+    return;
+  }
+  if (grammar_done) {  // the grammar is complete and allows nothing more: stop as on an end token
+    ev.text = a.held + a.dec->flush();
     a.held.clear();
     finish(a, FinishReason::Stop, std::move(ev));
     return;
@@ -691,6 +758,7 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   po.kv_bytes_per_pos = I.runner->kv_bytes_per_pos();
   po.rec_floats = I.runner->rec_floats();
   I.cache = std::make_unique<PrefixCache>(po);
+  I.grammars = std::make_unique<GrammarCache>(tok_.get(), I.eog, I.runner->n_vocab());
   const int64_t B = po.block;
   I.snap_interval = std::max<int64_t>(B, (std::max<int64_t>(opt_.cache_snapshot_interval, 1) + B - 1) / B * B);
   I.slots.assign(size_t(I.runner->n_slots()), SlotState{});

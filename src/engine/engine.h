@@ -23,6 +23,9 @@
 // Prefix cache (see engine/prefix_cache.h, docs/engine.md): on admission the engine reuses the
 //   longest cached prefix from the slot's own content or from the cross-slot radix tree (restoring
 //   KV rows and, for hybrid models, a recurrent-state snapshot). Event::timings.cache_n reports it.
+//
+// Constrained decoding (see engine/grammar_matcher.h): each running request with a grammar has its
+//   own matcher; automata are shared by requests with the same grammar (engine thread only).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "engine/grammar.h"
 #include "engine/runner.h"
 #include "engine/sampling.h"
 #include "model/model.h"
@@ -97,6 +101,14 @@ struct Request {
   // the system message, known to the server from the chat template), in addition to the engine's own
   // points (see EngineOptions::snapshot_before_control). Ignored for attention-only models.
   std::vector<int64_t> snapshot_at;
+  // Constrained decoding: every generated token must continue a derivation of this grammar
+  // (engine/grammar.h; the server compiles it from GBNF or a JSON schema). End-of-generation is
+  // allowed only where the grammar is complete, and the request stops once nothing else can
+  // follow. nullptr: unconstrained.
+  std::shared_ptr<const Grammar> grammar;
+  // Non-empty: the grammar applies only after this text appears in the output (the end of a
+  // reasoning section, "</think>"); bytes after it in the same token are matched.
+  std::string grammar_trigger;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };

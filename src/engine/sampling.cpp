@@ -38,23 +38,46 @@ void Sampler::apply_penalties(std::vector<float>& l) const {
   }
 }
 
-int32_t Sampler::sample(const float* logits) {
+int32_t Sampler::sample(const float* logits, const uint64_t* allow) {
   std::copy(logits, logits + n_vocab_, work_.begin());
   apply_penalties(work_);
   for (auto [t, b] : p_.logit_bias)
     if (t >= 0 && t < n_vocab_) work_[size_t(t)] += b;
+  // With a grammar mask only its set bits are candidates (iterated word by word: a mask is usually
+  // sparse, so this is cheaper than banning the rest).
+  auto for_each = [&](auto&& f) {
+    if (!allow) {
+      for (int64_t i = 0; i < n_vocab_; ++i) f(i);
+      return;
+    }
+    for (int64_t w = 0; w * 64 < n_vocab_; ++w)
+      for (uint64_t m = allow[w]; m; m &= m - 1) {
+        const int64_t i = w * 64 + __builtin_ctzll(m);
+        if (i < n_vocab_) f(i);
+      }
+  };
 
   if (p_.temperature <= 0) {  // greedy: first maximum
-    int32_t best = 0;
-    for (int64_t i = 1; i < n_vocab_; ++i)
-      if (work_[size_t(i)] > work_[size_t(best)]) best = int32_t(i);
-    return best;
+    int32_t best = -1;
+    for_each([&](int64_t i) {
+      if (best < 0 || work_[size_t(i)] > work_[size_t(best)]) best = int32_t(i);
+    });
+    return std::max(best, 0);
   }
 
   cand_.clear();
-  for (int64_t i = 0; i < n_vocab_; ++i)
+  for_each([&](int64_t i) {
     if (work_[size_t(i)] != -std::numeric_limits<float>::infinity()) cand_.push_back({int32_t(i), work_[size_t(i)], 0});
-  if (cand_.empty()) return 0;  // everything banned: llama.cpp would also return an arbitrary token
+  });
+  if (cand_.empty()) {
+    // Everything banned (e.g. logit_bias false on every allowed token): the first allowed token, so
+    // that a grammar still holds; unconstrained, token 0 (llama.cpp returns an arbitrary token too).
+    int32_t first = -1;
+    for_each([&](int64_t i) {
+      if (first < 0) first = int32_t(i);
+    });
+    return std::max(first, 0);
+  }
   auto desc = [](const Cand& a, const Cand& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
 
   // top_k

@@ -1,6 +1,7 @@
 // engine/sampling.h — token sampling: the llama.cpp chain
 //   penalties → logit_bias → top_k → top_p → min_p → temperature → draw (seeded mt19937),
-//   with temperature <= 0 meaning greedy argmax (after penalties and bias), plus log-probabilities.
+//   with temperature <= 0 meaning greedy argmax (after penalties and bias), plus log-probabilities;
+//   an optional grammar mask (engine/grammar_matcher.h) bans tokens before the truncations.
 // Owns: SamplingParams (typed request parameters; the server maps JSON onto them) and Sampler
 //   (per-request state: RNG, penalty window, scratch).
 // Must not: see JSON, text or the model; allocate per call beyond its reusable scratch.
@@ -51,7 +52,9 @@ class Sampler {
   }
 
   // Runs the chain on a copy of `logits` (n_vocab floats) and returns the chosen token.
-  int32_t sample(const float* logits);
+  // `allow` (optional, n_vocab bits, bit i of word i/64): a grammar's token mask; tokens outside it
+  // get -inf after penalties and logit_bias, before top_k/top_p/min_p/temperature and the draw.
+  int32_t sample(const float* logits, const uint64_t* allow = nullptr);
 
   // log-softmax of the raw logits (the model's distribution, before penalties and temperature):
   // the logprob of `token` and the n_top most likely tokens (descending). n_top may be 0.

@@ -1,6 +1,8 @@
 // server/api.cpp — request field validation and response JSON (see api.h).
 #include "server/api.h"
 
+#include "server/constraint.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -243,12 +245,8 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
   }
   if (out.logprobs) r.n_probs = out.top_logprobs > 0 ? out.top_logprobs : -1;
 
-  if (auto it = b.find("response_format"); it != b.end() && !it->is_null()) {
-    if (!it->is_object()) return bad_request("response_format", fmt::format("expected an object, got {}", json_kind(*it)));
-    auto t = it->find("type");
-    if (t == it->end() || !t->is_string()) return bad_request("response_format.type", "expected a string");
-    if (*t != "text") return bad_request("response_format.type", fmt::format("'{}' is not supported (only 'text')", t->get<std::string>()));
-  }
+  // response_format, json_schema, grammar: constrained decoding (server/constraint.h).
+  KILN_API_TRY(parse_constraint(b, out));
   if (auto it = b.find("user"); it != b.end() && !it->is_null() && !it->is_string())
     return bad_request("user", fmt::format("expected a string, got {}", json_kind(*it)));
   return std::nullopt;

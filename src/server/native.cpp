@@ -61,11 +61,6 @@ std::optional<ApiError> parse_native_params(const json& b, int64_t n_vocab, int 
     if (!f->is_boolean()) return bad_request("return_tokens", fmt::format("expected a boolean, got {}", json_kind(*f)));
     out.return_tokens = f->get<bool>();
   }
-  // Constrained decoding is not implemented yet: a client that asks for it must not get
-  // unconstrained text back silently.
-  for (const char* k : {"grammar", "json_schema"})
-    if (auto f = b.find(k); f != b.end() && !f->is_null() && !(f->is_string() && f->get<std::string>().empty()))
-      return bad_request(k, fmt::format("{} (constrained decoding) is not supported yet", k));
   if (auto f = b.find("post_sampling_probs"); f != b.end() && !f->is_null()) {
     if (!f->is_boolean()) return bad_request("post_sampling_probs", fmt::format("expected a boolean, got {}", json_kind(*f)));
     if (f->get<bool>()) return bad_request("post_sampling_probs", "post-sampling probabilities are not supported (n_probs gives the model's logprobs)");

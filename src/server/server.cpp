@@ -449,6 +449,8 @@ struct Server::Impl {
       return send_error(res, bad_request("messages", "image input is not supported yet (" + why + ")"));
     }
     g->parser = prompt->parser;
+    // A reasoning model thinks freely; the constraint applies to the answer after the thinking.
+    if (g->gp.req.grammar && prompt->starts_in_reasoning) g->gp.req.grammar_trigger = prompt->parser.reasoning_end;
     g->prompt = tokenize_prompt(prompt->text);
     if (auto e = check_context(g->prompt.size())) return send_error(res, *e);
     if (!g->gp.stream) g->client_fd = find_client_socket(req);

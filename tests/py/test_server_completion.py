@@ -207,8 +207,8 @@ def test_id_slot_accepted(url):
     ({"prompt": "x", "id_slot": 99}, "id_slot"),
     ({"prompt": "x", "return_tokens": "yes"}, "return_tokens"),
     ({"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
-    ({"prompt": "x", "grammar": "root ::= \"a\""}, "grammar"),
-    ({"prompt": "x", "json_schema": {"type": "object"}}, "json_schema"),
+    ({"prompt": "x", "grammar": "root ::= \"a"}, "grammar"),
+    ({"prompt": "x", "json_schema": {"type": "object", "not": {}}}, "json_schema.not"),
 ])
 def test_bad_requests(url, body, param):
     if AGAINST:

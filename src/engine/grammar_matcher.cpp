@@ -1,0 +1,278 @@
+// engine/grammar_matcher.cpp — vocabulary trie, the lazily built grammar DFA and its token masks
+//   (see grammar_matcher.h).
+#include "engine/grammar_matcher.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/check.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::engine {
+
+// ============================================================================================
+// TokenTrie
+
+bool TokenTrie::is_eog(int32_t id) const { return std::binary_search(eog_.begin(), eog_.end(), id); }
+
+std::shared_ptr<const TokenTrie> TokenTrie::build(std::vector<std::string> pieces, std::vector<int32_t> eog) {
+  auto t = std::make_shared<TokenTrie>();
+  std::sort(eog.begin(), eog.end());
+  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  t->eog_ = std::move(eog);
+  for (int32_t e : t->eog_)
+    if (e >= 0 && size_t(e) < pieces.size()) pieces[size_t(e)].clear();  // EOG is the end, not text
+  t->pieces_ = std::move(pieces);
+  const auto& P = t->pieces_;
+  std::vector<int32_t> order;
+  for (size_t i = 0; i < P.size(); ++i)
+    if (!P[i].empty() && P[i].size() < 65535) order.push_back(int32_t(i));
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return P[size_t(a)] < P[size_t(b)] || (P[size_t(a)] == P[size_t(b)] && a < b); });
+
+  // Preorder construction from the sorted pieces: `path` holds the nodes of the previous piece.
+  t->byte_.push_back(0);
+  t->depth_.push_back(0);
+  t->end_.push_back(0);
+  t->tok_begin_.push_back(0);
+  std::vector<uint32_t> path{0};
+  const std::string* prev = nullptr;
+  for (int32_t id : order) {
+    const std::string& s = P[size_t(id)];
+    size_t common = 0;
+    if (prev)
+      while (common < s.size() && common < prev->size() && s[common] == (*prev)[common]) ++common;
+    while (path.size() > common + 1) {  // close the nodes deeper than the common prefix
+      t->end_[path.back()] = uint32_t(t->byte_.size());
+      path.pop_back();
+    }
+    for (size_t k = common; k < s.size(); ++k) {
+      path.push_back(uint32_t(t->byte_.size()));
+      t->byte_.push_back(uint8_t(s[k]));
+      t->depth_.push_back(uint16_t(k + 1));
+      t->end_.push_back(0);
+      t->tok_begin_.push_back(uint32_t(t->toks_.size()));
+    }
+    t->toks_.push_back(id);  // ends at path.back(): its range grows until the next node starts
+    t->max_depth_ = std::max(t->max_depth_, s.size());
+    prev = &s;
+  }
+  while (!path.empty()) {
+    t->end_[path.back()] = uint32_t(t->byte_.size());
+    path.pop_back();
+  }
+  t->tok_begin_.push_back(uint32_t(t->toks_.size()));
+  return t;
+}
+
+std::shared_ptr<const TokenTrie> TokenTrie::build(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& eog,
+                                                  int64_t n_vocab) {
+  std::vector<std::string> pieces(size_t(std::max<int64_t>(n_vocab, 0)));
+  const int64_t n = std::min<int64_t>(n_vocab, tok.n_tokens());
+  for (int64_t i = 0; i < n; ++i) pieces[size_t(i)] = tok.token_to_piece(int32_t(i), false);
+  return build(std::move(pieces), eog);
+}
+
+// ============================================================================================
+// GrammarAutomaton
+
+GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie, Options o)
+    : g_(std::move(g)), trie_(std::move(trie)), opt_(o) {
+  el_ = g_->elems().data();
+  nodes_.push_back({0xFFFFFFFFu, 0});  // node 0: the empty stack
+  tmp_.clear();
+  visited_.clear();
+  for (uint32_t a : g_->alts(g_->root())) expand(a, 0);
+  start_ = intern_state();
+  if (start_ == kDead) {  // a grammar that derives nothing: a state with no stacks
+    states_.push_back(State{uint32_t(pool_.size()), 0, false, false, -1});
+    trans_.resize(trans_.size() + 256, kDead);
+    start_ = uint32_t(states_.size() - 1);
+  }
+  walk_.resize(trie_->max_depth_ + 1);
+  scratch_mask_.resize(trie_->words());
+}
+
+uint32_t GrammarAutomaton::intern_stack(uint32_t pos, uint32_t parent) {
+  const uint64_t key = uint64_t(pos) << 32 | parent;
+  auto [it, added] = node_ids_.emplace(key, uint32_t(nodes_.size()));
+  if (added) nodes_.push_back({pos, parent});
+  return it->second;
+}
+
+// Adds to tmp_ every stack reachable from "match position pos, then continue with stack
+// `parent`" without consuming a byte: rule references are entered (the continuation is pushed
+// unless it is the end of the alternative: tail calls keep stacks flat), ends pop.
+void GrammarAutomaton::expand(uint32_t pos, uint32_t parent) {
+  if (!visited_.emplace(uint64_t(pos) << 32 | parent, 1).second) return;
+  const Grammar::Elem& e = el_[pos];
+  switch (e.kind) {
+    case Grammar::Kind::Bytes: tmp_.push_back(intern_stack(pos, parent)); return;
+    case Grammar::Kind::End:
+      if (parent == 0) tmp_.push_back(0);
+      else expand(nodes_[parent].first, nodes_[parent].second);
+      return;
+    case Grammar::Kind::Ref: {
+      const uint32_t cont = el_[pos + 1].kind == Grammar::Kind::End ? parent : intern_stack(pos + 1, parent);
+      for (uint32_t a : g_->alts(e.arg)) expand(a, cont);
+      return;
+    }
+  }
+}
+
+uint32_t GrammarAutomaton::intern_state() {
+  std::sort(tmp_.begin(), tmp_.end());
+  tmp_.erase(std::unique(tmp_.begin(), tmp_.end()), tmp_.end());
+  if (tmp_.empty()) return kDead;
+  uint64_t h = 0x9E3779B97F4A7C15ull;
+  for (uint32_t x : tmp_) h = (h ^ x) * 0x100000001B3ull + (h >> 29);
+  auto range = state_ids_.equal_range(h);
+  for (auto it = range.first; it != range.second; ++it) {
+    const State& s = states_[it->second];
+    if (s.len == tmp_.size() && std::equal(tmp_.begin(), tmp_.end(), pool_.begin() + s.off)) return it->second;
+  }
+  State s;
+  s.off = uint32_t(pool_.size());
+  s.len = uint32_t(tmp_.size());
+  s.accepting = tmp_[0] == 0;  // sorted: the empty stack (id 0) comes first
+  s.only_end = s.accepting && tmp_.size() == 1;
+  pool_.insert(pool_.end(), tmp_.begin(), tmp_.end());
+  const uint32_t id = uint32_t(states_.size());
+  states_.push_back(s);
+  trans_.resize(trans_.size() + 256, kUnknown);
+  state_ids_.emplace(h, id);
+  return id;
+}
+
+uint32_t GrammarAutomaton::compute(uint32_t s, uint8_t b) {
+  tmp_.clear();
+  visited_.clear();
+  const State st = states_[s];
+  for (uint32_t k = 0; k < st.len; ++k) {
+    const uint32_t id = pool_[st.off + k];
+    if (id == 0) continue;
+    const auto [pos, parent] = nodes_[id];
+    if (g_->byte_sets()[el_[pos].arg].has(b)) expand(pos + 1, parent);
+  }
+  const uint32_t t = intern_state();
+  trans_[size_t(s) * 256 + b] = t;
+  return t;
+}
+
+uint32_t GrammarAutomaton::next_token(uint32_t s, int32_t token) {
+  if (token < 0 || token >= trie_->n_vocab()) return kDead;
+  if (trie_->is_eog(token)) return accepting(s) ? s : kDead;
+  const std::string& p = trie_->piece(token);
+  if (p.empty()) return kDead;
+  return advance(s, p);
+}
+
+const uint64_t* GrammarAutomaton::mask(uint32_t s) {
+  if (states_[s].mask >= 0) return masks_[size_t(states_[s].mask)].data();
+  const TokenTrie& T = *trie_;
+  uint64_t* m = scratch_mask_.data();
+  std::fill(scratch_mask_.begin(), scratch_mask_.end(), 0);
+  // Preorder walk: walk_[d] is the state after the first d bytes of the current node's prefix.
+  walk_[0] = s;
+  const uint32_t n = uint32_t(T.byte_.size());
+  const uint8_t* byte = T.byte_.data();
+  const uint16_t* depth = T.depth_.data();
+  const uint32_t* end = T.end_.data();
+  const uint32_t* tb = T.tok_begin_.data();
+  const int32_t* toks = T.toks_.data();
+  for (uint32_t i = 1; i < n;) {
+    const uint32_t d = depth[i];
+    const uint32_t prev = walk_[d - 1];
+    uint32_t t = trans_[size_t(prev) * 256 + byte[i]];
+    if (t == kUnknown) t = compute(prev, byte[i]);
+    if (t == kDead) {
+      i = end[i];
+      continue;
+    }
+    walk_[d] = t;
+    for (uint32_t k = tb[i]; k < tb[i + 1]; ++k) m[uint32_t(toks[k]) >> 6] |= uint64_t(1) << (toks[k] & 63);
+    ++i;
+  }
+  if (states_[s].accepting)
+    for (int32_t e : T.eog_)
+      if (e >= 0 && e < T.n_vocab()) m[size_t(e) >> 6] |= uint64_t(1) << (e & 63);
+  ++masks_computed_;
+  const size_t bytes = scratch_mask_.size() * sizeof(uint64_t);
+  if (mask_bytes_ + bytes > opt_.mask_cache_bytes) {  // over budget: forget every cached mask
+    for (auto& st : states_) st.mask = -1;
+    masks_.clear();
+    mask_bytes_ = 0;
+  }
+  if (bytes <= opt_.mask_cache_bytes) {
+    states_[s].mask = int32_t(masks_.size());
+    masks_.push_back(scratch_mask_);
+    mask_bytes_ += bytes;
+    return masks_.back().data();
+  }
+  return m;
+}
+
+size_t GrammarAutomaton::memory_bytes() const {
+  return nodes_.size() * (sizeof(nodes_[0]) + 24) + pool_.size() * 4 + states_.size() * (sizeof(State) + 24) +
+         trans_.size() * 4 + mask_bytes_;
+}
+
+// ============================================================================================
+// GrammarMatcher
+
+bool GrammarMatcher::accept_token(int32_t token) {
+  const uint32_t t = a_->next_token(s_, token);
+  if (t == GrammarAutomaton::kDead) return false;
+  s_ = t;
+  return true;
+}
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  const uint32_t t = a_->advance(s_, bytes);
+  if (t == GrammarAutomaton::kDead) return false;
+  s_ = t;
+  return true;
+}
+
+bool GrammarMatcher::any_allowed() {
+  if (can_end()) return true;
+  const uint64_t* m = mask();
+  const size_t w = a_->trie().words();
+  for (size_t i = 0; i < w; ++i)
+    if (m[i]) return true;
+  return false;
+}
+
+// ============================================================================================
+// GrammarCache
+
+GrammarCache::GrammarCache(const tokenizer::Tokenizer* tok, std::vector<int32_t> eog, int64_t n_vocab, size_t max_entries)
+    : tok_(tok), eog_(std::move(eog)), n_vocab_(n_vocab), max_entries_(std::max<size_t>(1, max_entries)) {}
+
+GrammarCache::GrammarCache(std::shared_ptr<const TokenTrie> trie, size_t max_entries)
+    : max_entries_(std::max<size_t>(1, max_entries)), trie_(std::move(trie)) {}
+
+const TokenTrie& GrammarCache::trie() {
+  if (!trie_) {
+    KILN_CHECK(tok_ != nullptr, "GrammarCache without a tokenizer or trie");
+    trie_ = TokenTrie::build(*tok_, eog_, n_vocab_);
+  }
+  return *trie_;
+}
+
+std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const Grammar>& g) {
+  trie();
+  const std::string key = g->text() + '\0' + g->rule_name(g->root());
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (entries_.size() >= max_entries_) {
+      auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                  [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+      entries_.erase(lru);  // requests still using it keep it alive
+    }
+    it = entries_.emplace(key, Entry{std::make_shared<GrammarAutomaton>(g, trie_), 0}).first;
+  }
+  it->second.last_used = ++clock_;
+  return it->second.a;
+}
+
+}  // namespace kiln::engine

@@ -1,0 +1,179 @@
+// engine/grammar_matcher.h — constrained decoding: a compiled Grammar (grammar.h) run over a
+//   vocabulary, giving the set of tokens allowed next and advancing by the token sampled.
+//
+// How it is fast (the xgrammar / llguidance idea, our own construction):
+//   - A matcher's configuration is a set of pushdown stacks; stacks are hash-consed persistent
+//     lists, so a configuration is a sorted list of small ids and is interned as a *state*.
+//   - GrammarAutomaton memoises state × byte → state (a lazily built DFA over the reachable
+//     configurations, one dense 256-entry row per state), so advancing by a byte is an array read
+//     once seen. Repetitions compile to tail calls, so e.g. every character of a JSON string
+//     leads back to the same state.
+//   - The vocabulary is a byte trie in preorder (TokenTrie, built once per tokenizer); a state's
+//     token mask is one walk of the trie that skips every subtree whose prefix is rejected, and
+//     is cached per state. In steady state a mask costs a lookup.
+// Owns: TokenTrie, GrammarAutomaton (states, transitions, cached masks), GrammarMatcher (one
+//   request's position), GrammarCache (automata shared by requests with the same grammar).
+// Must not: parse JSON or know about requests, sampling or the model (the engine applies masks
+//   through Sampler::sample and feeds sampled tokens back).
+// Threading: TokenTrie is immutable and shareable. GrammarAutomaton, GrammarMatcher and
+//   GrammarCache are used by one thread (the engine thread); they allocate when they meet a new
+//   state (memoised), never per step in steady state.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/grammar.h"
+
+namespace kiln::tokenizer {
+class Tokenizer;
+}
+
+namespace kiln::engine {
+
+// The vocabulary as a byte trie. Tokens with empty text (control tokens) are not in it and are
+// never allowed by a grammar, except end-of-generation tokens, allowed when the grammar is complete.
+class TokenTrie {
+ public:
+  // pieces[id] = the bytes token id stands for ("" = never allowed); eog = end-of-generation ids.
+  static std::shared_ptr<const TokenTrie> build(std::vector<std::string> pieces, std::vector<int32_t> eog);
+  // From a tokenizer: token_to_piece(id, special=false) for every id < n_vocab (ids beyond the
+  // tokenizer's vocabulary, padding rows of the output matrix, are never allowed).
+  static std::shared_ptr<const TokenTrie> build(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& eog,
+                                                int64_t n_vocab);
+
+  int64_t n_vocab() const { return int64_t(pieces_.size()); }
+  size_t n_nodes() const { return byte_.size(); }
+  size_t words() const { return (pieces_.size() + 63) / 64; }  // mask length in uint64
+  const std::string& piece(int32_t id) const { return pieces_[size_t(id)]; }
+  bool is_eog(int32_t id) const;
+
+ private:
+  friend class GrammarAutomaton;
+  std::vector<std::string> pieces_;
+  std::vector<int32_t> eog_;        // sorted
+  // Nodes in preorder; node 0 is the root (the empty prefix).
+  std::vector<uint8_t> byte_;       // the byte leading to the node
+  std::vector<uint16_t> depth_;     // prefix length
+  std::vector<uint32_t> end_;       // one past the node's subtree
+  std::vector<uint32_t> tok_begin_; // tokens ending at node i: toks_[tok_begin_[i] .. tok_begin_[i+1])
+  std::vector<int32_t> toks_;
+  size_t max_depth_ = 0;
+};
+
+// The lazily built DFA of one grammar over one vocabulary.
+class GrammarAutomaton {
+ public:
+  static constexpr uint32_t kDead = 0xFFFFFFFEu;
+  struct Options {
+    size_t mask_cache_bytes = size_t(256) << 20;  // cached masks beyond this are dropped (recomputed on demand)
+  };
+  GrammarAutomaton(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie, Options o);
+  GrammarAutomaton(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie)
+      : GrammarAutomaton(std::move(g), std::move(trie), Options{}) {}
+
+  uint32_t start() const { return start_; }
+  uint32_t next(uint32_t s, uint8_t b) {
+    const uint32_t t = trans_[size_t(s) * 256 + b];
+    return t != kUnknown ? t : compute(s, b);
+  }
+  uint32_t advance(uint32_t s, std::string_view bytes) {
+    for (char c : bytes) {
+      s = next(s, uint8_t(c));
+      if (s == kDead) break;
+    }
+    return s;
+  }
+  bool accepting(uint32_t s) const { return states_[s].accepting; }  // the grammar may end here
+  bool only_end(uint32_t s) const { return states_[s].only_end; }    // nothing but the end is possible
+  // Tokens allowed in state s: bit id of words()-long array. Valid until the next mask() call.
+  const uint64_t* mask(uint32_t s);
+  // The token's successor state (kDead if the grammar rejects it). EOG ids: s itself when accepting.
+  uint32_t next_token(uint32_t s, int32_t token);
+
+  const Grammar& grammar() const { return *g_; }
+  const TokenTrie& trie() const { return *trie_; }
+  size_t n_states() const { return states_.size(); }
+  size_t masks_computed() const { return masks_computed_; }
+  size_t memory_bytes() const;
+
+ private:
+  static constexpr uint32_t kUnknown = 0xFFFFFFFFu;
+  struct State {
+    uint32_t off = 0, len = 0;  // stacks in pool_
+    bool accepting = false, only_end = false;
+    int32_t mask = -1;          // index into masks_ (-1: not cached)
+  };
+  uint32_t compute(uint32_t s, uint8_t b);
+  uint32_t intern_stack(uint32_t pos, uint32_t parent);
+  void expand(uint32_t pos, uint32_t parent);
+  uint32_t intern_state();  // from tmp_
+
+  std::shared_ptr<const Grammar> g_;
+  std::shared_ptr<const TokenTrie> trie_;
+  Options opt_;
+  const Grammar::Elem* el_ = nullptr;
+  std::vector<std::pair<uint32_t, uint32_t>> nodes_;     // stack node: (position, parent node); 0 = empty
+  std::unordered_map<uint64_t, uint32_t> node_ids_;
+  std::vector<uint32_t> pool_;                           // states' stack lists
+  std::vector<State> states_;
+  std::unordered_multimap<uint64_t, uint32_t> state_ids_;  // hash of the stack list → state
+  std::vector<uint32_t> trans_;                          // [state * 256 + byte]
+  std::vector<std::vector<uint64_t>> masks_;             // cached masks
+  size_t mask_bytes_ = 0;
+  size_t masks_computed_ = 0;
+  uint32_t start_ = 0;
+  // scratch
+  std::vector<uint32_t> tmp_;
+  std::unordered_map<uint64_t, char> visited_;
+  std::vector<uint32_t> walk_;
+  std::vector<uint64_t> scratch_mask_;
+};
+
+// One request's position in a grammar.
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<GrammarAutomaton> a) : a_(std::move(a)), s_(a_->start()) {}
+  // Allowed next tokens (bit per id), valid until the next mask() on any matcher of the automaton.
+  const uint64_t* mask() { return a_->mask(s_); }
+  // Advances by a token / raw bytes; false (position unchanged) when the grammar rejects them.
+  bool accept_token(int32_t token);
+  bool accept_bytes(std::string_view bytes);
+  bool can_end() const { return a_->accepting(s_); }
+  bool done() const { return a_->only_end(s_); }  // complete, and nothing may follow
+  bool any_allowed();                              // some token (or the end) can come next
+  const GrammarAutomaton& automaton() const { return *a_; }
+
+ private:
+  std::shared_ptr<GrammarAutomaton> a_;
+  uint32_t s_;
+};
+
+// Automata by grammar text, shared by requests (most requests of a client repeat one schema), with
+// the vocabulary trie they all use. Engine thread only.
+class GrammarCache {
+ public:
+  // The trie is built on first use from `tok` (which must outlive the cache).
+  GrammarCache(const tokenizer::Tokenizer* tok, std::vector<int32_t> eog, int64_t n_vocab, size_t max_entries = 16);
+  explicit GrammarCache(std::shared_ptr<const TokenTrie> trie, size_t max_entries = 16);
+  std::shared_ptr<GrammarAutomaton> get(const std::shared_ptr<const Grammar>& g);
+  const TokenTrie& trie();
+
+ private:
+  const tokenizer::Tokenizer* tok_ = nullptr;
+  std::vector<int32_t> eog_;
+  int64_t n_vocab_ = 0;
+  size_t max_entries_;
+  std::shared_ptr<const TokenTrie> trie_;
+  struct Entry {
+    std::shared_ptr<GrammarAutomaton> a;
+    uint64_t last_used = 0;
+  };
+  std::unordered_map<std::string, Entry> entries_;
+  uint64_t clock_ = 0;
+};
+
+}  // namespace kiln::engine
