@@ -134,6 +134,7 @@ struct Active {
   std::string trig_buf;                     // output bytes that may hold the start of the trigger
   std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
   std::vector<int64_t> cuts;  // hybrid: prompt positions (ascending, > cache_n) to snapshot at
+  std::vector<float> embd;    // Request::embed: the pooled (summed, for Mean) or every token's hidden state
   bool finished = false;
   // per-step bookkeeping
   int64_t step_n = 0;
@@ -206,6 +207,7 @@ struct Engine::Impl {
   int pick_slot(const Active& a) const;
   void step();
   int32_t sample(Active& a, const float* logits);
+  bool embed_rows(Active& a);
   bool grammar_step(Active& a, int32_t t, bool& done);
   void process_token(Active& a, int32_t tok, const float* logits);
   void finish(Active& a, FinishReason r, Event ev, const std::string& error = {});
@@ -308,6 +310,7 @@ void Engine::Impl::prepare(Active& a, int s) {
   a.slot = s;
   st.active = &a;
   a.t_admit = Clock::now();
+  if (a.req.embed) a.req.cache_prompt = false;  // every prompt token's hidden state is needed
   const auto& prompt = a.req.prompt;
   const int64_t P = int64_t(prompt.size());
   KILN_CHECK(runner->seq_pos(s) == int64_t(st.tokens.size()), "slot {} holds {} positions but {} tokens", s,
@@ -410,9 +413,10 @@ void Engine::Impl::step() {
     }
     const bool last = a->n_past + n == P;
     batch.add_run(std::span<const int32_t>(prompt).subspan(size_t(a->n_past), size_t(n)), int32_t(a->n_past),
-                  a->slot, false, last);
+                  a->slot, a->req.embed, last);
     a->step_n = n;
-    if (last) a->out_row = row++;
+    if (a->req.embed) a->out_row = row, row += n;  // every token's row
+    else if (last) a->out_row = row++;
     budget -= n;
   }
   if (batch.size() == 0) return;
@@ -451,11 +455,20 @@ void Engine::Impl::step() {
       continue;
     }
     const auto& prompt = a.req.prompt;
+    if (a.req.embed && !embed_rows(a)) continue;
     ss.tokens.insert(ss.tokens.end(), prompt.begin() + a.n_past, prompt.begin() + a.n_past + a.step_n);
     a.n_past += a.step_n;
     if (a.n_past == int64_t(prompt.size())) {
       a.prompt_done = true;
       a.t_prompt_done = Clock::now();
+      if (a.req.embed) {
+        Event ev;
+        if (a.req.pooling == Pooling::Mean)
+          for (float& v : a.embd) v /= float(prompt.size());
+        ev.embedding = std::move(a.embd);
+        finish(a, FinishReason::Stop, std::move(ev));
+        continue;
+      }
       cache_insert(a, true);  // end of prompt: blocks, tail and (hybrid) the state here
       if (a.req.max_tokens == 0) {
         finish(a, FinishReason::Length, Event{});
@@ -470,6 +483,34 @@ void Engine::Impl::step() {
     }
   }
   drop_finished();
+}
+
+// Takes this step's hidden states of an embedding request into a.embd (rows out_row.. of its
+// step_n prompt tokens at positions n_past..). false: the runner keeps none (the request failed).
+bool Engine::Impl::embed_rows(Active& a) {
+  const int64_t E = eng.info_.n_embd;
+  if (runner->embedding(a.out_row) == nullptr) {
+    finish(a, FinishReason::Error, Event{}, "embeddings are off: start the server with --embedding");
+    return false;
+  }
+  for (int64_t i = 0; i < a.step_n; ++i) {
+    const float* h = runner->embedding(a.out_row + i);
+    const int64_t p = a.n_past + i;  // prompt position of this row
+    switch (a.req.pooling) {
+      case Pooling::None: a.embd.insert(a.embd.end(), h, h + E); break;
+      case Pooling::Mean:
+        if (a.embd.empty()) a.embd.assign(size_t(E), 0.f);
+        for (int64_t e = 0; e < E; ++e) a.embd[size_t(e)] += h[e];
+        break;
+      case Pooling::Cls:
+        if (p == 0) a.embd.assign(h, h + E);
+        break;
+      case Pooling::Last:
+        if (p + 1 == int64_t(a.req.prompt.size())) a.embd.assign(h, h + E);
+        break;
+    }
+  }
+  return true;
 }
 
 // The next token; when a grammar applies, its mask bans what it rejects. -1: it allows nothing.
@@ -700,6 +741,7 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
   mi.path = path;
   if (auto t = m.file().get_string("tokenizer.chat_template"); t.ok()) mi.chat_template = *t;
   mi.n_ctx_train = c.n_ctx_train;
+  mi.pooling_type = c.pooling_type;
   mi.n_vocab = c.n_vocab;
   mi.n_embd = c.n_embd;
   mi.n_params_bytes = int64_t(m.info().weight_bytes);
@@ -730,6 +772,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.type_v = o.type_v;
   ro.delta_chunk_min = o.delta_chunk_min;
   ro.flash_attn = o.flash_attn;
+  ro.embeddings = o.embeddings;
   return ModelRunner::create(m, ro);
 }
 

@@ -81,10 +81,18 @@ struct EngineOptions {
   // false (`-fa off`): llama.cpp's non-flash attention arithmetic (model::ContextOptions::flash_attn):
   // bit-identical to llama.cpp on AVX-512 hosts, but results depend on batch composition.
   bool flash_attn = true;
+  // --embedding: the runner also keeps the normed hidden state of every output row, so requests
+  // with Request::embed get embeddings (costs n_embd floats per output row of host memory).
+  bool embeddings = false;
 };
 
 // ---------------------------------------------------------------------------------------------
 // Requests and events
+
+// How an embedding request reduces the prompt's hidden states (after the output norm), as
+// llama.cpp's pooling types: None keeps every token's, Mean averages them, Cls takes the first
+// token's, Last the last token's.
+enum class Pooling { None, Mean, Cls, Last };
 
 struct Request {
   std::vector<int32_t> prompt;     // token ids (already templated and tokenized; BOS included if wanted)
@@ -109,6 +117,11 @@ struct Request {
   // Non-empty: the grammar applies only after this text appears in the output (the end of a
   // reasoning section, "</think>"); bytes after it in the same token are matched.
   std::string grammar_trigger;
+  // Embedding request (needs EngineOptions::embeddings): the prompt is processed without the
+  // prefix cache (every token's hidden state is needed), nothing is generated, and the final
+  // Event carries Event::embedding, reduced by `pooling` (no normalization: the server's choice).
+  bool embed = false;
+  Pooling pooling = Pooling::Mean;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
@@ -138,6 +151,8 @@ struct Event {
   std::string stop_word;         // the stop string that ended it (FinishReason::Stop), if any
   std::string error;             // FinishReason::Error: why
   Timings timings;               // on the final event
+  // Embedding requests, final event: n_embd floats (pooled), or prompt length x n_embd (Pooling::None).
+  std::vector<float> embedding;
   bool final() const { return finish != FinishReason::None; }
 };
 
@@ -175,6 +190,7 @@ struct ModelInfo {
   int64_t n_ctx = 0;           // total context (n_ctx_slot * n_parallel)
   int64_t n_ctx_slot = 0;      // positions per slot
   int64_t n_ctx_train = 0;
+  int pooling_type = -1;  // the GGUF's <arch>.pooling_type (llama.cpp's numbering), -1 absent
   int64_t n_vocab = 0;
   int64_t n_embd = 0;
   int64_t n_params_bytes = 0;  // weight bytes

@@ -19,6 +19,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.n_threads = opt.n_threads;
   co.delta_chunk_min = opt.delta_chunk_min;
   co.flash_attn = opt.flash_attn;
+  co.embeddings = opt.embeddings;
   r->ctx_ = std::make_unique<model::Context>(m, co);
   return r;
 }

@@ -28,6 +28,9 @@ class Runner {
   // Runs one batch (model::Batch rules: runs of one sequence per slot, continuing seq_pos).
   virtual Status decode(const model::Batch& b) = 0;
   virtual const float* logits(int64_t i) const = 0;  // output row i of the last decode
+  // The normed hidden state (n_embd floats) of output row i, where the runner keeps them
+  // (ModelRunnerOptions::embeddings); nullptr otherwise.
+  virtual const float* embedding(int64_t i) const { return nullptr; }
 
   virtual int64_t seq_pos(int slot) const = 0;
   virtual void seq_clear(int slot) = 0;
@@ -56,6 +59,7 @@ struct ModelRunnerOptions {
   model::GgmlType type_v = model::GgmlType::F16;
   int delta_chunk_min = 0;  // model::ContextOptions::delta_chunk_min
   bool flash_attn = true;   // model::ContextOptions::flash_attn
+  bool embeddings = false;  // model::ContextOptions::embeddings
 };
 
 class ModelRunner final : public Runner {
@@ -70,6 +74,7 @@ class ModelRunner final : public Runner {
   bool has_recurrent() const override { return mem_->has_recurrent(); }
   Status decode(const model::Batch& b) override { return ctx_->decode(b, *mem_); }
   const float* logits(int64_t i) const override { return ctx_->logits(i); }
+  const float* embedding(int64_t i) const override { return ctx_->has_embeddings() ? ctx_->embedding(i) : nullptr; }
   int64_t seq_pos(int slot) const override { return mem_->seq_pos(slot); }
   void seq_clear(int slot) override { mem_->seq_clear(slot); }
   Status seq_keep(int slot, int64_t n) override { return mem_->seq_keep(slot, n); }

@@ -71,6 +71,12 @@ Result<ModelConfig> load_config(const gguf::File& f) {
   KILN_GET(c.n_embd, positive(f, p + "embedding_length"));
   KILN_GET(c.n_layer_all, positive(f, p + "block_count"));
   KILN_GET(c.n_ctx_train, positive_or(f, p + "context_length", 4096));
+  {
+    auto pt = f.get_int_or(p + "pooling_type", -1);
+    KILN_TRY(pt);
+    if (*pt < -1 || *pt > 4) return err("{}: key '{}' = {} out of range (0..4)", f.path(), p + "pooling_type", *pt);
+    c.pooling_type = int(*pt);
+  }
   KILN_GET(c.n_head, positive(f, p + "attention.head_count"));
   KILN_GET(c.n_head_kv, positive_or(f, p + "attention.head_count_kv", c.n_head));
   if (c.n_embd % c.n_head != 0 && !f.has(p + "attention.key_length"))

@@ -39,6 +39,7 @@ struct ModelConfig {
   int64_t n_layer_all = 0;     // <a>.block_count (includes MTP/nextn blocks)
   int64_t n_nextn = 0;         // <a>.nextn_predict_layers (MTP blocks; loaded, not run)
   int64_t n_ctx_train = 0;     // <a>.context_length
+  int pooling_type = -1;       // <a>.pooling_type (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank); -1 absent
   int64_t n_ff = 0;            // <a>.feed_forward_length (dense FFN width)
 
   // ---- attention ----

@@ -69,6 +69,7 @@ struct Context::Impl {
   std::vector<Run> runs;
   std::vector<int32_t> out_idx;
   std::vector<float> logits;                // [V, n_out_max]
+  std::vector<float> embd;                  // [E, n_out_max] with ContextOptions::embeddings
   std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
 
   Impl(const Model& model, ThreadPool& pool, const ContextOptions& o);
@@ -106,6 +107,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   runs.reserve(size_t(B));
   out_idx.reserve(size_t(B));
   logits.resize(size_t(c.n_vocab) * size_t(n_out_max));
+  if (opt.embeddings) embd.resize(size_t(c.n_embd) * size_t(n_out_max));
   for (Dev& d : devs) {
     d.st = d.dev->create_stream();
     plan(d);
@@ -282,6 +284,12 @@ Context::Context(const Model& model, const ContextOptions& opt) : model_(model),
 
 Context::~Context() = default;
 
+const float* Context::embedding(int64_t i) const {
+  KILN_CHECK(opt_.embeddings, "embedding({}): the context was created without ContextOptions::embeddings", i);
+  KILN_CHECK(i >= 0 && i < n_out_, "embedding({}) with {} outputs", i, n_out_);
+  return impl_->embd.data() + size_t(i) * size_t(model_.config().n_embd);
+}
+
 const float* Context::logits(int64_t i) const {
   KILN_CHECK(i >= 0 && i < n_out_, "logits({}) with {} outputs", i, n_out_);
   return impl_->logits.data() + size_t(i) * size_t(model_.config().n_vocab);
@@ -402,6 +410,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
   }
   if (n_out > 0 && o.dev->type() != DeviceType::Cpu)
     o.st->download(s.logits.data(), o.logits, size_t(c.n_vocab * n_out) * sizeof(float));
+  if (n_out > 0 && opt_.embeddings) o.st->download(s.embd.data(), o.hidden, size_t(c.n_embd * n_out) * sizeof(float));
   for (Impl::Dev& d : s.devs) d.st->synchronize();
   for (const Run& r : s.runs) mem.set_seq_pos(r.seq, r.pos0 + r.n);
   n_out_ = n_out;

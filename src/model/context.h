@@ -61,6 +61,9 @@ struct ContextOptions {
   // batch (ggml's own rule), so results are not batch-invariant. true (default): kiln's streaming
   // softmax, batch- and chunk-invariant.
   bool flash_attn = true;
+  // Also keep each output row's hidden state after the output norm (the embedding llama.cpp pools):
+  // n_embd x n_outputs_max floats of host memory, one more download per step on a GPU.
+  bool embeddings = false;
 };
 
 class Context {
@@ -81,6 +84,9 @@ class Context {
   int64_t n_outputs() const { return n_out_; }
   // Logits row i (i < n_outputs()): n_vocab floats.
   const float* logits(int64_t i) const;
+  // With ContextOptions::embeddings: output row i's hidden state after the output norm (n_embd floats).
+  bool has_embeddings() const { return opt_.embeddings; }
+  const float* embedding(int64_t i) const;
 
   struct Impl;
 

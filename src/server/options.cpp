@@ -226,6 +226,17 @@ const std::vector<Opt>& table() {
     add({"--no-reasoning-preserve"}, {}, "", "drop reasoning of turns before the last user message",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.reasoning_preserve = false; return {}; });
     add_bool({"--metrics"}, env_of("ENDPOINT_METRICS"), "enable GET /metrics (Prometheus text format)", &ServerOptions::metrics);
+    add_bool({"--embedding", "--embeddings"}, env_of("EMBEDDINGS"),
+             "enable POST /v1/embeddings and /embedding (the prompt's hidden states after the output norm, pooled)",
+             &ServerOptions::embedding);
+    add({"--pooling"}, env_of("POOLING"), "none|mean|cls|last",
+        "how embeddings pool the tokens (default: the model's pooling_type, else none)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v == "rank") return err("{}: 'rank' pooling needs a reranking model (not supported)", src);
+          KILN_TRY(one_of(v, src, {"none", "mean", "cls", "last"}));
+          so.pooling = v;
+          return {};
+        });
     add({"--api-key"}, {"LLAMA_API_KEY", "KILN_API_KEY"}, "KEY[,KEY…]",
         "require `Authorization: Bearer KEY` (or x-api-key) on every endpoint but /health",
         [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
@@ -355,6 +366,7 @@ Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const
   for (auto& k : so.api_keys)
     if (!k.empty() && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
   so.api_keys = std::move(keys);
+  so.engine.embeddings = so.embedding;
   return so;
 }
 

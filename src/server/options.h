@@ -35,6 +35,8 @@ struct ServerOptions {
   chat::ojson chat_template_kwargs = chat::ojson::object();  // --chat-template-kwargs
   std::string chat_template_file;       // --chat-template-file: overrides the GGUF's template
   bool metrics = false;                 // --metrics
+  bool embedding = false;               // --embedding / --embeddings: POST /v1/embeddings and /embedding
+  std::string pooling;                  // --pooling none|mean|cls|last ("": the GGUF's pooling_type, else none)
   std::vector<std::string> api_keys;    // --api-key (comma list) + --api-key-file (one per line)
   float slot_prompt_similarity = 0.1f;  // --slot-prompt-similarity: accepted (kiln's prefix cache
                                         // reuses across slots, so no slot-choice heuristic is needed)

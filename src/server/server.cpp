@@ -16,6 +16,7 @@
 #include "core/read_file.h"
 #include "server/api.h"
 #include "server/client_socket.h"
+#include "server/embeddings.h"
 #include "server/native.h"
 #include "server/webui.h"
 
@@ -552,6 +553,76 @@ struct Server::Impl {
     send_json(res, {{"tokens", toks}});
   }
 
+  // POST /v1/embeddings (oai) and /embedding: one engine request per input (Request::embed), run
+  // concurrently in the slots, then normalized and shaped (server/embeddings.h).
+  void h_embeddings(const httplib::Request& req, httplib::Response& res) { embeddings(req, res, true); }
+  void h_embedding(const httplib::Request& req, httplib::Response& res) { embeddings(req, res, false); }
+  engine::Pooling pooling() const {
+    std::string p = opt.pooling;
+    if (p.empty()) {
+      const int t = info().pooling_type;
+      p = t == 1 ? "mean" : t == 2 ? "cls" : t == 3 ? "last" : "none";
+    }
+    return p == "mean" ? engine::Pooling::Mean : p == "cls" ? engine::Pooling::Cls
+         : p == "last" ? engine::Pooling::Last : engine::Pooling::None;
+  }
+  void embeddings(const httplib::Request& req, httplib::Response& res, bool oai) {
+    if (!opt.embedding)
+      return send_error(res, error_of(501, "not_supported_error",
+                                      "This server does not support embeddings. Start it with `--embeddings`"));
+    json body;
+    if (!parse_body(req, res, body)) return;
+    const engine::Pooling pool = pooling();
+    if (oai && pool == engine::Pooling::None)
+      return send_error(res, error_of(400, "invalid_request_error",
+                                      "pooling type 'none' is not OpenAI-compatible: start the server with --pooling "
+                                      "mean, cls or last"));
+    const std::string field = !oai && body.contains("content") ? "content" : "input";
+    std::vector<std::vector<int32_t>> inputs;
+    if (auto e = parse_embedding_inputs(body, field, info().n_vocab, [this](const std::string& t) { return tokenize_prompt(t); },
+                                        inputs))
+      return send_error(res, *e);
+    int norm = 2;
+    if (auto e = parse_embd_normalize(body, norm)) return send_error(res, *e);
+    bool base64 = false;
+    if (auto f = body.find("encoding_format"); f != body.end() && !f->is_null()) {
+      if (!f->is_string() || (*f != "float" && *f != "base64"))
+        return send_error(res, bad_request("encoding_format", "expected \"float\" or \"base64\""));
+      base64 = *f == "base64";
+    }
+    int64_t n_tokens = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (int64_t(inputs[i].size()) > info().n_ctx_slot)
+        return send_error(res, bad_request(inputs.size() > 1 ? fmt::format("{}[{}]", field, i) : field,
+                                           fmt::format("{} tokens exceed the slot's context of {}", inputs[i].size(),
+                                                       info().n_ctx_slot)));
+      n_tokens += int64_t(inputs[i].size());
+    }
+    std::vector<engine::RequestHandle> hs;
+    for (auto& ids : inputs) {
+      engine::Request r;
+      r.prompt = std::move(ids);
+      r.embed = true;
+      r.pooling = pool;
+      hs.push_back(eng->submit(std::move(r)));
+    }
+    std::vector<std::vector<float>> embs(hs.size());
+    for (size_t i = 0; i < hs.size(); ++i) {
+      std::optional<engine::Event> fin;
+      while (!fin) {
+        if (stopping.load()) return send_error(res, error_of(503, "unavailable_error", "the server is shutting down"));
+        auto ev = hs[i].next(std::chrono::milliseconds(100));
+        if (ev && ev->final()) fin = std::move(ev);
+      }
+      if (fin->finish == engine::FinishReason::Error)
+        return send_error(res, error_of(500, "server_error", "embedding failed: " + fin->error));
+      embs[i] = std::move(fin->embedding);
+      normalize_embedding(embs[i], info().n_embd, norm);
+    }
+    if (oai) return send_json(res, oai_embeddings_json(embs, model_id, n_tokens, base64));
+    send_json(res, native_embedding_json(embs, info().n_embd));
+  }
+
   void h_detokenize(const httplib::Request& req, httplib::Response& res) {
     json body;
     if (!parse_body(req, res, body)) return;
@@ -701,6 +772,9 @@ struct Server::Impl {
     http.Post("/completions", wrap(&Impl::h_completions));
     http.Post("/completion", wrap(&Impl::h_completion));
     http.Post("/tokenize", wrap(&Impl::h_tokenize));
+    http.Post("/v1/embeddings", wrap(&Impl::h_embeddings));
+    http.Post("/embeddings", wrap(&Impl::h_embeddings));
+    http.Post("/embedding", wrap(&Impl::h_embedding));
     http.Post("/detokenize", wrap(&Impl::h_detokenize));
     http.Post("/apply-template", wrap(&Impl::h_apply_template));
     http.Get("/props", wrap(&Impl::h_props));
