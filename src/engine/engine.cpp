@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <future>
 
 #include "core/log.h"
 #include "engine/grammar_matcher.h"
 #include "engine/prefix_cache.h"
+#include "engine/slot_file.h"
 #include "model/vocab_loader.h"
 
 namespace kiln::engine {
@@ -43,6 +46,7 @@ struct Inbox {
     Clock::time_point t_submit;
   };
   std::deque<Pending> pending;
+  std::deque<std::function<void()>> tasks;  // slot actions, run by the engine thread between steps
   void wake() {
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -189,6 +193,8 @@ struct Engine::Impl {
   uint64_t clock = 0;
   model::Batch batch;
   std::vector<float> rec_buf;
+  std::deque<std::function<void()>> tasks;  // taken from the inbox
+  Result<SlotActionResult> slot_action(SlotAction action, int slot, const std::string& path);
   PrefixCacheStats cs;          // last published cache stats
   uint64_t cache_version = 0;
 
@@ -240,18 +246,23 @@ void Engine::Impl::run() {
       inbox->poke = false;
       if (inbox->stop) break;
       take_inbox(lk);
+      tasks.swap(inbox->tasks);
     }
+    for (auto& t : tasks) t();  // slot actions: no step is running
+    tasks.clear();
     handle_cancellations();
     admit();
     publish();
     if (!active.empty()) step();
     publish();
   }
-  // Shutdown: everything still known ends with Cancelled.
+  // Shutdown: everything still known ends with Cancelled; queued slot actions run (they fail fast).
   {
     std::unique_lock<std::mutex> lk(inbox->mu);
     take_inbox(lk);
+    tasks.swap(inbox->tasks);
   }
+  for (auto& t : tasks) t();
   for (auto& a : active)
     if (!a->finished) finish(*a, FinishReason::Cancelled, Event{});
   for (auto& a : waiting) finish(*a, FinishReason::Cancelled, Event{});
@@ -513,6 +524,55 @@ bool Engine::Impl::embed_rows(Active& a) {
   return true;
 }
 
+// A slot action (Engine::slot_action), on the engine thread between steps.
+Result<Engine::SlotActionResult> Engine::Impl::slot_action(SlotAction action, int s, const std::string& path) {
+  const auto t0 = Clock::now();
+  if (s < 0 || s >= int(slots.size())) return err("slot {} does not exist ({} slots)", s, slots.size());
+  SlotState& st = slots[size_t(s)];
+  if (st.active) return err("slot {} is busy", s);
+  const ModelInfo& mi = eng.info_;
+  SlotFingerprint fp{mi.arch, mi.n_vocab, mi.n_embd, mi.n_layer, mi.n_params_bytes, runner->kv_bytes_per_pos(),
+                     runner->rec_floats()};
+  SlotActionResult r;
+  if (action == SlotAction::Erase) {
+    r.n_tokens = int64_t(st.tokens.size());
+    runner->seq_clear(s);
+    st.tokens.clear();
+  } else if (action == SlotAction::Save) {
+    SlotFile f;
+    f.fp = fp;
+    f.tokens = st.tokens;
+    const int64_t n = int64_t(f.tokens.size());
+    f.kv.resize(size_t(n) * fp.kv_bytes_per_pos);
+    if (!f.kv.empty()) runner->read_kv(s, 0, n, f.kv.data());
+    f.rec.resize(fp.rec_floats);
+    if (!f.rec.empty()) runner->read_rec(s, f.rec.data());
+    auto w = write_slot_file(path, f);
+    KILN_TRY(w);
+    r.n_tokens = n;
+    r.n_bytes = *w;
+  } else {
+    uint64_t nb = 0;
+    auto f = read_slot_file(path, &nb);
+    KILN_TRY(f);
+    if (const std::string m = fingerprint_mismatch(f->fp, fp); !m.empty())
+      return err("{}: saved for another model or cache layout: {}", path, m);
+    const int64_t n = int64_t(f->tokens.size());
+    if (n > runner->n_ctx()) return err("{}: {} tokens do not fit the slot's {} positions", path, n, runner->n_ctx());
+    runner->seq_clear(s);
+    if (!f->kv.empty()) runner->write_kv(s, 0, f->kv.data(), n, 0, n);
+    if (!f->rec.empty()) runner->write_rec(s, f->rec.data());
+    runner->set_seq_pos(s, n);
+    st.tokens = std::move(f->tokens);
+    r.n_tokens = n;
+    r.n_bytes = nb;
+  }
+  st.last_used = ++clock;
+  publish();
+  r.ms = ms_between(t0, Clock::now());
+  return r;
+}
+
 // The next token; when a grammar applies, its mask bans what it rejects. -1: it allows nothing.
 int32_t Engine::Impl::sample(Active& a, const float* logits) {
   if (!a.matcher || !a.grammar_on) return a.sampler->sample(logits);
@@ -742,6 +802,7 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
   if (auto t = m.file().get_string("tokenizer.chat_template"); t.ok()) mi.chat_template = *t;
   mi.n_ctx_train = c.n_ctx_train;
   mi.pooling_type = c.pooling_type;
+  mi.n_layer = c.n_layer;
   mi.n_vocab = c.n_vocab;
   mi.n_embd = c.n_embd;
   mi.n_params_bytes = int64_t(m.info().weight_bytes);
@@ -953,6 +1014,20 @@ RequestHandle Engine::submit(Request req) {
   }
   impl_->inbox->cv.notify_one();
   return RequestHandle(ch);
+}
+
+Result<Engine::SlotActionResult> Engine::slot_action(SlotAction action, int slot, const std::string& path) {
+  if (!ready()) return err("the model is not loaded");
+  auto done = std::make_shared<std::promise<Result<SlotActionResult>>>();
+  auto fut = done->get_future();
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    if (impl_->inbox->stop) return err("the engine is stopping");
+    impl_->inbox->tasks.push_back(
+        [this, done, action, slot, path] { done->set_value(impl_->slot_action(action, slot, path)); });
+  }
+  impl_->inbox->wake();
+  return fut.get();
 }
 
 Metrics Engine::metrics() const {

@@ -193,6 +193,7 @@ struct ModelInfo {
   int pooling_type = -1;  // the GGUF's <arch>.pooling_type (llama.cpp's numbering), -1 absent
   int64_t n_vocab = 0;
   int64_t n_embd = 0;
+  int64_t n_layer = 0;         // trunk layers
   int64_t n_params_bytes = 0;  // weight bytes
   bool hybrid = false;
   int32_t bos = -1, eos = -1, eot = -1;
@@ -272,6 +273,18 @@ class Engine {
 
   Metrics metrics() const;
   std::vector<SlotInfo> slots() const;
+
+  // llama-server's slot actions (POST /slots/{id}?action=…): save the slot's content (tokens, KV
+  // rows, recurrent state) to `path` (engine/slot_file.h), restore it from there (the file must
+  // match this model and cache layout, and fit the slot), or erase it. Run on the engine thread
+  // between steps; the slot must be idle. n_tokens: tokens saved / restored / erased.
+  enum class SlotAction { Save, Restore, Erase };
+  struct SlotActionResult {
+    int64_t n_tokens = 0;
+    uint64_t n_bytes = 0;  // written (save) or read (restore)
+    double ms = 0;
+  };
+  Result<SlotActionResult> slot_action(SlotAction action, int slot, const std::string& path);
 
   struct Impl;
 

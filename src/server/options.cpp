@@ -229,6 +229,13 @@ const std::vector<Opt>& table() {
     add_bool({"--embedding", "--embeddings"}, env_of("EMBEDDINGS"),
              "enable POST /v1/embeddings and /embedding (the prompt's hidden states after the output norm, pooled)",
              &ServerOptions::embedding);
+    add({"--slot-save-path"}, env_of("SLOT_SAVE_PATH"), "DIR",
+        "directory of slot files: enables POST /slots/{id}?action=save|restore|erase",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v.empty()) return err("{}: expected a directory", src);
+          so.slot_save_path = v;
+          return {};
+        });
     add({"--pooling"}, env_of("POOLING"), "none|mean|cls|last",
         "how embeddings pool the tokens (default: the model's pooling_type, else none)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {

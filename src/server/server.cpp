@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -623,6 +624,58 @@ struct Server::Impl {
     send_json(res, native_embedding_json(embs, info().n_embd));
   }
 
+  // POST /slots/{id}?action=save|restore|erase (llama-server's; files under --slot-save-path).
+  void h_slot_action(const httplib::Request& req, httplib::Response& res) {
+    if (opt.slot_save_path.empty())
+      return send_error(res, error_of(501, "not_supported_error",
+                                      "This server does not support slot actions. Start it with `--slot-save-path`"));
+    const std::string action = req.has_param("action") ? req.get_param_value("action") : "";
+    int64_t id = -1;
+    if (req.matches.size() > 1) {
+      const std::string s = req.matches[1].str();
+      if (!s.empty() && s.size() < 10) id = std::stoll(s);
+    }
+    if (id < 0 || id >= eng->options().n_parallel)
+      return send_error(res, bad_request("id_slot", fmt::format("no slot {} ({} slots)", req.matches.size() > 1 ? req.matches[1].str() : "", eng->options().n_parallel)));
+    engine::Engine::SlotAction act;
+    if (action == "save") act = engine::Engine::SlotAction::Save;
+    else if (action == "restore") act = engine::Engine::SlotAction::Restore;
+    else if (action == "erase") act = engine::Engine::SlotAction::Erase;
+    else return send_error(res, bad_request("action", "expected save, restore or erase"));
+    std::string filename;
+    if (act != engine::Engine::SlotAction::Erase) {
+      json body;
+      if (!parse_body(req, res, body)) return;
+      auto f = body.find("filename");
+      if (f == body.end() || !f->is_string()) return send_error(res, bad_request("filename", "expected a string"));
+      filename = f->get<std::string>();
+      if (!valid_slot_filename(filename))
+        return send_error(res, bad_request("filename", "invalid file name (a plain name: no path separators, no leading dot)"));
+    }
+    const std::string path = filename.empty() ? "" : opt.slot_save_path + "/" + filename;
+    if (act == engine::Engine::SlotAction::Save) {
+      std::error_code ec;
+      std::filesystem::create_directories(opt.slot_save_path, ec);  // an error shows up when the file is written
+    }
+    auto r = eng->slot_action(act, int(id), path);
+    if (!r) return send_error(res, bad_request(filename.empty() ? "id_slot" : "filename", r.error().message));
+    if (act == engine::Engine::SlotAction::Erase) return send_json(res, {{"id_slot", id}, {"n_erased", r->n_tokens}});
+    const bool save = act == engine::Engine::SlotAction::Save;
+    send_json(res, {{"id_slot", id},
+                    {"filename", filename},
+                    {save ? "n_saved" : "n_restored", r->n_tokens},
+                    {save ? "n_written" : "n_read", r->n_bytes},
+                    {"timings", {{save ? "save_ms" : "restore_ms", r->ms}}}});
+  }
+  static bool valid_slot_filename(const std::string& f) {
+    if (f.empty() || f.size() > 255 || f[0] == '.') return false;
+    for (unsigned char c : f)
+      if (c < 0x20 || c == '/' || c == '\\' || c == ':' || c == '*' || c == '?' || c == '"' || c == '<' || c == '>' ||
+          c == '|' || c == 0x7f)
+        return false;
+    return true;
+  }
+
   void h_detokenize(const httplib::Request& req, httplib::Response& res) {
     json body;
     if (!parse_body(req, res, body)) return;
@@ -779,6 +832,7 @@ struct Server::Impl {
     http.Post("/apply-template", wrap(&Impl::h_apply_template));
     http.Get("/props", wrap(&Impl::h_props));
     http.Get("/slots", wrap(&Impl::h_slots));
+    http.Post(R"(/slots/([0-9]+))", wrap(&Impl::h_slot_action));
     http.Get("/metrics", wrap(&Impl::h_metrics));
     http.Get("/", wrap(&Impl::h_root));
     http.Get("/index.html", wrap(&Impl::h_root));
