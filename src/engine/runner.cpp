@@ -19,6 +19,9 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.n_threads = opt.n_threads;
   co.delta_chunk_min = opt.delta_chunk_min;
   co.flash_attn = opt.flash_attn;
+  // A step gives each slot at most one logits row (its decode token or its prompt's last token), so
+  // the logits buffers hold n_slots rows, not n_batch (248k vocabulary x 512 rows would be 485 MiB).
+  co.n_outputs_max = opt.n_slots;
   r->ctx_ = std::make_unique<model::Context>(m, co);
   return r;
 }
