@@ -777,7 +777,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
     gguf::OpenOptions po;
     po.limits.metadata_only = true;
     auto pf = gguf::File::open(opt_.mmproj, po);
-    KILN_TRY(pf);
+    if (!pf.ok()) return err("--mmproj {}", pf.error().message);
     proj_file = std::move(*pf);
     auto ps = model::ProjectorShape::from_file(*proj_file);
     KILN_TRY(ps);
