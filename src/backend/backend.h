@@ -86,14 +86,26 @@ class Graph {  // a recorded op list (CUDA graph); replayed with Stream::replay
   virtual ~Graph() = default;
 };
 
+// Workspace sizes (rule 4) as the streams of one device type compute them. Every Stream is one;
+// workspace_sizes() gives one without a device, for planning memory before anything is allocated
+// (model/fit.h): the same functions the streams call, so plan and allocation cannot disagree.
+class WorkspaceSizes {
+ public:
+  virtual ~WorkspaceSizes() = default;
+  virtual size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const = 0;
+  virtual size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const = 0;
+  virtual size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const = 0;
+  virtual size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const = 0;
+};
+
 // Per-token sequence inputs. Every op that touches per-sequence memory takes `seq` (I32 [T], the
 // slot of each token) and `pos` (I32 [T], its position). Tokens of one sequence are consecutive
 // and at consecutive positions (a "run"); kernels find runs and KV lengths (pos + 1) themselves
 // from these device tensors, so the op list of a step depends only on T, never on which
 // sequences it holds. Per-sequence memory is a 4-D view whose ne[3] (stride nb[3]) is the slot.
-class Stream {
+class Stream : public WorkspaceSizes {
  public:
-  virtual ~Stream() = default;
+  ~Stream() override = default;
   virtual Device& device() const = 0;
 
   // ---- transfers (asynchronous; see rule 2) ----
@@ -108,11 +120,7 @@ class Stream {
   virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { return nullptr; }
   virtual void replay(Graph& g) {}
 
-  // ---- workspaces (rule 4) ----
-  virtual size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const = 0;
-  virtual size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const = 0;
-  virtual size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const = 0;
-  virtual size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const = 0;
+  // ---- workspaces (rule 4): the sizes are WorkspaceSizes' ----
   virtual void reserve_workspace(size_t bytes) = 0;
   virtual int workspace_grows() const = 0;  // reallocations after the first reserve
 
@@ -217,12 +225,29 @@ std::unique_ptr<Device> make_cpu_device(int n_threads = 0);
 // A CPU device whose streams run on the caller's pool (which must outlive the device).
 std::unique_ptr<Device> make_cpu_device(ThreadPool& pool);
 
+// The workspace sizes of a device type's streams, without a device: CPU streams on a pool of
+// n_threads workers (ThreadPool::resolve_threads), CUDA streams (in every build: the CUDA size
+// arithmetic is plain C++, kernels/cuda/workspace.h). CUDA streams also give their cuBLAS handle a
+// workspace of cuda_stream_fixed_bytes(sm) each (sm = compute capability * 10 + minor).
+std::unique_ptr<WorkspaceSizes> workspace_sizes(DeviceType type, int n_threads = 0);
+size_t cuda_stream_fixed_bytes(int sm);
+
 // CUDA devices (backend/cuda_backend.*; built when nvcc is found). cuda_device_count() is 0 without
 // a usable GPU or driver (cuda_unavailable_reason() says why) and in builds without CUDA.
 int cuda_device_count();
 std::string cuda_unavailable_reason();
 // The process-wide device for ordinal i (< cuda_device_count()); created on first use.
 Device& cuda_device(int i);
+
+// Free and total memory of CUDA device i as the driver reports them now (cudaMemGetInfo; creates
+// the device's context on first use), its compute capability (sm = major * 10 + minor) and name.
+// false without that device.
+struct CudaMemoryInfo {
+  size_t free = 0, total = 0;
+  int sm = 0;
+  std::string name;
+};
+bool cuda_memory_info(int i, CudaMemoryInfo* out);
 
 // Per-op GPU times, for finding the next gap (docs/gpu.md): with KILN_CUDA_PROFILE=1 in the
 // environment every CUDA stream runs op by op (no graphs), holds each step back until the host has

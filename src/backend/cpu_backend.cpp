@@ -14,8 +14,10 @@
 #include <cstring>
 
 #include "backend/backend.h"
+#include "backend/cuda_sizes.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "kernels/cuda/workspace.h"
 
 namespace kiln::backend {
 namespace {
@@ -94,9 +96,32 @@ void for_runs(const int32_t* seq, int64_t T, F&& fn) {
   }
 }
 
+// The CPU streams' workspace sizes for a pool of n_threads workers (CpuStream answers through one).
+class CpuSizes final : public WorkspaceSizes {
+ public:
+  explicit CpuSizes(int n_threads) : n_(n_threads) {}
+  size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
+    return K::matmul_workspace(wt, k, m, n_);
+  }
+  size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
+    K::AttnParams ap{p.head_dim, p.n_head, p.n_head_kv, p.scale};
+    return K::attention_workspace(ap, n_);
+  }
+  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
+    return chunk > 0 ? K::gated_delta_chunked_workspace(S, kDeltaChunk, n_) : 0;
+  }
+  size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
+    return align64(K::matmul_workspace(wt, k, n_slots, n_)) + align64(size_t(n_slots) * 4) +
+           align64(size_t(k * n_slots) * 4) + align64(size_t(n * n_slots) * 4);
+  }
+
+ private:
+  int n_;
+};
+
 class CpuStream final : public Stream {
  public:
-  CpuStream(Device& dev, ThreadPool& pool) : dev_(dev), pool_(pool) {}
+  CpuStream(Device& dev, ThreadPool& pool) : dev_(dev), pool_(pool), sizes_(pool.size()) {}
   ~CpuStream() override { std::free(ws_); }
   Device& device() const override { return dev_; }
 
@@ -123,18 +148,16 @@ class CpuStream final : public Stream {
   void synchronize() override {}
 
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
-    return K::matmul_workspace(wt, k, m, pool_.size());
+    return sizes_.matmul_workspace(wt, k, n, m);
   }
   size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
-    K::AttnParams ap{p.head_dim, p.n_head, p.n_head_kv, p.scale};
-    return K::attention_workspace(ap, pool_.size());
+    return sizes_.attention_workspace(p, n_tok, n_kv_max);
   }
   size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
-    return chunk > 0 ? K::gated_delta_chunked_workspace(S, kDeltaChunk, pool_.size()) : 0;
+    return sizes_.gated_delta_workspace(S, chunk, n_tok);
   }
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
-    return align64(K::matmul_workspace(wt, k, n_slots, pool_.size())) + align64(size_t(n_slots) * 4) +
-           align64(size_t(k * n_slots) * 4) + align64(size_t(n * n_slots) * 4);
+    return sizes_.matmul_id_workspace(wt, k, n, n_slots);
   }
   void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
   int workspace_grows() const override { return grows_; }
@@ -446,6 +469,7 @@ class CpuStream final : public Stream {
 
   Device& dev_;
   ThreadPool& pool_;
+  CpuSizes sizes_;
   void* ws_ = nullptr;
   size_t ws_size_ = 0;
   int grows_ = 0;
@@ -481,5 +505,12 @@ class CpuDevice final : public Device {
 
 std::unique_ptr<Device> make_cpu_device(int n_threads) { return std::make_unique<CpuDevice>(n_threads); }
 std::unique_ptr<Device> make_cpu_device(ThreadPool& pool) { return std::make_unique<CpuDevice>(pool); }
+
+std::unique_ptr<WorkspaceSizes> workspace_sizes(DeviceType type, int n_threads) {
+  if (type == DeviceType::Cpu) return std::make_unique<CpuSizes>(ThreadPool::resolve_threads(n_threads));
+  return std::make_unique<CudaSizes>();
+}
+
+size_t cuda_stream_fixed_bytes(int sm) { return cuda::detail::cublas_workspace_bytes(sm); }
 
 }  // namespace kiln::backend

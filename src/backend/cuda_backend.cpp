@@ -22,6 +22,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/cuda_sizes.h"
 #include "kernels/cuda/cuda_ops.h"
 #endif
 
@@ -30,6 +31,7 @@ namespace kiln::backend {
 int cuda_device_count() { return 0; }
 std::string cuda_unavailable_reason() { return "kiln was built without CUDA (no nvcc found at build time)"; }
 Device& cuda_device(int) { KILN_CHECK(false, "kiln was built without CUDA"); __builtin_unreachable(); }
+bool cuda_memory_info(int, CudaMemoryInfo*) { return false; }
 std::string cuda_profile_report() { return ""; }
 #else
 
@@ -173,7 +175,7 @@ class CudaStream final : public Stream {
     KILN_CUBLAS_CALL(cublasSetStream(blas_, stream_));
     // cuBLAS gets its own workspace so that it never allocates while a graph is being captured
     // (NVIDIA's advice: 32 MiB on Hopper, 4 MiB before).
-    blas_ws_bytes_ = dev.sm() >= 90 ? (32u << 20) : (4u << 20);
+    blas_ws_bytes_ = cuda_stream_fixed_bytes(dev.sm());
     KILN_CUDA_CALL(cudaMalloc(&blas_ws_, blas_ws_bytes_));
     KILN_CUBLAS_CALL(cublasSetWorkspace(blas_, blas_ws_, blas_ws_bytes_));
     L_.stream = stream_;
@@ -289,20 +291,18 @@ class CudaStream final : public Stream {
     KILN_CUDA_CALL(cudaGraphLaunch(cg->exec(), stream_));
   }
 
-  // ---- workspaces ----
+  // ---- workspaces: the sizes are CudaSizes' (backend/cuda_sizes.h), as workspace_sizes(Cuda) plans them ----
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
-    return C::matmul_workspace(wt, k, n, m);
+    return sizes_.matmul_workspace(wt, k, n, m);
   }
   size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
-    // The launcher's size depends on the v-head count, which this interface does not pass: plan for
-    // kGdnPlanHv heads (the most of any supported model); a larger model grows (and is counted).
-    return C::gated_delta_workspace(S, kGdnPlanHv, chunk, n_tok);
+    return sizes_.gated_delta_workspace(S, chunk, n_tok);
   }
   size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
-    return C::attention_workspace(attn_args(p, n_kv_max), n_tok);
+    return sizes_.attention_workspace(p, n_tok, n_kv_max);
   }
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
-    return C::matmul_id_workspace(wt, k, n, n_slots);
+    return sizes_.matmul_id_workspace(wt, k, n, n_slots);
   }
   void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
   int workspace_grows() const override { return grows_; }
@@ -472,7 +472,7 @@ class CudaStream final : public Stream {
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return fmt::format("attention {} {}", gguf::type_name(k.type), shape(q)); });
     // Split-KV work is sized for the cache length (an upper bound of every pos + 1).
-    const C::AttnArgs a = attn_args(p, k.ne[2]);
+    const C::AttnArgs a = CudaSizes::attn_args(p, k.ne[2]);
     C::attention(launch(C::attention_workspace(a, T)), rows(q, "attention q"), iptr(seq, "attention seq"),
                  iptr(pos, "attention pos"), seq_mem(k, "attention k"), seq_mem(v, "attention v"), a,
                  rows(out, "attention out"));
@@ -644,7 +644,7 @@ class CudaStream final : public Stream {
   }
 
  private:
-  static constexpr int64_t kGdnPlanHv = 128;
+  CudaSizes sizes_;
 
   // ---- profiling: one event pair per op, collected at synchronize() ----
   struct Timed {
@@ -761,15 +761,6 @@ class CudaStream final : public Stream {
   }
   C::SeqMem seq_mem(const Tensor& t, const char* what) const {
     return C::SeqMem{ptr(t, what), t.type, t.ne[0], t.ne[1], t.ne[2], t.nb[1], t.nb[2], t.nb[3]};
-  }
-  static C::AttnArgs attn_args(const AttnSpec& p, int64_t n_kv_max) {
-    C::AttnArgs a;
-    a.head_dim = p.head_dim;
-    a.n_head = p.n_head;
-    a.n_head_kv = p.n_head_kv;
-    a.scale = p.scale;
-    a.n_kv_max = n_kv_max;
-    return a;
   }
   static C::Unary to_cuda(Unary op) {
     switch (op) {
@@ -890,6 +881,22 @@ Device& cuda_device(int i) {
   auto& d = (*devices)[size_t(i)];
   if (!d) d = std::make_unique<CudaDevice>(i);
   return *d;
+}
+
+bool cuda_memory_info(int i, CudaMemoryInfo* out) {
+  if (i < 0 || i >= cuda_device_count()) return false;
+  auto& d = static_cast<CudaDevice&>(cuda_device(i));
+  DeviceScope ds(i);
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  out->free = free;
+  out->total = total;
+  out->sm = d.sm();
+  out->name = d.name();
+  return true;
 }
 
 #endif  // KILN_HAVE_CUDA

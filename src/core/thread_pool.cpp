@@ -31,13 +31,17 @@ inline void spin_until(Pred&& done) {
 }
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) {
+int ThreadPool::resolve_threads(int n_threads) {
   if (n_threads <= 0) {
     if (const char* env = std::getenv("KILN_THREADS")) n_threads = std::atoi(env);
     if (n_threads <= 0) n_threads = int(std::thread::hardware_concurrency());
     if (n_threads <= 0) n_threads = 1;
   }
-  n_threads_ = n_threads;
+  return n_threads;
+}
+
+ThreadPool::ThreadPool(int n_threads) {
+  n_threads_ = resolve_threads(n_threads);
   threads_.reserve(size_t(n_threads_ - 1));
   for (int t = 1; t < n_threads_; ++t) threads_.emplace_back([this, t] { worker_main(t); });
 }

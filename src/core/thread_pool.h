@@ -20,6 +20,8 @@ class ThreadPool {
  public:
   // n_threads <= 0: std::thread::hardware_concurrency(). KILN_THREADS env overrides 0.
   explicit ThreadPool(int n_threads = 0);
+  // The worker count a ThreadPool(n_threads) gets (the memory planner sizes CPU workspaces with it).
+  static int resolve_threads(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -11,6 +11,7 @@
 #include "engine/grammar_matcher.h"
 #include "engine/prefix_cache.h"
 #include "engine/slot_file.h"
+#include "model/fit.h"
 #include "model/vocab_loader.h"
 
 namespace kiln::engine {
@@ -821,12 +822,12 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
 // The ModelRunner for the options: per-slot context and step size from the options (and the
 // model's training context), the rest passed through.
 static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, const EngineOptions& o) {
+  // The rules the memory planner counts with (model/fit.h).
   const int np = std::max(1, o.n_parallel);
-  const int64_t n_ctx_train = m.config().n_ctx_train;
-  const int64_t total = o.n_ctx > 0 ? o.n_ctx : (n_ctx_train > 0 ? n_ctx_train : 4096);
+  const int64_t total = model::resolve_total_context(o.n_ctx, m.config().n_ctx_train);
   ModelRunnerOptions ro;
-  ro.n_ctx_slot = std::max<int64_t>(1, total / np);
-  ro.n_batch = std::max<int64_t>(std::min(o.n_batch > 0 ? o.n_batch : 2048, o.n_ubatch > 0 ? o.n_ubatch : 512), np);
+  ro.n_ctx_slot = model::slot_context(total, np);
+  ro.n_batch = model::step_tokens(o.n_batch, o.n_ubatch, np);
   ro.n_slots = np;
   ro.n_threads = o.n_threads;
   ro.type_k = o.type_k;
@@ -871,6 +872,51 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   return {};
 }
 
+Result<int> Engine::fit_memory(const gguf::File& f) {
+  auto shape = model::ModelShape::from_file(f);
+  KILN_TRY(shape);
+  std::unique_ptr<gguf::File> proj_file;
+  std::optional<model::ProjectorShape> proj;
+  if (!opt_.mmproj.empty()) {
+    gguf::OpenOptions po;
+    po.limits.metadata_only = true;
+    auto pf = gguf::File::open(opt_.mmproj, po);
+    if (!pf.ok()) return err("--mmproj {}", pf.error().message);
+    proj_file = std::move(*pf);
+    auto ps = model::ProjectorShape::from_file(*proj_file);
+    KILN_TRY(ps);
+    proj = std::move(*ps);
+  }
+  model::PlanOptions o;
+  o.n_ctx = opt_.n_ctx;
+  o.n_parallel = std::max(1, opt_.n_parallel);
+  o.n_batch = opt_.n_batch;
+  o.n_ubatch = opt_.n_ubatch;
+  o.n_outputs_max = opt_.embeddings ? 0 : o.n_parallel;  // ModelRunner's logits rows (runner.cpp)
+  o.type_k = opt_.type_k;
+  o.type_v = opt_.type_v;
+  o.n_threads = opt_.n_threads;
+  o.delta_chunk_min = opt_.delta_chunk_min;
+  o.flash_attn = opt_.flash_attn;
+  o.n_gpu_layers = opt_.n_gpu_layers;
+  o.cache_ram_bytes = opt_.cache_ram_bytes;
+  model::FitOptions fo;
+  fo.fit = opt_.fit;
+  fo.fit_ctx = opt_.fit_ctx;
+  std::optional<model::DeviceBudget> gpu;
+  if (opt_.n_gpu_layers != 0) gpu = model::gpu_budget(opt_.main_gpu, opt_.device_memory, opt_.fit_target, false);
+  auto plan = model::fit_plan(*shape, proj ? &*proj : nullptr, o, fo, gpu);
+  KILN_TRY(plan);
+  KILN_LOG_INFO("{}", plan->table());
+  if (!plan->fits()) KILN_LOG_WARN("--fit off: the plan does not fit {}; loading as asked", plan->gpu->name);
+  if (opt_.n_ctx == 0 && plan->n_ctx != model::resolve_total_context(0, shape->cfg.n_ctx_train)) {
+    KILN_LOG_INFO("--fit: context {} (the training context does not fit; -c sets it explicitly)", plan->n_ctx);
+    opt_.n_ctx = plan->n_ctx;
+  }
+  // Without a usable GPU the loader falls back to the CPU itself (and says why).
+  return gpu ? plan->n_gpu_layers : opt_.n_gpu_layers;
+}
+
 void Engine::start_thread(std::string path) {
   thread_ = std::thread([this, p = std::move(path)]() mutable { thread_main(std::move(p)); });
 }
@@ -891,7 +937,14 @@ void Engine::thread_main(std::string path) {
     lo.n_gpu_layers = opt_.n_gpu_layers;
     lo.main_gpu = opt_.main_gpu;
     lo.progress = [this](size_t done, size_t total) { progress_.store(total ? float(done) / float(total) : 1.f); };
-    auto m = model::load_model(path, lo);
+    gguf::OpenOptions oo;
+    oo.load_mode = opt_.load_mode;
+    auto file = gguf::File::open(path, oo);
+    if (!file.ok()) return fail(file.error().message);
+    // Plan (and fit) before anything is allocated.
+    if (auto fitted = fit_memory(**file); !fitted.ok()) return fail(fitted.error().message);
+    else lo.n_gpu_layers = *fitted;
+    auto m = model::load_model(std::move(*file), lo);
     if (!m.ok()) return fail(m.error().message);
     model_ = std::move(*m);
     auto t = model::load_tokenizer(model_->file());

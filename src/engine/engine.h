@@ -84,6 +84,15 @@ struct EngineOptions {
   // --embedding: the runner also keeps the normed hidden state of every output row, so requests
   // with Request::embed get embeddings (costs n_embd floats per output row of host memory).
   bool embeddings = false;
+  // Memory planning and fitting (model/fit.h, docs/memory.md): before loading, the plan of every
+  // part is computed from the file's metadata and logged as a table; with fit on, -ngl auto and an
+  // unset -c are chosen so that it fits the GPU's free memory (capped by device_memory) minus
+  // fit_target; explicit values that do not fit fail the load with the parts named.
+  bool fit = true;                   // --fit on|off
+  uint64_t fit_target = uint64_t(1024) << 20;  // --fit-target (bytes; the GPU used)
+  int64_t fit_ctx = 4096;            // --fit-ctx: the smallest context fitting may choose
+  uint64_t device_memory = 0;        // --device-memory / KILN_DEVICE_MEMORY: cap on usable GPU memory (0: none)
+  std::string mmproj;                // --mmproj: counted in the plan (its weights and an image batch)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -291,6 +300,10 @@ class Engine {
  private:
   Engine();
   void thread_main(std::string path);
+  // Plans the run's memory from the file's metadata (logs the table); fits -ngl auto and an unset
+  // -c as EngineOptions::fit asks (an unset -c that fitting lowered is written into opt_.n_ctx).
+  // Returns the -ngl to load with.
+  Result<int> fit_memory(const gguf::File& f);
   void start_thread(std::string path);
   Status init_serving(std::unique_ptr<Runner> runner);
 

@@ -354,7 +354,7 @@ class Parser {
     if (!checked_align_up(pos_, f_.alignment_, &data_off))
       return err("{}: data section offset overflows", name());
     f_.data_offset_ = data_off;
-    if (f_.tensors_.empty()) return {};
+    if (f_.tensors_.empty() || lim_.metadata_only) return {};
     const uint64_t avail = data_off <= size_ ? size_ - data_off : 0;  // data section may start past EOF
     for (const auto& t : f_.tensors_) {
       uint64_t end = 0;

@@ -65,6 +65,10 @@ struct Limits {
   // cannot make the reader allocate more than this, whatever its size (a 1-byte u8 element
   // costs a ~100-byte Value). Real models need < 100 MiB.
   uint64_t max_metadata_bytes = 1ull << 30;
+  // A metadata-only file (llama.cpp's only_meta; `kiln gguf gen --meta-only`): the tensor table is
+  // read and checked, but the data section may be absent, so tensor data is neither bounds-checked
+  // nor available (tensor_data() must not be used). For planning memory (`kiln fit`).
+  bool metadata_only = false;
 };
 
 struct OpenOptions {

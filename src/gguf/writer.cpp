@@ -195,7 +195,8 @@ Status Writer::add_tensor_bytes(std::string name, GgmlType type, std::span<const
   return {};
 }
 
-Status Writer::write(const std::string& path, const std::function<void(size_t, size_t)>& progress) const {
+Status Writer::write(const std::string& path, const std::function<void(size_t, size_t)>& progress,
+                     bool meta_only) const {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return err("{}: cannot create: {}", path, std::strerror(errno));
   std::unique_ptr<char[]> iobuf(new char[1u << 20]);
@@ -220,11 +221,11 @@ Status Writer::write(const std::string& path, const std::function<void(size_t, s
   }
   uint64_t data_start = 0;
   KILN_CHECK(checked_align_up(out.pos(), alignment_, &data_start), "gguf writer: header too large");
-  out.zeros(data_start - out.pos());
+  if (!meta_only) out.zeros(data_start - out.pos());
 
   std::vector<uint8_t> chunk;
   uint64_t written = 0;  // bytes of the data section written so far
-  for (size_t ti = 0; ti < tensors_.size() && out.ok(); ++ti) {
+  for (size_t ti = 0; ti < tensors_.size() && out.ok() && !meta_only; ++ti) {
     const auto& t = tensors_[ti];
     if (progress) progress(ti, tensors_.size());
     out.zeros(t.offset - written);
@@ -245,7 +246,7 @@ Status Writer::write(const std::string& path, const std::function<void(size_t, s
   }
   if (progress) progress(tensors_.size(), tensors_.size());
   // Trailing padding so the file ends on an alignment boundary, as ggml's writer does.
-  if (out.ok() && !tensors_.empty()) {
+  if (out.ok() && !tensors_.empty() && !meta_only) {
     uint64_t end = 0;
     KILN_CHECK(checked_align_up(written, alignment_, &end), "gguf writer: data too large");
     out.zeros(end - written);

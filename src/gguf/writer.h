@@ -88,7 +88,10 @@ class Writer {
 
   // Writes the file. Progress callback (optional) gets (tensor index, tensor count) before each
   // tensor. Errors: the file cannot be created or written (the partial file is removed).
-  Status write(const std::string& path, const std::function<void(size_t, size_t)>& progress = {}) const;
+  // meta_only: the header alone (metadata and tensor infos, no data section; llama.cpp's only_meta):
+  // a file the reader opens with Limits::metadata_only, for planning memory without the weights.
+  Status write(const std::string& path, const std::function<void(size_t, size_t)>& progress = {},
+               bool meta_only = false) const;
 
   // Chunk size used for RowFill calls (bytes; at least one row). Default 8 MiB.
   void set_chunk_bytes(size_t n) { chunk_bytes_ = n; }

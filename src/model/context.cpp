@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "model/blocks.h"
+#include "model/scratch.h"
 
 namespace kiln::model {
 
@@ -23,15 +24,7 @@ struct Run {  // validation only: consecutive tokens of one sequence
   int32_t pos0 = 0;
 };
 
-// Arena offsets of one device's scratch (planned for n_batch tokens; SIZE_MAX: not on this device).
-struct Plan {
-  static constexpr size_t kNone = SIZE_MAX;
-  size_t x = kNone, cur = kNone, tmp = kNone, q = kNone, k = kNone, v = kNone, att = kNone, fa = kNone, fb = kNone;
-  size_t mixed = kNone, z = kNone, beta = kNone, g = kNone, dout = kNone;
-  size_t router = kNone, ids = kNone, wts = kNone, ye = kNone;
-  size_t pos = kNone, seq = kNone, tok = kNone;
-  size_t out_idx = kNone, hidden = kNone, logits = kNone;
-};
+using Plan = ScratchPlan;
 
 }  // namespace
 
@@ -117,76 +110,27 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   if (out_dev == 0) logits_buf = host->wrap(logits.data(), logits.size() * sizeof(float));
 }
 
-// Scratch of one device: the residual stream always; the block activations and per-token inputs
-// where layers run; the output rows where the output runs; token ids on the host.
+// Scratch of one device (model/scratch.h, the layout the memory planner counts).
 void Context::Impl::plan(Dev& d) {
-  const int64_t E = c.n_embd, D = c.head_dim, B = opt.n_batch, K = std::max<int64_t>(1, c.n_expert_used);
-  const bool hybrid = arch_is_hybrid(c.arch);
-  backend::Arena& A = d.arena;
-  Plan& p = d.plan;
-  auto f32 = [&](int64_t w) { return A.reserve_tensor(gguf::GgmlType::F32, {std::max<int64_t>(w, 1), B, 1, 1}); };
-  auto i32 = [&](int64_t n) { return A.reserve_tensor(gguf::GgmlType::I32, {std::max<int64_t>(n, 1), 1, 1, 1}); };
-  p.x = f32(E);                                          // [E, B]
-  if (d.dev->type() == DeviceType::Cpu) p.tok = i32(B);  // [B]
-  if (d.layers) {
-    p.cur = f32(E);                                      // [E, B]
-    p.tmp = f32(E);                                      // [E, B]
-    p.q = f32((hybrid ? 2 : 1) * D * c.n_head);          // [(2)*D*Hq, B]
-    p.k = f32(D * c.n_head_kv);                          // [D*Hkv, B]
-    p.v = f32(D * c.n_head_kv);                          // [D*Hkv, B]
-    p.att = f32(D * c.n_head);                           // [D*Hq, B]
-    const int64_t ff = std::max({c.n_ff, c.n_ff_shexp, c.n_ff_exp * K});
-    p.fa = f32(ff);                                      // [max(n_ff, n_ff_shexp, n_ff_exp*K), B]
-    p.fb = f32(ff);
-    if (hybrid) {
-      p.mixed = f32(c.ssm_conv_dim());                   // [conv_dim, B]
-      p.z = f32(c.ssm_value_dim());                      // [value_dim, B]
-      p.beta = f32(c.ssm_dt_rank);                       // [Hv, B]
-      p.g = f32(c.ssm_dt_rank);                          // [Hv, B]
-      p.dout = f32(c.ssm_value_dim());                   // [value_dim, B]
-    }
-    if (c.n_expert > 0) {
-      p.router = f32(c.n_expert);                        // [n_expert, B]
-      p.ids = A.reserve_tensor(gguf::GgmlType::I32, {K, B, 1, 1});  // [K, B]
-      p.wts = f32(K);                                    // [K, B]
-      p.ye = f32(E * K);                                 // [E, K, B]
-    }
-    p.pos = i32(B);                                      // [B]
-    p.seq = i32(B);                                      // [B]
-  }
-  if (d.output) {
-    p.out_idx = i32(n_out_max);                          // [n_out_max]
-    p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});  // [E, n_out_max]
-    if (d.dev->type() != DeviceType::Cpu)                // [V, n_out_max] (host: `logits` itself)
-      p.logits = A.reserve_tensor(gguf::GgmlType::F32, {c.n_vocab, n_out_max, 1, 1});
-  }
+  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output};
+  plan_scratch(c, opt.n_batch, n_out_max, role, d.arena, d.plan);
 }
 
-// Workspaces (rule 4): the largest any op on this device needs at n_batch tokens; attention's is
-// added in decode() once the Memory's n_ctx is known.
+// Workspaces (rule 4): the largest any op on this device needs at n_batch tokens (model/scratch.h);
+// attention's is added in decode() once the Memory's n_ctx is known.
 void Context::Impl::reserve(Dev& d) {
-  const int64_t B = opt.n_batch, K = std::max<int64_t>(1, c.n_expert_used);
-  backend::Stream& st = *d.st;
-  size_t w = 64;
-  auto mm = [&](const Weight& wt, int64_t cols) {
-    if (wt.present()) w = std::max(w, st.matmul_workspace(wt.type, wt.ne[0], wt.ne[1], cols));
-  };
-  auto mm_id = [&](const Weight& wt) {
-    if (wt.present()) w = std::max(w, st.matmul_id_workspace(wt.type, wt.ne[0], wt.ne[1], K * B));
-  };
+  const gguf::File& f = m.file();
+  const TensorLookup find = [&f](const std::string& n) { return f.find_tensor(n); };
+  std::vector<MatShape> mats;
+  int64_t n_rec = 0;
   for (int64_t il = 0; il < c.n_layer; ++il) {
     if (&devs[size_t(layer_dev[size_t(il)])] != &d) continue;
-    const LayerWeights& L = m.layers[size_t(il)];
-    for (const Weight* wt : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ssm_qkv, &L.ssm_gate, &L.ssm_beta,
-                             &L.ssm_alpha, &L.ssm_out, &L.ffn_gate, &L.ffn_up, &L.ffn_down, &L.ffn_gate_inp,
-                             &L.ffn_gate_shexp, &L.ffn_up_shexp, &L.ffn_down_shexp, &L.ffn_gate_inp_shexp})
-      mm(*wt, B);
-    for (const Weight* wt : {&L.ffn_gate_exps, &L.ffn_up_exps, &L.ffn_down_exps}) mm_id(*wt);
-    if (c.is_recurrent(il)) w = std::max(w, st.gated_delta_workspace(c.ssm_d_state, opt.delta_chunk_min, B));
+    for (const MatShape& ms : layer_mats(find, il)) mats.push_back(ms);
+    n_rec += c.is_recurrent(il) ? 1 : 0;
   }
-  if (d.output) mm(m.output, n_out_max);
-  d.ws = w;
-  st.reserve_workspace(w);
+  const MatShape out{m.output.type, m.output.ne[0], m.output.ne[1], false};
+  d.ws = step_workspace(*d.st, c, mats, n_rec, d.output ? &out : nullptr, opt.n_batch, n_out_max, opt.delta_chunk_min);
+  d.st->reserve_workspace(d.ws);
 }
 
 void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
@@ -290,6 +234,19 @@ const float* Context::embedding(int64_t i) const {
   return impl_->embd.data() + size_t(i) * size_t(model_.config().n_embd);
 }
 
+std::vector<Context::DeviceUse> Context::memory_use() const {
+  std::vector<DeviceUse> out;
+  for (const Impl::Dev& d : impl_->devs) {
+    DeviceUse u;
+    u.device = d.dev;
+    u.arena = d.arena.planned();
+    u.workspace = d.ws;
+    if (d.dev->type() == DeviceType::Cpu) u.logits = impl_->logits.size() * sizeof(float);
+    out.push_back(u);
+  }
+  return out;
+}
+
 const float* Context::logits(int64_t i) const {
   KILN_CHECK(i >= 0 && i < n_out_, "logits({}) with {} outputs", i, n_out_);
   return impl_->logits.data() + size_t(i) * size_t(model_.config().n_vocab);
@@ -345,10 +302,9 @@ Status Context::decode(const Batch& b, Memory& mem) {
   // Attention workspaces for this memory's context length (once per longer n_ctx).
   if (mem.n_ctx() > s.n_kv_reserved) {
     s.n_kv_reserved = mem.n_ctx();
-    backend::AttnSpec spec{c.head_dim, c.n_head, c.n_head_kv, 1.f, opt_.flash_attn};
     for (Impl::Dev& d : s.devs)
       if (d.layers && c.n_attn_layers() > 0) {
-        d.ws = std::max(d.ws, d.st->attention_workspace(spec, opt_.n_batch, s.n_kv_reserved));
+        d.ws = std::max(d.ws, attention_step_workspace(*d.st, c, opt_.n_batch, s.n_kv_reserved, opt_.flash_attn));
         d.st->reserve_workspace(d.ws);
       }
   }

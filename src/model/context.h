@@ -81,6 +81,16 @@ class Context {
   // token with output=1, in batch order. Errors: bad token ids, positions or run structure.
   Status decode(const Batch& batch, Memory& mem);
 
+  // What this Context holds per device it runs on ([0]: the host): its scratch Arena's size, the
+  // op workspace reserved on its stream (attention's included once decode() has seen a Memory), and
+  // on the host the logits buffer (n_vocab x n_outputs_max floats). The memory planner's numbers
+  // (model/fit.h) are checked against these.
+  struct DeviceUse {
+    const backend::Device* device = nullptr;
+    size_t arena = 0, workspace = 0, logits = 0;
+  };
+  std::vector<DeviceUse> memory_use() const;
+
   int64_t n_outputs() const { return n_out_; }
   // Logits row i (i < n_outputs()): n_vocab floats.
   const float* logits(int64_t i) const;

@@ -114,8 +114,9 @@ void for_each_weight(LayerWeights& L, F&& f) {
 // Tensors then point there. Returns the bytes uploaded.
 uint64_t upload_weights(backend::Device& dev, backend::Stream& st, const std::vector<Weight*>& ws,
                         std::vector<std::unique_ptr<backend::Buffer>>& bufs) {
-  size_t total = 0;
-  for (const Weight* w : ws) total = (total + 255) / 256 * 256 + w->t.n_bytes();
+  std::vector<uint64_t> sizes;
+  for (const Weight* w : ws) sizes.push_back(w->t.n_bytes());
+  const size_t total = size_t(packed_weight_bytes(sizes));
   if (total == 0) return 0;
   bufs.push_back(dev.alloc(total));
   backend::Buffer* b = bufs.back().get();
@@ -131,6 +132,12 @@ uint64_t upload_weights(backend::Device& dev, backend::Stream& st, const std::ve
 }
 
 }  // namespace
+
+uint64_t bound_weight_bytes(const gguf::TensorInfo& t) {
+  const bool vector = (t.ne[1] == 1 && t.ne[2] == 1 && t.ne[3] == 1) ||
+                      (t.name.size() >= 17 && t.name.compare(t.name.size() - 17, 17, "ssm_conv1d.weight") == 0);
+  return vector && t.type != GgmlType::F32 ? uint64_t(t.n_elements()) * 4 : t.n_bytes;
+}
 
 // Placement (LoadOptions::n_gpu_layers): the GPU layers' weights (and the output's when all are
 // placed) are uploaded once; everything else keeps its host Tensor.

@@ -26,11 +26,7 @@ Result<std::unique_ptr<Memory>> Memory::create(const Model& m, const MemoryOptio
   return create(m.config(), opt, devs);
 }
 
-// devs[il]: the device of layer il's state; nullptr: the host.
-Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const MemoryOptions& opt,
-                                               const std::vector<backend::Device*>& devs) {
-  auto m = std::unique_ptr<Memory>(new Memory());
-  m->opt_ = opt;
+Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions& opt) {
   if (opt.n_ctx <= 0 || opt.n_ctx > (int64_t(1) << 24)) return err("context size {} out of range", opt.n_ctx);
   if (opt.n_seq <= 0 || opt.n_seq > 4096) return err("sequence count {} out of range", opt.n_seq);
   for (auto [t, what] : {std::pair{opt.type_k, "-ctk/--cache-type-k"}, std::pair{opt.type_v, "-ctv/--cache-type-v"}}) {
@@ -40,16 +36,41 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
       return err("{} {}: head size {} is not a multiple of the block size {}", what, gguf::type_name(t), cfg.head_dim,
                  gguf::type_info(t).block_size);
   }
+  MemoryLayout l;
+  l.k_row = tensor::row_size(opt.type_k, cfg.head_dim);
+  l.v_row = tensor::row_size(opt.type_v, cfg.head_dim);
+  const int64_t dc = std::max<int64_t>(0, cfg.ssm_d_conv - 1), C = cfg.ssm_conv_dim(), S = cfg.ssm_d_state,
+                Hv = cfg.ssm_dt_rank, Hkv = cfg.n_head_kv;
+  l.conv_floats = size_t(dc * C);
+  l.ssm_floats = size_t(S * S * Hv);
+  size_t kv_layer = 0;
+  if (!checked_mul((l.k_row + l.v_row) * size_t(Hkv), size_t(opt.n_ctx) * size_t(opt.n_seq), &kv_layer))
+    return err("KV cache size overflows (context {}, {} sequences)", opt.n_ctx, opt.n_seq);
+  auto at = [](size_t off) { return (off + 255) / 256 * 256; };
+  // As create() lays a layer out: a, then b at the next 256-byte boundary.
+  const size_t k_bytes = l.k_row * size_t(Hkv) * size_t(opt.n_ctx) * size_t(opt.n_seq);
+  const size_t v_bytes = l.v_row * size_t(Hkv) * size_t(opt.n_ctx) * size_t(opt.n_seq);
+  l.attn_layer_bytes = at(k_bytes) + v_bytes;
+  l.rec_layer_bytes = at(l.conv_floats * size_t(opt.n_seq) * sizeof(float)) + l.ssm_floats * size_t(opt.n_seq) * sizeof(float);
+  for (int64_t il = 0; il < cfg.n_layer; ++il) ++(cfg.is_recurrent(il) ? l.n_rec : l.n_attn);
+  l.kv_bytes_per_pos = size_t(l.n_attn) * (l.k_row + l.v_row) * size_t(Hkv);
+  return l;
+}
+
+// devs[il]: the device of layer il's state; nullptr: the host.
+Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const MemoryOptions& opt,
+                                               const std::vector<backend::Device*>& devs) {
+  auto lay = layout(cfg, opt);
+  KILN_TRY(lay);
+  auto m = std::unique_ptr<Memory>(new Memory());
+  m->opt_ = opt;
   m->n_head_kv_ = cfg.n_head_kv;
-  m->k_row_ = tensor::row_size(opt.type_k, cfg.head_dim);
-  m->v_row_ = tensor::row_size(opt.type_v, cfg.head_dim);
+  m->k_row_ = lay->k_row;
+  m->v_row_ = lay->v_row;
   const int64_t dc = std::max<int64_t>(0, cfg.ssm_d_conv - 1), C = cfg.ssm_conv_dim(), S = cfg.ssm_d_state,
                 Hv = cfg.ssm_dt_rank, D = cfg.head_dim, Hkv = cfg.n_head_kv, N = opt.n_seq;
-  m->conv_floats_ = size_t(dc * C);
-  m->ssm_floats_ = size_t(S * S * Hv);
-  size_t kv_layer = 0;
-  if (!checked_mul(m->k_pos_stride() + m->v_pos_stride(), size_t(opt.n_ctx) * size_t(N), &kv_layer))
-    return err("KV cache size overflows (context {}, {} sequences)", opt.n_ctx, opt.n_seq);
+  m->conv_floats_ = lay->conv_floats;
+  m->ssm_floats_ = lay->ssm_floats;
   m->layers_.resize(size_t(cfg.n_layer));
   auto stream_of = [&](backend::Device* d) {
     for (auto& [dev, st] : m->streams_)
@@ -77,6 +98,8 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
       b = Tensor::make(nullptr, 0, opt.type_v, {D, Hkv, opt.n_ctx, N});
     }
     const size_t b_off = at(a.n_bytes());
+    KILN_CHECK(b_off + b.n_bytes() == (cfg.is_recurrent(il) ? lay->rec_layer_bytes : lay->attn_layer_bytes),
+               "Memory::layout disagrees with create() for layer {}", il);
     L.buf = L.dev->alloc(b_off + b.n_bytes());
     L.a = Tensor::make(L.buf.get(), 0, a.type, a.ne);
     L.b = Tensor::make(L.buf.get(), b_off, b.type, b.ne);
@@ -87,6 +110,13 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   m->sync();
   m->pos_.assign(size_t(opt.n_seq), 0);
   return m;
+}
+
+size_t Memory::allocated_bytes(const backend::Device* dev) const {
+  size_t n = 0;
+  for (const Layer& L : layers_)
+    if (L.buf && (dev ? L.dev == dev : L.dev == host_.get())) n += L.buf->size();
+  return n;
 }
 
 void Memory::sync() const {

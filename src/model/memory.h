@@ -48,8 +48,24 @@ struct Snapshot {
   size_t bytes() const { return kv.size() + rec.size() * sizeof(float); }
 };
 
+// The sizes create() allocates, from the config and options alone (the memory planner, model/fit.h,
+// counts with the same function): each attention layer's buffer holds K then V (at a 256-byte
+// boundary), each recurrent layer's the conv state then the SSM state.
+struct MemoryLayout {
+  size_t k_row = 0, v_row = 0;           // bytes of one head row of K / V
+  size_t attn_layer_bytes = 0;           // one attention layer's buffer (all slots)
+  size_t rec_layer_bytes = 0;            // one recurrent layer's buffer (all slots)
+  size_t kv_bytes_per_pos = 0;           // K + V payload of one position of one sequence, all attention layers
+  size_t conv_floats = 0, ssm_floats = 0;  // one sequence's recurrent state per recurrent layer
+  int64_t n_attn = 0, n_rec = 0;         // layers of each kind
+  size_t total() const { return size_t(n_attn) * attn_layer_bytes + size_t(n_rec) * rec_layer_bytes; }
+};
+
 class Memory {
  public:
+  // The layout create() uses; errors (cache type unsupported, head_dim not a multiple of the block
+  // size, sizes) name the option.
+  static Result<MemoryLayout> layout(const ModelConfig& cfg, const MemoryOptions& opt);
   // Every layer's state on the host. Errors (cache type unsupported, head_dim not a multiple of the
   // block size, sizes) name the option.
   static Result<std::unique_ptr<Memory>> create(const ModelConfig& cfg, const MemoryOptions& opt);
@@ -61,7 +77,9 @@ class Memory {
   int64_t n_ctx() const { return opt_.n_ctx; }
   int n_seq() const { return opt_.n_seq; }
   bool has_recurrent() const { return !rec_layers_.empty(); }
-  size_t total_bytes() const { return total_bytes_; }
+  size_t total_bytes() const { return total_bytes_; }  // state payload (K, V, conv, SSM tensors)
+  // Bytes of the layers' Buffers on device `dev` (the host when nullptr): what create() allocated there.
+  size_t allocated_bytes(const backend::Device* dev = nullptr) const;
 
   // Number of positions stored for sequence `seq` (the next token's position).
   int64_t seq_pos(int seq) const;

@@ -136,6 +136,17 @@ class Model {
   std::vector<std::unique_ptr<backend::Buffer>> bufs_;  // wraps and GPU uploads (destroyed before host_)
 };
 
+// Bytes of one device Buffer holding weights of these sizes, each at a 256-byte boundary (the
+// loader's upload packing; the memory planner counts with it).
+inline uint64_t packed_weight_bytes(const std::vector<uint64_t>& sizes) {
+  uint64_t total = 0;
+  for (uint64_t n : sizes) total += (n + 255) / 256 * 256;
+  return total;
+}
+// The bytes a weight takes once bound: vectors (norms, biases, ssm_a, ...: tensors whose ne[1..3]
+// are 1) and ssm_conv1d are converted to F32; matrices keep their GGUF type.
+uint64_t bound_weight_bytes(const gguf::TensorInfo& t);
+
 Result<std::unique_ptr<Model>> load_model(const std::string& path, const LoadOptions& opt = {});
 Result<std::unique_ptr<Model>> load_model(std::unique_ptr<gguf::File> file, const LoadOptions& opt = {});
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "gguf/types.h"
+#include "model/fit.h"
 
 namespace kiln::server {
 namespace {
@@ -135,7 +136,7 @@ const std::vector<Opt>& table() {
         "total context in tokens, shared by the slots (default: 0 = the model's training context)", 0, int64_t(1) << 30,
         [](ServerOptions& so, int64_t x) { so.engine.n_ctx = x; });
     add({"-ngl", "--gpu-layers", "--n-gpu-layers"}, env_of("N_GPU_LAYERS"), "N|auto|all",
-        "layers on the GPU, the last ones first (auto: all when a GPU is usable; all; 0: the CPU only)",
+        "layers on the GPU, the last ones first (auto: as many as the memory plan fits, see --fit; all; 0: the CPU only)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
           if (v == "auto") so.engine.n_gpu_layers = model::kGpuLayersAuto;
           else if (v == "all") so.engine.n_gpu_layers = model::kGpuLayersAll;
@@ -262,14 +263,40 @@ const std::vector<Opt>& table() {
           }
           return {};
         });
-    add({"-fit", "--fit"}, env_of("FIT"), "on|off", "fit unset sizes to device memory: accepted (CPU only for now)",
+    add({"-fit", "--fit"}, env_of("FIT"), "on|off",
+        "plan memory before loading and fit what was left unset to the GPU: -ngl auto and an unset -c (default on; "
+        "docs/memory.md)",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
           KILN_TRY(one_of(v, src, {"on", "off"}));
           so.fit = v;
+          so.engine.fit = v == "on";
           return {};
         });
-    add({"-mm", "--mmproj"}, env_of("MMPROJ"), "FNAME", "vision projector: accepted; image input comes with the vision issue",
-        [](ServerOptions& so, const std::string& v, const std::string&) -> Status { so.mmproj = v; return {}; });
+    add({"-fitt", "--fit-target"}, env_of("FIT_TARGET"), "MiB[,MiB…]",
+        "memory --fit keeps free on each GPU (default 1024; the first value applies to the GPU used)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto t = model::parse_fit_target(v);
+          if (!t.ok()) return err("{}: {}", src, t.error().message);
+          so.engine.fit_target = t->front();
+          return {};
+        });
+    add_int({"-fitc", "--fit-ctx"}, env_of("FIT_CTX"), "N", "the smallest context --fit may choose when -c is unset (default 4096)",
+        1, int64_t(1) << 30, [](ServerOptions& so, int64_t x) { so.engine.fit_ctx = x; });
+    add({"--device-memory"}, {"KILN_DEVICE_MEMORY"}, "SIZE",
+        "use at most this much GPU memory (e.g. 8GiB: plan and fit as on a card of that size)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = model::parse_memory_size(v, src.c_str());
+          KILN_TRY(b);
+          so.engine.device_memory = *b;
+          return {};
+        });
+    add({"-mm", "--mmproj"}, env_of("MMPROJ"), "FNAME",
+        "vision projector: counted in the memory plan (weights + one image batch); image input comes with the vision issue",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
+          so.mmproj = v;
+          so.engine.mmproj = v;
+          return {};
+        });
     add_int({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
         "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)", -1, int64_t(1) << 32,
         [](ServerOptions& so, int64_t x) { so.cache_ram_mib = x; so.engine.cache_ram_bytes = x < 0 ? -1 : (x << 20); });

@@ -27,8 +27,8 @@ struct ServerOptions {
   engine::EngineOptions engine;         // -c -np -b -ub -t -ctk -ctv --load-mode --cache-ram
   std::string n_gpu_layers = "auto";    // -ngl as given (parsed into engine.n_gpu_layers)
   std::string flash_attn = "auto";      // -fa on|off|auto: off = llama.cpp's non-flash attention arithmetic
-  std::string fit = "on";               // --fit on|off: accepted (nothing to fit on the CPU)
-  std::string mmproj;                   // --mmproj: accepted, used by the vision issue
+  std::string fit = "on";               // --fit on|off (engine.fit; --fit-target, --fit-ctx, --device-memory: engine.*)
+  std::string mmproj;                   // --mmproj: counted in the memory plan (engine.mmproj); image input: the vision issue
   bool jinja = true;                    // --jinja / --no-jinja
   chat::ReasoningFormat reasoning_format = chat::ReasoningFormat::Auto;  // --reasoning-format
   bool reasoning_preserve = true;       // --reasoning-preserve / --no-reasoning-preserve

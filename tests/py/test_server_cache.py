@@ -155,7 +155,7 @@ def test_users_command_lines(kiln_bin, work_dir):
         assert ("layers and the output on CUDA" in log) != ("running on the CPU" in log), log
     model = gen_model(kiln_bin, work_dir, "tiny-qwen35")
     mmproj = work_dir / "mmproj-F16.gguf"
-    mmproj.write_bytes(b"")
+    write_tiny_projector(mmproj)  # counted in the memory plan, so it must be a projector GGUF
     port = free_port()
     args = ["--metrics", "--alias", "Qwen3.8-27B", "--model", model, "--mmproj", mmproj, "--reasoning-preserve", "--jinja",
             "--host", "0.0.0.0", "--port", port, "--ctx-size", "262144", "-ngl", "100", "--fit", "off",
@@ -171,6 +171,21 @@ def test_users_command_lines(kiln_bin, work_dir):
         assert r.status_code == 200, r.text
         assert requests.get(desk.url + "/props", headers=h).json()["n_ctx"] == 262144
         assert requests.get(desk.url + "/metrics", headers=h).status_code == 200
+
+
+def write_tiny_projector(path):
+    """A small vision-projector GGUF (clip.vision.* keys and one F16 tensor), written by gguf-py."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_uint32("clip.vision.embedding_length", 64)
+    w.add_uint32("clip.vision.feed_forward_length", 128)
+    w.add_uint32("clip.vision.patch_size", 16)
+    w.add_tensor("v.patch_embd.weight", np.zeros((64, 16 * 16 * 3), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def run_cli(kiln_bin, args, env=None):

@@ -44,6 +44,7 @@ int cmd_perplexity(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads");
   tools::ModelFlags flags;
   flags.add(app, "K cache type (-ctk)", "V cache type (-ctv)", "mmap, mlock or none");
+  flags.add_fit(app);
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
   auto fail = [](const Error& e) {
@@ -77,7 +78,15 @@ int cmd_perplexity(int argc, char** argv) {
   if (ctx < 4) return fail(err("--ctx {} too small", ctx));
   std::string text;
   if (!kld_mode && !read_file(text_path, text)) return fail(err("{}: cannot open", text_path));
-  auto m = tools::load_model_cli(model_path, *lm, true);
+  model::PlanOptions po;  // the run's memory: one sequence of --ctx, all logits of a batch
+  po.n_ctx = ctx;
+  po.n_batch = po.n_ubatch = std::max<int64_t>(1, std::min(n_batch, ctx));
+  po.type_k = mo.type_k;
+  po.type_v = mo.type_v;
+  po.n_threads = threads;
+  po.delta_chunk_min = 64;
+  po.flash_attn = co.flash_attn;
+  auto m = tools::load_model_cli(model_path, *lm, true, &po, &flags);
   if (!m) return fail(m.error());
   auto tk = model::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());

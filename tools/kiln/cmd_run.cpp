@@ -144,6 +144,7 @@ int cmd_run(int argc, char** argv) {
   tools::ModelFlags flags;
   flags.add(app, "K cache type (-ctk): f16, q8_0, q4_0, f32", "V cache type (-ctv)",
             "mmap, mlock or none (read into memory)");
+  flags.add_fit(app);
   app.add_flag("--chat", chat, "interactive chat on stdin using the model's chat template");
   app.add_option("--ids-out", ids_out, "write the generated token ids (one per line) to this file");
   tools::normalize_llama_flags(argc, argv);
@@ -158,7 +159,17 @@ int cmd_run(int argc, char** argv) {
   auto lm = flags.resolve(mo, co);
   if (!lm) return fail(lm.error());
   if (!chat && prompt.empty()) return fail(err("-p PROMPT is required (or --chat)"));
-  auto m = tools::load_model_cli(model_path, *lm, true);
+  // The memory plan of this run (explicit context, one sequence, last-token logits) fits -ngl auto.
+  model::PlanOptions po;
+  po.n_ctx = ctx;
+  po.n_batch = po.n_ubatch = std::max<int64_t>(1, std::min(n_batch, ctx));
+  po.n_outputs_max = 1;
+  po.type_k = mo.type_k;
+  po.type_v = mo.type_v;
+  po.n_threads = threads;
+  po.delta_chunk_min = 64;
+  po.flash_attn = co.flash_attn;
+  auto m = tools::load_model_cli(model_path, *lm, true, &po, &flags);
   if (!m) return fail(m.error());
   auto tk = model::load_tokenizer((*m)->file());
   if (!tk) return fail(tk.error());

@@ -47,7 +47,7 @@ int gguf_gen_main(int argc, char** argv) {
   std::string arch, preset, type_name = "F16", mix_name, out;
   uint64_t seed = 42;
   int threads = 0;
-  bool list = false, mtp = false, dry_run = false, quiet = false, tied = false, untied = false;
+  bool list = false, mtp = false, dry_run = false, quiet = false, tied = false, untied = false, meta_only = false;
   int64_t n_layer = -1, n_embd = -1, n_head = -1, n_head_kv = -1, head_dim = -1, n_ff = -1, n_vocab = -1,
           n_ctx = -1, n_rot = -1, fai = -1, ssm_conv = -1, ssm_state = -1, ssm_groups = -1, ssm_v_heads = -1,
           n_expert = -1, n_expert_used = -1, n_ff_exp = -1, n_ff_shexp = -1, n_mtp = -1;
@@ -65,6 +65,8 @@ int gguf_gen_main(int argc, char** argv) {
   app.add_option("-o,--output", out, "output file");
   app.add_option("-t,--threads", threads, "threads for weight synthesis/quantization (default: all cores)");
   app.add_flag("--dry-run", dry_run, "print the tensor plan and size, write nothing");
+  app.add_flag("--meta-only", meta_only,
+               "write the header only (metadata and tensor table, no tensor data): a small file `kiln fit` plans with");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   auto* ov = "shape overrides";
   app.add_option("--n-layer", n_layer, "trunk layers (block_count without MTP)")->group(ov);
@@ -181,6 +183,7 @@ int gguf_gen_main(int argc, char** argv) {
   }
   opt.seed = seed;
   opt.n_threads = threads;
+  opt.meta_only = meta_only;
 
   auto pl = gen::plan(opt);
   if (!pl.ok()) {
@@ -226,7 +229,10 @@ int gguf_gen_main(int argc, char** argv) {
     return 1;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!quiet)
+  if (!quiet && meta_only)
+    std::fprintf(stderr, "kiln gguf gen: wrote the header of %s (%s, %zu tensors, %.3f B params, %.1f MiB of tensor data not written)\n",
+                 out.c_str(), s.arch.c_str(), pl->size(), double(n_params) / 1e9, double(total) / 1048576.0);
+  else if (!quiet)
     std::fprintf(stderr, "kiln gguf gen: wrote %s (%s, %zu tensors, %.3f B params, %.1f MiB) in %.2f s (%.0f MiB/s)\n",
                  out.c_str(), s.arch.c_str(), pl->size(), double(n_params) / 1e9, double(total) / 1048576.0, secs,
                  double(total) / 1048576.0 / std::max(secs, 1e-9));

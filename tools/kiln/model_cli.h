@@ -6,11 +6,13 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/result.h"
 #include "gguf/types.h"
 #include "model/context.h"
+#include "model/fit.h"
 #include "model/model.h"
 
 namespace kiln::tools {
@@ -19,10 +21,18 @@ namespace kiln::tools {
 // their long forms in place before parsing.
 inline void normalize_llama_flags(int argc, char** argv) {
   static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", fa[] = "--flash-attn", ngl[] = "--n-gpu-layers",
-              dev[] = "--device", mg[] = "--main-gpu";
+              dev[] = "--device", mg[] = "--main-gpu", fit[] = "--fit", fitt[] = "--fit-target", fitc[] = "--fit-ctx",
+              np[] = "--parallel", mm[] = "--mmproj", ub[] = "--ubatch-size", cram[] = "--cache-ram";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "-ctk") argv[i] = ctk;
+    if (a == "-fit") argv[i] = fit;
+    else if (a == "-fitt") argv[i] = fitt;
+    else if (a == "-fitc") argv[i] = fitc;
+    else if (a == "-np") argv[i] = np;
+    else if (a == "-mm") argv[i] = mm;
+    else if (a == "-ub") argv[i] = ub;
+    else if (a == "-cram") argv[i] = cram;
+    else if (a == "-ctk") argv[i] = ctk;
     else if (a == "-ctv") argv[i] = ctv;
     else if (a == "-fa") argv[i] = fa;
     else if (a == "-ngl") argv[i] = ngl;
@@ -90,6 +100,39 @@ inline Result<LoadMode> parse_load_mode(const std::string& s) {
 struct ModelFlags {
   std::string ctk = "f16", ctv = "f16", load_mode = "mmap", flash_attn = "auto", ngl = "auto", device;
   int main_gpu = 0;
+  // Memory planning (model/fit.h, docs/memory.md): --fit on|off, --fit-target MiB, --fit-ctx N,
+  // --device-memory SIZE (or KILN_DEVICE_MEMORY).
+  std::string fit = "on", fit_target = "1024", device_memory;
+  int64_t fit_ctx = 4096;
+
+  void add_fit(CLI::App& app) {
+    app.add_option("--fit", fit, "on|off (-fit): plan memory before loading; -ngl auto takes as many layers as fit");
+    app.add_option("--fit-target", fit_target, "MiB[,MiB...] (-fitt): memory --fit keeps free on the GPU (default 1024)");
+    app.add_option("--fit-ctx", fit_ctx, "N (-fitc): the smallest context --fit may choose when -c is unset (default 4096)");
+    app.add_option("--device-memory", device_memory, "SIZE: use at most this much GPU memory (e.g. 8GiB)")
+        ->envname("KILN_DEVICE_MEMORY");
+  }
+  // The fitting options and the GPU budget (simulate: without a usable GPU, plan for a simulated
+  // device of --device-memory bytes, as `kiln fit` does).
+  Result<std::optional<model::DeviceBudget>> budget(const model::LoadOptions& lo, bool simulate) const {
+    auto t = model::parse_fit_target(fit_target);
+    KILN_TRY(t);
+    uint64_t cap = 0;
+    if (!device_memory.empty()) {
+      auto c = model::parse_memory_size(device_memory, "--device-memory");
+      KILN_TRY(c);
+      cap = *c;
+    }
+    if (lo.n_gpu_layers == 0) return std::optional<model::DeviceBudget>{};
+    return model::gpu_budget(lo.main_gpu, cap, t->front(), simulate);
+  }
+  Result<model::FitOptions> fit_options() const {
+    if (fit != "on" && fit != "off") return err("--fit {}: expected on or off", fit);
+    model::FitOptions f;
+    f.fit = fit == "on";
+    f.fit_ctx = fit_ctx;
+    return f;
+  }
 
   void add(CLI::App& app, const char* ctk_help, const char* ctv_help, const char* load_mode_help = nullptr) {
     app.add_option("--cache-type-k", ctk, ctk_help);
@@ -97,7 +140,7 @@ struct ModelFlags {
     if (load_mode_help) app.add_option("--load-mode", load_mode, load_mode_help);
     app.add_option("--flash-attn", flash_attn, kFlashAttnHelp);
     app.add_option("--n-gpu-layers,--gpu-layers", ngl,
-                   "N|auto|all (-ngl): layers on the GPU, the last ones first (auto: all when a GPU is usable; 0: CPU)");
+                   "N|auto|all (-ngl): layers on the GPU, the last ones first (auto: as many as fit, see --fit; 0: CPU)");
     app.add_option("--device", device, "none|CUDA<i> (-dev): the device to use (none: CPU only)");
     app.add_option("--main-gpu", main_gpu, "CUDA device ordinal (-mg)");
   }
@@ -126,9 +169,29 @@ struct ModelFlags {
   }
 };
 
-// Loads with a progress bar on stderr (when show_progress) and prints the load time.
+// Plans the run's memory from the file's metadata before loading (model::fit_plan), prints the
+// plan table on stderr (when show) and returns the -ngl to load with: fitted when -ngl is auto.
+inline Result<int> fit_cli(const gguf::File& f, const model::LoadOptions& lo, const model::PlanOptions& po,
+                           const ModelFlags& flags, bool show) {
+  auto shape = model::ModelShape::from_file(f);
+  KILN_TRY(shape);
+  auto fo = flags.fit_options();
+  KILN_TRY(fo);
+  auto gpu = flags.budget(lo, /*simulate=*/false);
+  KILN_TRY(gpu);
+  model::PlanOptions o = po;
+  o.n_gpu_layers = lo.n_gpu_layers;
+  auto plan = model::fit_plan(*shape, nullptr, o, *fo, *gpu);
+  KILN_TRY(plan);
+  if (show) std::fputs(plan->table().c_str(), stderr);
+  return *gpu ? plan->n_gpu_layers : lo.n_gpu_layers;
+}
+
+// Loads with a progress bar on stderr (when show_progress) and prints the load time. With `plan`
+// (the run's context and batch), the memory plan is made first and -ngl auto fitted (fit_cli).
 inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& path, model::LoadOptions lo,
-                                                            bool show_progress) {
+                                                            bool show_progress, const model::PlanOptions* plan = nullptr,
+                                                            const ModelFlags* flags = nullptr) {
   if (show_progress)
     lo.progress = [](size_t done, size_t total) {
       const int w = 30, filled = total ? int(w * done / total) : w;
@@ -136,7 +199,16 @@ inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& p
                    "", done, total);
       if (done == total) std::fprintf(stderr, "\n");
     };
-  auto m = model::load_model(path, lo);
+  gguf::OpenOptions oo;
+  oo.load_mode = lo.load_mode;
+  auto f = gguf::File::open(path, oo);
+  KILN_TRY(f);
+  if (plan && flags) {
+    auto ngl = fit_cli(**f, lo, *plan, *flags, show_progress);
+    KILN_TRY(ngl);
+    lo.n_gpu_layers = *ngl;
+  }
+  auto m = model::load_model(std::move(*f), lo);
   KILN_TRY(m);
   if (show_progress) {
     const auto& c = (*m)->config();

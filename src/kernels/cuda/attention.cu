@@ -24,6 +24,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/workspace.h"
 
 namespace kiln::cuda {
 namespace {
@@ -35,10 +36,9 @@ namespace {
   } while (0)
 
 constexpr int kThreads = 128;        // every attention block
-constexpr int64_t kDecodeTokens = 64;  // batches up to this many tokens: one token per block
-constexpr int64_t kTargetBlocks = 256; // split the key range until about this many blocks
-constexpr int64_t kMinChunk = 64;      // keys per split at least (a multiple of every BK)
-constexpr int64_t kMaxSplit = 256;
+// The work layout's constants (kernels/cuda/workspace.h: shared with attention_workspace).
+constexpr int64_t kMinChunk = detail::kAttnMinChunk;  // keys per split at least (a multiple of every BK)
+constexpr int64_t kMaxSplit = detail::kAttnMaxSplit;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Cache element types as the kernels see them.
@@ -547,47 +547,15 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge(const AttnK p) {
   }
 }
 
-// The work layout, a function of (args, n_tok, n_kv) only, so that attention_workspace and the
-// launcher agree.
-struct Plan {
-  int dm = 0, rm = 0, hg = 1, bq = 1, n_split = 1;
-  int64_t tiles = 0, groups = 0, chunk = 0;
-};
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-void set_splits(Plan& pl, int64_t n_kv, int64_t ns) {
-  ns = std::max<int64_t>(1, ns);
-  pl.chunk = ceil_div(ceil_div(n_kv, ns), kMinChunk) * kMinChunk;
-  pl.n_split = int(ceil_div(n_kv, pl.chunk));
-}
-
+// The work layout (kernels/cuda/workspace.cpp), a function of (args, n_tok, n_kv) only, so that
+// attention_workspace and the launcher agree.
+using Plan = detail::AttnPlan;
 Plan make_plan(const AttnArgs& a, int64_t T, int64_t n_kv) {
-  Plan pl;
-  pl.dm = a.head_dim <= 64 ? 64 : a.head_dim <= 128 ? 128 : a.head_dim <= 256 ? 256 : 512;
-  const int rmax = pl.dm == 512 ? 8 : 16;
-  const int64_t G = a.n_head / a.n_head_kv;
-  for (int d = rmax; d >= 1; --d)
-    if (G % d == 0) { pl.hg = d; break; }
-  if (T <= kDecodeTokens) {
-    pl.bq = 1;
-    pl.rm = pl.hg <= 4 ? 4 : pl.hg <= 8 ? 8 : 16;
-  } else {
-    pl.rm = rmax;
-    pl.bq = rmax / pl.hg;
-  }
-  pl.tiles = ceil_div(T, pl.bq);
-  pl.groups = a.n_head / pl.hg;
-  const int64_t base = pl.tiles * pl.groups;
-  int64_t ns = 1;
-  if (base < kTargetBlocks) ns = std::min({ceil_div(kTargetBlocks, base), n_kv / kMinChunk, kMaxSplit});
-  set_splits(pl, n_kv, ns);
-  return pl;
+  return detail::attn_make_plan(a.head_dim, a.n_head, a.n_head_kv, T, n_kv);
 }
-
+void set_splits(Plan& pl, int64_t n_kv, int64_t ns) { detail::attn_set_splits(pl, n_kv, ns); }
 size_t part_bytes(const AttnArgs& a, int64_t T, int n_split) {
-  const size_t o = (size_t(n_split) * size_t(T) * size_t(a.n_head) * size_t(a.head_dim) * 4 + 255) / 256 * 256;
-  return o + size_t(n_split) * size_t(T) * size_t(a.n_head) * 8;
+  return detail::attn_part_bytes(a.head_dim, a.n_head, T, n_split);
 }
 
 template <int DM, int BK, int RM>
@@ -637,14 +605,6 @@ void kv_store(const Launch& L, Rows x, const int32_t* seq, const int32_t* pos, S
               cache.nb1, cache.nb2, cache.nb3};
   kv_store_kernel<<<unsigned(T * x.n1), kThreads, 0, L.stream>>>(a);
   KILN_ATTN_LAUNCHED("kv_store");
-}
-
-size_t attention_workspace(const AttnArgs& a, int64_t n_tok) {
-  if (n_tok <= 0 || a.n_head <= 0 || a.n_head_kv <= 0) return 0;
-  // n_kv_max unknown (0): the most splits any cache length can get.
-  const int64_t n_kv = a.n_kv_max > 0 ? a.n_kv_max : kMaxSplit * kMinChunk;
-  const Plan pl = make_plan(a, n_tok, n_kv);
-  return pl.n_split > 1 ? part_bytes(a, n_tok, pl.n_split) : 0;
 }
 
 void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, SeqMem k, SeqMem v, const AttnArgs& a,

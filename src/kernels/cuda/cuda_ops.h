@@ -8,6 +8,8 @@
 //   weights / caches (block types) in bytes. Per-token sequence inputs: seq[t] (slot) and pos[t]
 //   (position); tokens of one slot are consecutive at consecutive positions (a run).
 // Threading: launchers are thread-safe; a Launch (stream, handle, workspace) belongs to one stream.
+// matmul_supported and the *_workspace size functions are defined in workspace.cpp (plain C++,
+// compiled in every build: the memory planner uses them without a GPU).
 #pragma once
 #include <cstddef>
 #include <cstdint>

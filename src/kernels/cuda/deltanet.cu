@@ -285,8 +285,6 @@ void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float*
   KILN_DN_LAUNCHED("conv1d_silu");
 }
 
-size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) { return 0; }
-
 void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta, const int32_t* seq,
                  SeqMem state, Rows out, int chunk) {
   const int64_t T = v.n2, S = v.ne0, Hv = v.n1, Hk = q.n1;

@@ -1,5 +1,5 @@
-// kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul_supported, matmul_workspace,
-//   matmul, matmul_n, matmul_id_workspace, matmul_id, get_rows. matmul_n: one x for up to 4
+// kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul, matmul_n, matmul_id,
+//   get_rows (matmul_supported and the workspace sizes are in workspace.cpp, compiled in every build). matmul_n: one x for up to 4
 //   weights (x quantized once per x order; m = 1: one segmented int8 launch per weight type).
 // Owns: the choice of path. m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
 //   sums — for the types of matvec_q8_supported x is first quantized to int8 per 32 values
@@ -32,6 +32,7 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/workspace.h"
 
 namespace kiln::cuda {
 namespace {
@@ -47,9 +48,11 @@ using detail::MvArgs;
     if (!(cond)) fail(fn, what, a, b);      \
   } while (0)
 
-constexpr int64_t kMvMaxM = 16;          // columns up to which the mat-vec kernel is used
-constexpr size_t kW16Cap = size_t(64) << 20;  // bytes of one dequantized F16 W chunk
-constexpr size_t kX16Cap = size_t(32) << 20;  // bytes of one F16 X chunk
+using detail::align256;
+using detail::block_bytes;
+using detail::gemm_plan;
+using detail::GemmPlan;
+using detail::kMvMaxM;
 
 int64_t block_elems(GgmlType t) {
   switch (t) {
@@ -58,47 +61,6 @@ int64_t block_elems(GgmlType t) {
     case GgmlType::IQ4_XS: return 256;
     default: return 32;
   }
-}
-size_t block_bytes(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return 4;
-    case GgmlType::F16: case GgmlType::BF16: return 2;
-    case GgmlType::Q4_0: case GgmlType::IQ4_NL: return 18;
-    case GgmlType::Q4_1: return 20;
-    case GgmlType::Q5_0: return 22;
-    case GgmlType::Q5_1: return 24;
-    case GgmlType::Q8_0: return 34;
-    case GgmlType::Q2_K: return 84;
-    case GgmlType::Q3_K: return 110;
-    case GgmlType::Q4_K: return 144;
-    case GgmlType::Q5_K: return 176;
-    case GgmlType::Q6_K: return 210;
-    case GgmlType::IQ4_XS: return 136;
-    default: return 0;
-  }
-}
-size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
-
-// The row / column chunking of the tensor-core path (matmul_workspace and matmul agree through it).
-struct GemmPlan {
-  bool w16 = false, x16 = false;  // W dequantized to F16 / X rounded to F16 in the workspace
-  int64_t nc = 0, mc = 0;         // rows of W / columns of X per chunk
-  size_t w16_bytes = 0, bytes = 0;
-};
-int64_t chunk(size_t cap, int64_t k, int64_t total) {
-  int64_t c = std::max<int64_t>(1, int64_t(cap / (2 * size_t(k))));
-  if (c >= total) return total;
-  return c >= 128 ? c / 128 * 128 : c;
-}
-GemmPlan gemm_plan(GgmlType wt, int64_t k, int64_t n, int64_t m) {
-  GemmPlan p;
-  p.w16 = wt != GgmlType::F32 && wt != GgmlType::F16;
-  p.x16 = wt != GgmlType::F32;
-  p.nc = p.w16 ? chunk(kW16Cap, k, n) : n;
-  p.mc = p.x16 ? chunk(kX16Cap, k, m) : m;
-  p.w16_bytes = p.w16 ? align256(2 * size_t(k) * size_t(p.nc)) : 0;
-  p.bytes = p.w16_bytes + (p.x16 ? align256(2 * size_t(k) * size_t(p.mc)) : 0);
-  return p;
 }
 
 std::atomic<int> g_x_mode{0};
@@ -220,15 +182,6 @@ bool matvec_uses_q8(GgmlType t) {
   return matvec_q8_supported(t) && (mode == 2 || (mode == 0 && !env_f32x()));
 }
 }  // namespace detail
-
-bool matmul_supported(GgmlType wt) { return block_bytes(wt) != 0; }
-
-size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
-  if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
-  // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
-  if (m <= kMvMaxM) return detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0;
-  return gemm_plan(wt, k, n, m).bytes;
-}
 
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
             int64_t x_stride, float* y, int64_t y_stride, int64_t m, const XProducer* pre) {
@@ -380,11 +333,6 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
     }
   }
   launched("matmul_n");
-}
-
-size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {
-  if (!detail::matvec_q8_supported(wt) || k <= 0 || n <= 0 || n_slots <= 0) return 0;
-  return detail::q8_x_bytes(k, n_slots);  // x columns quantized: T (nx = 1) or K * T of them
 }
 
 void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t k,

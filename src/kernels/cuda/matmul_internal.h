@@ -8,6 +8,7 @@
 
 #include "gguf/types.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/workspace.h"  // Q8Meta, q8_x_bytes, matvec_q8_supported
 
 typedef struct CUstream_st* cudaStream_t;
 
@@ -69,19 +70,9 @@ bool matvec_legacy(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  
 bool matvec_kquant(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q2_K..Q6_K, IQ4_XS
 
 // ---- the int8-x mat-vec (matvec_q8.cuh, matvec_q8_*.cu) ----------------------------------------
-// Per 32 x values: the F32 scale d (bits) and the int sums of the int8 values at positions 0..15
-// (low 16 bits, signed) and 16..31 (high 16 bits).
-struct Q8Meta {
-  uint32_t d_bits, sums;
-};
-bool matvec_q8_supported(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
 int matvec_q8_x_layout(GgmlType t);    // the x order the type's codes use (dequant_q8.cuh kX)
 bool matvec_q8_legacy(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_0..Q8_0, IQ4_NL
 bool matvec_q8_kquant(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);  // Q4_K Q5_K Q6_K IQ4_XS
-// Workspace bytes of ncols quantized x columns of k values (k a multiple of 32): xq at ws, xs at
-// ws + q8_x_meta_offset.
-size_t q8_x_meta_offset(int64_t k, int64_t ncols);
-size_t q8_x_bytes(int64_t k, int64_t ncols);
 // Quantizes ncols columns of k floats (column c at x + (c / nx) * s_outer + (c % nx) * s_inner) per
 // 32 values: d = max|x| / 127, q = round(x / d) (round half to even of x * (127 / max|x|)), in the
 // given x order; ws 16-byte aligned.

@@ -19,8 +19,6 @@
 namespace kiln::cuda::detail {
 namespace {
 
-size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
-
 // One warp per 32 values: lane p takes x order position p.
 __global__ void quantize_x_kernel(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k,
                                   int64_t total, int layout, int8_t* xq, Q8Meta* meta) {
@@ -130,11 +128,6 @@ void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int6
   else launch_produce<XProducer::Kind::SwiGlu>(pre, x, x_stride, k, m, mask, ws, pdl, s);
 }
 
-size_t q8_x_meta_offset(int64_t k, int64_t ncols) { return align256(size_t(k) * size_t(ncols)); }
-size_t q8_x_bytes(int64_t k, int64_t ncols) {
-  return q8_x_meta_offset(k, ncols) + align256(size_t(k / 32) * size_t(ncols) * sizeof(Q8Meta));
-}
-
 void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,
                 void* ws, bool pdl, cudaStream_t s) {
   const int64_t total = ncols * (k / 32);
@@ -144,15 +137,6 @@ void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, in
   const int64_t blocks = std::min<int64_t>((total + 7) / 8, 8192);
   q8::launch(pdl, dim3(unsigned(blocks)), dim3(256), s, quantize_x_kernel, x, s_outer, s_inner, nx, k, total, layout,
              xq, meta);
-}
-
-bool matvec_q8_supported(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
-    case GgmlType::IQ4_NL: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::IQ4_XS:
-      return true;
-    default: return false;
-  }
 }
 
 int matvec_q8_x_layout(GgmlType t) {

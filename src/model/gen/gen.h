@@ -77,6 +77,7 @@ struct GenOptions {
   Mix mix = Mix::Uniform;
   uint64_t seed = 42;
   int n_threads = 0;  // 0: all cores
+  bool meta_only = false;  // write the header only (metadata + tensor table, no data): for `kiln fit`
 };
 
 // One planned tensor (name, type, shape), in file order. Exposed for tests and `--dry-run`.

@@ -407,7 +407,7 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
     };
     KILN_TRY(w.add_tensor(d.name, d.type, d.ne, fill));
   }
-  return w.write(path, progress);
+  return w.write(path, progress, opt.meta_only);
 }
 
 }  // namespace kiln::model::gen

@@ -1,0 +1,136 @@
+// kernels/cuda/workspace.cpp — the CUDA launchers' size arithmetic (see workspace.h) and the
+//   workspace functions of cuda_ops.h. Plain C++: compiled in every build, so that a build without
+//   CUDA can plan a GPU's memory with the numbers the GPU build uses.
+// Must not: include CUDA headers. Threading: pure functions.
+#include "kernels/cuda/workspace.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_ops.h"
+
+namespace kiln::cuda {
+namespace detail {
+namespace {
+
+int64_t chunk(size_t cap, int64_t k, int64_t total) {
+  int64_t c = std::max<int64_t>(1, int64_t(cap / (2 * size_t(k))));
+  if (c >= total) return total;
+  return c >= 128 ? c / 128 * 128 : c;
+}
+
+}  // namespace
+
+size_t block_bytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return 4;
+    case GgmlType::F16: case GgmlType::BF16: return 2;
+    case GgmlType::Q4_0: case GgmlType::IQ4_NL: return 18;
+    case GgmlType::Q4_1: return 20;
+    case GgmlType::Q5_0: return 22;
+    case GgmlType::Q5_1: return 24;
+    case GgmlType::Q8_0: return 34;
+    case GgmlType::Q2_K: return 84;
+    case GgmlType::Q3_K: return 110;
+    case GgmlType::Q4_K: return 144;
+    case GgmlType::Q5_K: return 176;
+    case GgmlType::Q6_K: return 210;
+    case GgmlType::IQ4_XS: return 136;
+    default: return 0;
+  }
+}
+
+GemmPlan gemm_plan(GgmlType wt, int64_t k, int64_t n, int64_t m) {
+  GemmPlan p;
+  p.w16 = wt != GgmlType::F32 && wt != GgmlType::F16;
+  p.x16 = wt != GgmlType::F32;
+  p.nc = p.w16 ? chunk(kW16Cap, k, n) : n;
+  p.mc = p.x16 ? chunk(kX16Cap, k, m) : m;
+  p.w16_bytes = p.w16 ? align256(2 * size_t(k) * size_t(p.nc)) : 0;
+  p.bytes = p.w16_bytes + (p.x16 ? align256(2 * size_t(k) * size_t(p.mc)) : 0);
+  return p;
+}
+
+bool matvec_q8_supported(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::IQ4_XS:
+      return true;
+    default: return false;
+  }
+}
+
+size_t q8_x_meta_offset(int64_t k, int64_t ncols) { return align256(size_t(k) * size_t(ncols)); }
+size_t q8_x_bytes(int64_t k, int64_t ncols) {
+  return q8_x_meta_offset(k, ncols) + align256(size_t(k / 32) * size_t(ncols) * sizeof(Q8Meta));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void attn_set_splits(AttnPlan& pl, int64_t n_kv, int64_t ns) {
+  ns = std::max<int64_t>(1, ns);
+  pl.chunk = ceil_div(ceil_div(n_kv, ns), kAttnMinChunk) * kAttnMinChunk;
+  pl.n_split = int(ceil_div(n_kv, pl.chunk));
+}
+
+AttnPlan attn_make_plan(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t T, int64_t n_kv) {
+  AttnPlan pl;
+  pl.dm = head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 512;
+  const int rmax = pl.dm == 512 ? 8 : 16;
+  const int64_t G = n_head / n_head_kv;
+  for (int d = rmax; d >= 1; --d)
+    if (G % d == 0) {
+      pl.hg = d;
+      break;
+    }
+  if (T <= kAttnDecodeTokens) {
+    pl.bq = 1;
+    pl.rm = pl.hg <= 4 ? 4 : pl.hg <= 8 ? 8 : 16;
+  } else {
+    pl.rm = rmax;
+    pl.bq = rmax / pl.hg;
+  }
+  pl.tiles = ceil_div(T, pl.bq);
+  pl.groups = n_head / pl.hg;
+  const int64_t base = pl.tiles * pl.groups;
+  int64_t ns = 1;
+  if (base < kAttnTargetBlocks) ns = std::min({ceil_div(kAttnTargetBlocks, base), n_kv / kAttnMinChunk, kAttnMaxSplit});
+  attn_set_splits(pl, n_kv, ns);
+  return pl;
+}
+
+size_t attn_part_bytes(int64_t head_dim, int64_t n_head, int64_t T, int n_split) {
+  const size_t o = (size_t(n_split) * size_t(T) * size_t(n_head) * size_t(head_dim) * 4 + 255) / 256 * 256;
+  return o + size_t(n_split) * size_t(T) * size_t(n_head) * 8;
+}
+
+size_t cublas_workspace_bytes(int sm) { return sm >= 90 ? (size_t(32) << 20) : (size_t(4) << 20); }
+
+}  // namespace detail
+
+// ---- matmul_supported and the workspace functions of cuda_ops.h ----
+
+bool matmul_supported(GgmlType wt) { return detail::block_bytes(wt) != 0; }
+
+size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
+  if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
+  // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
+  if (m <= detail::kMvMaxM) return detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0;
+  return detail::gemm_plan(wt, k, n, m).bytes;
+}
+
+size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {
+  if (!detail::matvec_q8_supported(wt) || k <= 0 || n <= 0 || n_slots <= 0) return 0;
+  return detail::q8_x_bytes(k, n_slots);  // x columns quantized: T (nx = 1) or K * T of them
+}
+
+size_t attention_workspace(const AttnArgs& a, int64_t n_tok) {
+  if (n_tok <= 0 || a.n_head <= 0 || a.n_head_kv <= 0) return 0;
+  // n_kv_max unknown (0): the most splits any cache length can get.
+  const int64_t n_kv = a.n_kv_max > 0 ? a.n_kv_max : detail::kAttnMaxSplit * detail::kAttnMinChunk;
+  const detail::AttnPlan pl = detail::attn_make_plan(a.head_dim, a.n_head, a.n_head_kv, n_tok, n_kv);
+  return pl.n_split > 1 ? detail::attn_part_bytes(a.head_dim, a.n_head, n_tok, pl.n_split) : 0;
+}
+
+size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) { return 0; }
+
+}  // namespace kiln::cuda

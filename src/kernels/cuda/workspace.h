@@ -1,0 +1,67 @@
+// kernels/cuda/workspace.h — the sizes the CUDA launchers plan with, as plain C++: the tensor-core
+//   mat-mul's chunking (GemmPlan), the int8 x buffer of the mat-vec path, the attention work layout
+//   (AttnPlan: split-KV) and the cuBLAS workspace a stream gives its handle.
+// Owns: the one definition of those sizes. The launchers (matmul.cu, attention.cu, matvec_q8_x.cu)
+//   and the workspace functions of cuda_ops.h use these, and the memory planner (model/fit.h, through
+//   backend::workspace_sizes) reads the same numbers in builds without CUDA and without a GPU.
+// Must not: include CUDA headers or launch anything (this file is compiled in every build).
+// Threading: pure functions.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/types.h"
+
+namespace kiln::cuda::detail {
+
+using gguf::GgmlType;
+
+inline constexpr int64_t kMvMaxM = 16;                    // columns up to which the mat-vec kernel is used
+inline constexpr size_t kW16Cap = size_t(64) << 20;       // bytes of one dequantized F16 W chunk
+inline constexpr size_t kX16Cap = size_t(32) << 20;       // bytes of one F16 X chunk
+inline constexpr int64_t kAttnDecodeTokens = 64;          // attention: batches up to this many tokens: one token per block
+inline constexpr int64_t kAttnTargetBlocks = 256;         // split the key range until about this many blocks
+inline constexpr int64_t kAttnMinChunk = 64;              // keys per split at least (a multiple of every BK)
+inline constexpr int64_t kAttnMaxSplit = 256;
+
+inline size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+// Bytes of one block of a type the mat-mul launchers take (0: not supported; matmul_supported).
+size_t block_bytes(GgmlType t);
+
+// The row / column chunking of the tensor-core path (matmul_workspace and matmul agree through it).
+struct GemmPlan {
+  bool w16 = false, x16 = false;  // W dequantized to F16 / X rounded to F16 in the workspace
+  int64_t nc = 0, mc = 0;         // rows of W / columns of X per chunk
+  size_t w16_bytes = 0, bytes = 0;
+};
+GemmPlan gemm_plan(GgmlType wt, int64_t k, int64_t n, int64_t m);
+
+// Per 32 x values: the F32 scale d (bits) and the int sums of the int8 values at positions 0..15
+// (low 16 bits, signed) and 16..31 (high 16 bits).
+struct Q8Meta {
+  uint32_t d_bits, sums;
+};
+bool matvec_q8_supported(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
+// Workspace bytes of ncols quantized x columns of k values (k a multiple of 32): xq at ws, xs at
+// ws + q8_x_meta_offset.
+size_t q8_x_meta_offset(int64_t k, int64_t ncols);
+size_t q8_x_bytes(int64_t k, int64_t ncols);
+
+// The attention work layout, a function of (head_dim, n_head, n_head_kv, n_tok, n_kv) only, so that
+// attention_workspace and the launcher agree.
+struct AttnPlan {
+  int dm = 0, rm = 0, hg = 1, bq = 1, n_split = 1;
+  int64_t tiles = 0, groups = 0, chunk = 0;
+};
+int64_t ceil_div(int64_t a, int64_t b);
+void attn_set_splits(AttnPlan& pl, int64_t n_kv, int64_t ns);
+AttnPlan attn_make_plan(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int64_t T, int64_t n_kv);
+// Bytes of the split-KV partial results (outputs, then max / sum pairs).
+size_t attn_part_bytes(int64_t head_dim, int64_t n_head, int64_t T, int n_split);
+
+// The cuBLAS workspace each CUDA stream allocates for its handle (so that cuBLAS never allocates
+// while a graph is captured; NVIDIA's advice: 32 MiB on Hopper and later, 4 MiB before). sm =
+// compute capability * 10 + minor.
+size_t cublas_workspace_bytes(int sm);
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,429 @@
+// model/fit.cpp — the memory planner and fitting (see fit.h). Every size that an allocation makes
+// comes from the allocator's own function (Memory::layout, plan_scratch, step_workspace,
+// backend::workspace_sizes, packed_weight_bytes); what is counted here is where each part goes.
+#include "model/fit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include "core/thread_pool.h"
+#include "model/memory.h"
+#include "model/scratch.h"
+
+namespace kiln::model {
+namespace {
+
+constexpr uint64_t kMiB = uint64_t(1) << 20;
+// Device memory the CUDA runtime takes for kiln's cuBLAS handles and instantiated step graphs
+// beyond the buffers counted elsewhere: a stated reserve, not measured yet (docs/memory.md).
+constexpr uint64_t kCudaRuntimeReserve = uint64_t(32) << 20;
+
+double mib(uint64_t b) { return double(b) / double(kMiB); }
+
+// Tensors of block `il` ("blk.<il>.*"), by the block index in their name.
+std::map<int64_t, std::vector<const gguf::TensorInfo*>> tensors_by_block(const gguf::File& f) {
+  std::map<int64_t, std::vector<const gguf::TensorInfo*>> out;
+  for (const auto& t : f.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    const size_t dot = t.name.find('.', 4);
+    if (dot == std::string::npos) continue;
+    int64_t il = 0;
+    bool ok = dot > 4;
+    for (size_t i = 4; i < dot && ok; ++i) {
+      ok = std::isdigit(static_cast<unsigned char>(t.name[i])) != 0;
+      il = il * 10 + (t.name[i] - '0');
+    }
+    if (ok) out[il].push_back(&t);
+  }
+  return out;
+}
+
+uint64_t packed(const std::vector<const gguf::TensorInfo*>& ts) {
+  std::vector<uint64_t> sizes;
+  for (const auto* t : ts) sizes.push_back(bound_weight_bytes(*t));
+  return packed_weight_bytes(sizes);
+}
+
+uint64_t file_bytes(const std::vector<const gguf::TensorInfo*>& ts) {
+  uint64_t n = 0;
+  for (const auto* t : ts) n += t->n_bytes;
+  return n;
+}
+
+std::string type_str(gguf::GgmlType t) {
+  std::string s(gguf::type_name(t));
+  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+}  // namespace
+
+// ---- shapes ----
+
+Result<ModelShape> ModelShape::from_file(const gguf::File& f) {
+  ModelShape m;
+  m.path = f.path();
+  m.file = &f;
+  auto c = load_config(f);
+  KILN_TRY(c);
+  m.cfg = std::move(*c);
+  const gguf::TensorInfo* te = f.find_tensor("token_embd.weight");
+  if (!te) return err("{}: tensor 'token_embd.weight' is missing", f.path());
+  if (m.cfg.n_vocab == 0) m.cfg.n_vocab = te->ne[1];
+  m.cfg.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  return m;
+}
+
+Result<ProjectorShape> ProjectorShape::from_file(const gguf::File& f) {
+  ProjectorShape p;
+  p.path = f.path();
+  for (const auto& t : f.tensors()) p.weight_bytes += t.n_bytes;
+  if (p.weight_bytes == 0) return err("{}: --mmproj: the file has no tensors", f.path());
+  auto get = [&](const char* key, int64_t dflt, int64_t& out) -> Status {
+    auto v = f.get_int_or(key, dflt);
+    KILN_TRY(v);
+    out = *v;
+    return {};
+  };
+  KILN_TRY(get("clip.vision.embedding_length", 0, p.n_embd));
+  KILN_TRY(get("clip.vision.feed_forward_length", 0, p.n_ff));
+  KILN_TRY(get("clip.vision.attention.head_count", 0, p.n_head));
+  KILN_TRY(get("clip.vision.patch_size", 0, p.patch_size));
+  KILN_TRY(get("clip.vision.spatial_merge_size", 1, p.merge));
+  if (p.n_embd <= 0 || p.n_ff <= 0)
+    return err("{}: --mmproj: keys 'clip.vision.embedding_length' and 'clip.vision.feed_forward_length' are needed "
+               "for the image-batch estimate", f.path());
+  p.merge = std::max<int64_t>(1, p.merge);
+  return p;
+}
+
+// ---- small rules shared with the engine and the loader ----
+
+int64_t resolve_total_context(int64_t n_ctx, int64_t n_ctx_train) {
+  return n_ctx > 0 ? n_ctx : (n_ctx_train > 0 ? n_ctx_train : 4096);
+}
+int64_t slot_context(int64_t total, int n_parallel) { return std::max<int64_t>(1, total / std::max(1, n_parallel)); }
+int64_t step_tokens(int64_t n_batch, int64_t n_ubatch, int n_parallel) {
+  return std::max<int64_t>(std::min(n_batch > 0 ? n_batch : 2048, n_ubatch > 0 ? n_ubatch : 512), n_parallel);
+}
+int resolve_gpu_layers(int n_gpu_layers, int64_t n_layer, bool have_gpu) {
+  if (!have_gpu) return 0;
+  if (n_gpu_layers == kGpuLayersAuto || n_gpu_layers < 0) return int(n_layer + 1);
+  return int(std::min<int64_t>(n_gpu_layers, n_layer + 1));
+}
+
+uint64_t DeviceBudget::usable() const {
+  const uint64_t avail = cap > 0 ? std::min(free, cap) : free;
+  return avail > target ? avail - target : 0;
+}
+
+uint64_t MemoryPlan::host_total() const {
+  uint64_t n = 0;
+  for (const auto& p : parts) n += p.host;
+  return n;
+}
+uint64_t MemoryPlan::gpu_total() const {
+  uint64_t n = 0;
+  for (const auto& p : parts) n += p.gpu;
+  return n;
+}
+
+// ---- the plan ----
+
+Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, const PlanOptions& o, int ngl,
+                               const std::optional<DeviceBudget>& gpu) {
+  const ModelConfig& c = m.cfg;
+  MemoryPlan p;
+  p.model = m.path;
+  p.n_layer = c.n_layer;
+  p.gpu = gpu;
+  p.n_gpu_layers = gpu ? std::clamp<int>(ngl, 0, int(c.n_layer + 1)) : 0;
+  p.output_on_gpu = p.n_gpu_layers > c.n_layer;
+  p.n_parallel = std::max(1, o.n_parallel);
+  p.n_ctx = resolve_total_context(o.n_ctx, c.n_ctx_train);
+  p.n_ctx_slot = slot_context(p.n_ctx, p.n_parallel);
+  p.n_step = step_tokens(o.n_batch, o.n_ubatch, p.n_parallel);
+  const int64_t first_gpu = c.n_layer - std::min<int64_t>(p.n_gpu_layers, c.n_layer);
+  auto on_gpu = [&](int64_t il) { return il >= first_gpu; };
+  const int64_t n_out = o.n_outputs_max > 0 ? std::min(o.n_outputs_max, p.n_step) : p.n_step;
+  const auto blocks = tensors_by_block(*m.file);
+  auto block = [&](int64_t il) {
+    auto it = blocks.find(il);
+    return it == blocks.end() ? std::vector<const gguf::TensorInfo*>{} : it->second;
+  };
+  auto add = [&](std::string name, std::string detail, uint64_t host, uint64_t g, bool estimate = false) {
+    p.parts.push_back({std::move(name), std::move(detail), host, g, estimate});
+  };
+
+  // Weights: host tensors stay in the mapping (file bytes); GPU layers are uploaded packed per layer.
+  {
+    const gguf::TensorInfo* te = m.find("token_embd.weight");
+    const gguf::TensorInfo* on = m.find("output_norm.weight");
+    const gguf::TensorInfo* out = m.find("output.weight");
+    uint64_t host = te ? te->n_bytes : 0, g = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const auto ts = block(il);
+      if (on_gpu(il)) g += packed(ts);
+      else host += file_bytes(ts);
+    }
+    std::vector<const gguf::TensorInfo*> head;
+    if (on) head.push_back(on);
+    head.push_back(out ? out : te);
+    if (p.output_on_gpu) g += packed(head);
+    else host += (on ? on->n_bytes : 0) + (out ? out->n_bytes : 0);
+    add("weights",
+        fmt::format("{} of {} layers{} on the GPU; token_embd on the host", p.n_gpu_layers > c.n_layer ? c.n_layer : p.n_gpu_layers,
+                    c.n_layer, p.output_on_gpu ? " + output" : ""),
+        host, g);
+  }
+
+  // KV cache and recurrent state (Memory::layout), on each layer's device.
+  MemoryOptions mo;
+  mo.n_ctx = p.n_ctx_slot;
+  mo.n_seq = p.n_parallel;
+  mo.type_k = o.type_k;
+  mo.type_v = o.type_v;
+  auto lay = Memory::layout(c, mo);
+  KILN_TRY(lay);
+  {
+    uint64_t kh = 0, kg = 0, rh = 0, rg = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const bool rec = c.is_recurrent(il);
+      uint64_t& dst = rec ? (on_gpu(il) ? rg : rh) : (on_gpu(il) ? kg : kh);
+      dst += rec ? lay->rec_layer_bytes : lay->attn_layer_bytes;
+    }
+    if (lay->n_attn > 0)
+      add("KV cache", fmt::format("{} attention layers x {} slot(s) x {} positions, K {} / V {}", lay->n_attn,
+                                  p.n_parallel, p.n_ctx_slot, type_str(o.type_k), type_str(o.type_v)),
+          kh, kg);
+    if (lay->n_rec > 0)
+      add("recurrent state", fmt::format("{} delta-net layers x {} slot(s) (conv + SSM, f32)", lay->n_rec, p.n_parallel),
+          rh, rg);
+  }
+
+  // Context: one scratch Arena and one workspace per device it runs on (model/scratch.h).
+  const bool gpu_layers = p.n_gpu_layers > 0 && gpu;
+  const bool host_layers = first_gpu > 0;
+  const auto find = [&m](const std::string& n) { return m.find(n); };
+  uint64_t scratch[2] = {0, 0}, logits[2] = {0, 0}, ws[2] = {0, 0};
+  for (int d = 0; d < 2; ++d) {
+    const bool host = d == 0;
+    if (!host && !gpu_layers) continue;
+    const ScratchRole role{host, host ? host_layers : true, host ? !p.output_on_gpu : p.output_on_gpu};
+    backend::Arena arena;
+    ScratchPlan sp;
+    plan_scratch(c, p.n_step, n_out, role, arena, sp);
+    const uint64_t lg = sp.logits != ScratchPlan::kNone ? uint64_t(c.n_vocab) * uint64_t(n_out) * 4 : 0;
+    scratch[d] = arena.planned() - lg;
+    logits[d] = lg;
+    if (host) logits[d] += uint64_t(c.n_vocab) * uint64_t(n_out) * 4;  // Context's host logits vector
+    const auto sizes = backend::workspace_sizes(host ? backend::DeviceType::Cpu : backend::DeviceType::Cuda, o.n_threads);
+    std::vector<MatShape> mats;
+    int64_t n_rec = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il)
+      if (on_gpu(il) != host) {
+        for (const MatShape& ms : layer_mats(find, il)) mats.push_back(ms);
+        n_rec += c.is_recurrent(il) ? 1 : 0;
+      }
+    const auto om = output_mat(find);
+    size_t w = step_workspace(*sizes, c, mats, n_rec, role.output && om ? &*om : nullptr, p.n_step, n_out,
+                              o.delta_chunk_min);
+    if (role.layers) w = std::max(w, attention_step_workspace(*sizes, c, p.n_step, p.n_ctx_slot, o.flash_attn));
+    ws[d] = host ? (w + 63) & ~size_t(63) : (w + 255) & ~size_t(255);  // as the streams round their allocation
+  }
+  add("compute scratch", fmt::format("activations for {} tokens per step", p.n_step), scratch[0], scratch[1]);
+  add("logits", fmt::format("{} vocabulary x {} output rows, f32", c.n_vocab, n_out), logits[0], logits[1]);
+  add("op workspaces", "largest mat-mul / attention / delta-rule workspace", ws[0], ws[1]);
+  if (gpu_layers) {
+    add("CUDA streams", "cuBLAS workspace of the Context's and the Memory's stream", 0,
+        2 * backend::cuda_stream_fixed_bytes(gpu->sm));
+    add("CUDA runtime", "cuBLAS handles, step graphs (reserve, not measured)", 0, kCudaRuntimeReserve, true);
+  }
+
+  // The MTP head (--spec-type draft-mtp): its blocks with the output, one attention layer of KV each,
+  // and the draft's own rows.
+  if (o.spec_mtp) {
+    if (c.n_nextn <= 0)
+      return err("{}: --spec-type draft-mtp: the model has no MTP block ('{}.nextn_predict_layers' is 0 or missing)",
+                 m.path, c.arch_str);
+    uint64_t w = 0, f = 0;
+    for (int64_t i = 0; i < c.n_nextn; ++i) {
+      w += packed(block(c.n_layer + i));
+      f += file_bytes(block(c.n_layer + i));
+    }
+    const bool g = p.output_on_gpu;
+    add("MTP head", fmt::format("blk.{}.* ({} block(s)), with the output", c.n_layer, c.n_nextn), g ? 0 : f, g ? w : 0);
+    const uint64_t kv = uint64_t(c.n_nextn) * lay->attn_layer_bytes;
+    add("MTP KV", fmt::format("{} attention layer(s) x {} slot(s) x {} positions", c.n_nextn, p.n_parallel, p.n_ctx_slot),
+        g ? 0 : kv, g ? kv : 0);
+    const uint64_t draft =
+        4 * (uint64_t(2 * c.n_embd) * uint64_t(p.n_step) + uint64_t(c.n_vocab) * uint64_t(o.n_draft + 1) * uint64_t(p.n_parallel));
+    add("MTP draft scratch", fmt::format("[2E, step] input + {} draft logits rows per slot", o.n_draft + 1), g ? 0 : draft,
+        g ? draft : 0, true);
+  }
+
+  // The projector (--mmproj): on the GPU whenever layers are there (llama-server's --mmproj-offload).
+  if (proj) {
+    const bool g = gpu_layers;
+    add("projector", proj->path, g ? 0 : proj->weight_bytes, g ? proj->weight_bytes : 0);
+    const uint64_t n_patch = uint64_t(o.image_max_tokens) * uint64_t(proj->merge * proj->merge);
+    const uint64_t img = 4 * n_patch * uint64_t(6 * proj->n_embd + 2 * proj->n_ff);
+    add("image batch", fmt::format("{} patches x (6 x {} + 2 x {}) f32 (one image of {} tokens)", n_patch, proj->n_embd,
+                                   proj->n_ff, o.image_max_tokens),
+        g ? 0 : img, g ? img : 0, true);
+  }
+
+  // The prefix cache's blocks and snapshots live in host RAM, bounded by --cache-ram.
+  if (o.cache_ram_bytes > 0) add("prefix cache", "--cache-ram", uint64_t(o.cache_ram_bytes), 0);
+  else if (o.cache_ram_bytes < 0) add("prefix cache", "--cache-ram -1: unlimited (not counted)", 0, 0);
+  return p;
+}
+
+std::string MemoryPlan::table() const {
+  const std::string dev = gpu ? gpu->name : "GPU";
+  std::string s;
+  std::string where;
+  if (!gpu) where = "all on the CPU";
+  else if (n_gpu_layers > n_layer) where = fmt::format("all {} layers and the output on {}", n_layer, dev);
+  else where = fmt::format("{} of {} layers on {}", n_gpu_layers, n_layer, dev);
+  s += fmt::format("memory plan for {}: -ngl {} ({}), context {} ({} slot(s) x {}), {} tokens per step\n", model,
+                   n_gpu_layers, where, n_ctx, n_parallel, n_ctx_slot, n_step);
+  s += fmt::format("  {:<20} {:>12} {:>12}  {}\n", "part", "host MiB", dev + " MiB", "counted as");
+  for (const auto& p : parts)
+    s += fmt::format("  {:<20} {:>12.1f} {:>12.1f}  {}{}\n", p.name, mib(p.host), mib(p.gpu), p.detail,
+                     p.estimate ? " (estimate)" : "");
+  s += fmt::format("  {:<20} {:>12.1f} {:>12.1f}\n", "total", mib(host_total()), mib(gpu_total()));
+  if (gpu) {
+    const uint64_t avail = gpu->cap > 0 ? std::min(gpu->free, gpu->cap) : gpu->free;
+    s += fmt::format("  {}: {:.1f} MiB {} - {:.1f} MiB target = {:.1f} MiB usable; the plan needs {:.1f} MiB: {}\n", dev,
+                     mib(avail), gpu->cap > 0 && gpu->cap <= gpu->free ? "(--device-memory)" : "free", mib(gpu->target),
+                     mib(gpu->usable()), mib(gpu_total()), fits() ? "fits" : "does NOT fit");
+  }
+  return s;
+}
+
+std::string MemoryPlan::gpu_parts() const {
+  std::string s;
+  for (const auto& p : parts)
+    if (p.gpu > 0) s += fmt::format("{}{} {:.1f} MiB", s.empty() ? "" : ", ", p.name, mib(p.gpu));
+  return s;
+}
+
+// ---- fitting ----
+
+Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, const PlanOptions& o, const FitOptions& f,
+                            const std::optional<DeviceBudget>& gpu) {
+  const ModelConfig& c = m.cfg;
+  const bool auto_ngl = o.n_gpu_layers == kGpuLayersAuto;
+  const int ngl0 = resolve_gpu_layers(o.n_gpu_layers, c.n_layer, gpu.has_value());
+  auto first = plan_memory(m, proj, o, ngl0, gpu);
+  KILN_TRY(first);
+  if (!gpu || !f.fit || first->fits()) return first;
+  // A context left unset: the largest (a multiple of 256, at least --fit-ctx) that fits with ngl0.
+  const int64_t total = resolve_total_context(o.n_ctx, c.n_ctx_train);
+  PlanOptions po = o;
+  if (o.n_ctx == 0) {
+    const int64_t lo_ctx = std::min<int64_t>(std::max<int64_t>(f.fit_ctx, 1), total);
+    po.n_ctx = lo_ctx;
+    auto low = plan_memory(m, proj, po, ngl0, gpu);
+    KILN_TRY(low);
+    if (low->fits()) {
+      int64_t lo = lo_ctx, hi = total;  // lo fits, hi does not
+      while (hi - lo > 256) {
+        const int64_t mid = (lo + (hi - lo) / 2) / 256 * 256;
+        if (mid <= lo) break;
+        po.n_ctx = mid;
+        auto pm = plan_memory(m, proj, po, ngl0, gpu);
+        KILN_TRY(pm);
+        (pm->fits() ? lo : hi) = mid;
+      }
+      po.n_ctx = lo;
+      return plan_memory(m, proj, po, ngl0, gpu);
+    }
+  } else {
+    po.n_ctx = o.n_ctx;
+  }
+  // Then layers: the most that fit (0 always does: nothing is then on the GPU).
+  if (auto_ngl)
+    for (int n = ngl0 - 1; n >= 0; --n) {
+      auto pn = plan_memory(m, proj, po, n, gpu);
+      KILN_TRY(pn);
+      if (pn->fits()) return pn;
+    }
+  auto bad = plan_memory(m, proj, po, ngl0, gpu);
+  KILN_TRY(bad);
+  std::string hints;
+  if (!auto_ngl) hints += "; -ngl auto (or fewer layers) lets fit choose";
+  if (o.n_ctx > 0) hints += fmt::format("; a smaller -c (now {}) or leaving it unset", o.n_ctx);
+  if (o.type_k == gguf::GgmlType::F16 || o.type_v == gguf::GgmlType::F16) hints += "; -ctk/-ctv q8_0 halve the KV cache";
+  return err("{}: the plan does not fit {}: it needs {:.1f} MiB and {:.1f} MiB are usable ({} target {:.1f} MiB): {}{}",
+             m.path, gpu->name, mib(bad->gpu_total()), mib(gpu->usable()),
+             gpu->cap > 0 ? "--device-memory / free memory minus the" : "free memory minus the --fit-target",
+             mib(gpu->target), bad->gpu_parts(), hints);
+}
+
+// ---- flags ----
+
+Result<uint64_t> parse_memory_size(const std::string& s, const char* what) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return err("{} '{}': expected a size such as 8GiB, 24G, 8192MiB or a byte count", what, s);
+  double v = 0;
+  try {
+    v = std::stod(s.substr(0, i));
+  } catch (...) {
+    return err("{} '{}': expected a number", what, s);
+  }
+  std::string u = s.substr(i);
+  for (char& ch : u) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  double mul = 1;
+  if (u.empty() || u == "b") mul = 1;
+  else if (u == "k" || u == "kb" || u == "kib") mul = 1024.0;
+  else if (u == "m" || u == "mb" || u == "mib") mul = 1024.0 * 1024;
+  else if (u == "g" || u == "gb" || u == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (u == "t" || u == "tb" || u == "tib") mul = 1024.0 * 1024 * 1024 * 1024;
+  else return err("{} '{}': unknown unit '{}' (K, M, G, T: binary units)", what, s, s.substr(i));
+  return uint64_t(v * mul);
+}
+
+Result<std::vector<uint64_t>> parse_fit_target(const std::string& s) {
+  std::vector<uint64_t> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    const std::string tok = s.substr(b, e - b);
+    int64_t v = -1;
+    try {
+      size_t used = 0;
+      v = std::stoll(tok, &used);
+      if (used != tok.size()) v = -1;
+    } catch (...) {
+    }
+    if (v < 0) return err("--fit-target '{}': expected MiB[,MiB...] (non-negative integers)", s);
+    out.push_back(uint64_t(v) * kMiB);
+    b = e + 1;
+  }
+  return out;
+}
+
+std::optional<DeviceBudget> gpu_budget(int main_gpu, uint64_t device_memory, uint64_t target, bool simulate) {
+  DeviceBudget b;
+  b.target = target;
+  b.cap = device_memory;
+  backend::CudaMemoryInfo info;
+  if (backend::cuda_device_count() > main_gpu && backend::cuda_memory_info(main_gpu, &info)) {
+    b.name = fmt::format("CUDA{}", main_gpu);
+    b.free = info.free;
+    b.sm = info.sm;
+    return b;
+  }
+  if (!simulate || device_memory == 0) return std::nullopt;
+  b.name = fmt::format("CUDA{} (simulated)", main_gpu);
+  b.free = device_memory;
+  return b;
+}
+
+}  // namespace kiln::model

@@ -1,0 +1,384 @@
+// The memory planner (model/fit.h) without a GPU:
+//  - its numbers against sizes computed by hand here from the shapes (KV per cache type, recurrent
+//    state, weights per device by llama-server's -ngl rule) on metadata-only files of the real
+//    Qwen3.5 shapes (`kiln gguf gen --meta-only`);
+//  - the two users' configurations: Qwen3.5-9B IQ4_XS at 64K context with a projector of
+//    Qwen3.5-9B's size on an 8 GiB card; Qwen3.5-27B Q4_K_M with a q4_0 cache at 262144 positions on
+//    24 GiB; impossible requests fail with every GPU part named;
+//  - the plan's CPU numbers equal what a CPU Context and Memory actually allocate (Arena, workspace,
+//    logits, KV / recurrent buffers, weights), for every architecture, so the planner cannot drift
+//    from the allocations.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "gguf/writer.h"
+#include "model/context.h"
+#include "model/fit.h"
+#include "model/gen/gen.h"
+#include "model/memory.h"
+#include "model/model.h"
+#include "model_test_util.h"
+#include "tensor/quant.h"
+
+namespace kiln::model {
+namespace {
+
+namespace fs = std::filesystem;
+using gguf::GgmlType;
+constexpr uint64_t kMiB = uint64_t(1) << 20, kGiB = uint64_t(1) << 30;
+
+fs::path tmp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("kiln_test_model_fit_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+// A metadata-only file of a preset (no tensor data) and its shape.
+struct Meta {
+  std::unique_ptr<gguf::File> file;
+  ModelShape shape;
+  std::vector<gen::PlannedTensor> tensors;  // the generator's own plan (independent sizes)
+};
+Meta meta_model(const std::string& preset, gen::Mix mix, int64_t n_mtp) {
+  gen::GenOptions o;
+  o.spec = gen::find_preset(preset)->spec;
+  o.spec.n_mtp = n_mtp;
+  o.mix = mix;
+  o.meta_only = true;
+  const fs::path p = tmp_dir() / (preset + ".meta.gguf");
+  EXPECT_TRUE(gen::generate(o, p.string()).ok());
+  EXPECT_LT(fs::file_size(p), uint64_t(16) << 20);  // the header only
+  Meta m;
+  gguf::OpenOptions oo;
+  oo.limits.metadata_only = true;
+  auto f = gguf::File::open(p.string(), oo);
+  EXPECT_TRUE(f.ok()) << f.error().message;
+  m.file = std::move(*f);
+  auto s = ModelShape::from_file(*m.file);
+  EXPECT_TRUE(s.ok()) << s.error().message;
+  m.shape = std::move(*s);
+  m.tensors = *gen::plan(o);
+  return m;
+}
+
+// A metadata-only projector with Qwen3.5-9B's vision tower (depth 27, width 1152, FFN 4304, patch 16
+// with 2 frames, 2x2 merge into 4096: the HF vision_config) in F16 with F32 norms and biases.
+// Returns the path and the bytes of its tensors.
+std::pair<std::string, uint64_t> qwen35_9b_projector() {
+  gguf::Writer w;
+  w.set_string("general.architecture", "clip");
+  w.set_u32("clip.vision.embedding_length", 1152);
+  w.set_u32("clip.vision.feed_forward_length", 4304);
+  w.set_u32("clip.vision.attention.head_count", 16);
+  w.set_u32("clip.vision.patch_size", 16);
+  w.set_u32("clip.vision.spatial_merge_size", 2);
+  w.set_u32("clip.vision.block_count", 27);
+  uint64_t bytes = 0;
+  auto add = [&](const std::string& name, GgmlType t, std::vector<int64_t> ne) {
+    EXPECT_TRUE(w.add_tensor(name, t, ne, nullptr).ok()) << name;
+    uint64_t n = 1;
+    for (size_t i = 1; i < ne.size(); ++i) n *= uint64_t(ne[i]);
+    bytes += n * tensor::row_size(t, ne[0]);
+  };
+  const int64_t E = 1152, F = 4304, M = 4 * E, O = 4096;
+  add("v.patch_embd.weight", GgmlType::F16, {16, 16, 3, E});
+  add("v.patch_embd.weight.1", GgmlType::F16, {16, 16, 3, E});
+  add("v.position_embd.weight", GgmlType::F16, {E, 2304});
+  for (int i = 0; i < 27; ++i) {
+    const std::string p = "v.blk." + std::to_string(i) + ".";
+    add(p + "attn_qkv.weight", GgmlType::F16, {E, 3 * E});
+    add(p + "attn_qkv.bias", GgmlType::F32, {3 * E});
+    add(p + "attn_out.weight", GgmlType::F16, {E, E});
+    add(p + "attn_out.bias", GgmlType::F32, {E});
+    add(p + "ln1.weight", GgmlType::F32, {E});
+    add(p + "ln1.bias", GgmlType::F32, {E});
+    add(p + "ln2.weight", GgmlType::F32, {E});
+    add(p + "ln2.bias", GgmlType::F32, {E});
+    add(p + "ffn_up.weight", GgmlType::F16, {E, F});
+    add(p + "ffn_up.bias", GgmlType::F32, {F});
+    add(p + "ffn_down.weight", GgmlType::F16, {F, E});
+    add(p + "ffn_down.bias", GgmlType::F32, {E});
+  }
+  add("v.post_ln.weight", GgmlType::F32, {E});
+  add("v.post_ln.bias", GgmlType::F32, {E});
+  add("mm.0.weight", GgmlType::F16, {M, M});
+  add("mm.0.bias", GgmlType::F32, {M});
+  add("mm.2.weight", GgmlType::F16, {M, O});
+  add("mm.2.bias", GgmlType::F32, {O});
+  const fs::path p = tmp_dir() / "mmproj-qwen35-9b.meta.gguf";
+  EXPECT_TRUE(w.write(p.string(), {}, /*meta_only=*/true).ok());
+  return {p.string(), bytes};
+}
+
+const PlanPart* part(const MemoryPlan& p, const std::string& name) {
+  for (const auto& x : p.parts)
+    if (x.name == name) return &x;
+  return nullptr;
+}
+
+DeviceBudget card(uint64_t bytes) {
+  DeviceBudget b;
+  b.name = "CUDA0 (simulated)";
+  b.free = b.cap = bytes;
+  return b;
+}
+
+TEST(ModelFit, KvAndRecurrentStateAsComputedByHand) {
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
+  ASSERT_EQ(m.shape.cfg.n_layer, 32);
+  PlanOptions o;
+  o.n_ctx = 65536;
+  o.n_gpu_layers = kGpuLayersAll;
+  // 8 attention layers (every 4th of 32), 4 KV heads of 256: bytes per position and layer = 4 x row.
+  struct Case {
+    GgmlType t;
+    uint64_t row;  // bytes of one 256-element row
+  };
+  for (Case c : {Case{GgmlType::F16, 512}, Case{GgmlType::Q8_0, 8 * 34}, Case{GgmlType::Q4_0, 8 * 18}}) {
+    o.type_k = o.type_v = c.t;
+    auto p = plan_memory(m.shape, nullptr, o, 33, card(80 * kGiB));
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    const uint64_t kv = 8 * 2 * (4 * c.row * 65536);
+    EXPECT_EQ(part(*p, "KV cache")->gpu, kv) << gguf::type_name(c.t);
+    EXPECT_EQ(part(*p, "KV cache")->host, 0u);
+  }
+  EXPECT_EQ(uint64_t(8 * 2 * 4 * 512) * 65536, 2 * kGiB);  // f16: 2 GiB at 64K
+  // Recurrent state: 24 delta-net layers; conv (d_conv - 1) x conv_dim (2*16*128 + 32*128) f32 and
+  // SSM 128 x 128 x 32 heads f32 per slot; the SSM state starts at a 256-byte boundary.
+  o.n_parallel = 3;
+  auto p = plan_memory(m.shape, nullptr, o, 33, card(80 * kGiB));
+  ASSERT_TRUE(p.ok());
+  const uint64_t conv = 3 * 8192 * 4 * 3, ssm = 128 * 128 * 32 * 4 * 3;
+  EXPECT_EQ(part(*p, "recurrent state")->gpu, 24 * ((conv + 255) / 256 * 256 + ssm));
+  EXPECT_EQ(p->n_ctx_slot, 65536 / 3);
+}
+
+TEST(ModelFit, WeightsFollowTheLayerCount) {
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 1);
+  const int64_t L = m.shape.cfg.n_layer;
+  // Independent sums from the generator's tensor plan: file bytes per block and of the rest.
+  std::vector<uint64_t> block_packed(size_t(L) + 1, 0), block_file(size_t(L) + 1, 0);
+  uint64_t embd = 0, out = 0, out_norm = 0;
+  for (const auto& t : m.tensors) {
+    if (t.name == "token_embd.weight") embd = t.n_bytes;
+    else if (t.name == "output.weight") out = t.n_bytes;
+    else if (t.name == "output_norm.weight") out_norm = t.n_bytes;
+    else {
+      const int64_t il = std::stoll(t.name.substr(4, t.name.find('.', 4) - 4));
+      block_file[size_t(il)] += t.n_bytes;
+      block_packed[size_t(il)] += (t.n_bytes + 255) / 256 * 256;  // the generator writes vectors as F32
+    }
+  }
+  PlanOptions o;
+  o.n_ctx = 4096;
+  for (int ngl : {0, 1, 20, 32, 33}) {
+    auto p = plan_memory(m.shape, nullptr, o, ngl, card(80 * kGiB));
+    ASSERT_TRUE(p.ok());
+    uint64_t host = embd, gpu = 0;
+    const int64_t first = L - std::min<int64_t>(ngl, L);  // llama-server's rule: the last ngl layers
+    for (int64_t il = 0; il < L; ++il) {
+      if (il >= first) gpu += block_packed[size_t(il)];
+      else host += block_file[size_t(il)];
+    }
+    if (ngl > L) gpu += (out_norm + 255) / 256 * 256 + (out + 255) / 256 * 256;
+    else host += out_norm + out;
+    EXPECT_EQ(part(*p, "weights")->host, host) << "-ngl " << ngl;
+    EXPECT_EQ(part(*p, "weights")->gpu, gpu) << "-ngl " << ngl;
+    EXPECT_EQ(part(*p, "MTP head"), nullptr);  // not requested
+  }
+  // --spec-type draft-mtp: blk.32.* with the output, and one more attention layer of KV.
+  o.spec_mtp = true;
+  auto p = plan_memory(m.shape, nullptr, o, 33, card(80 * kGiB));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(part(*p, "MTP head")->gpu, block_packed[size_t(L)]);
+  EXPECT_EQ(part(*p, "MTP KV")->gpu, 2 * (4 * 512 * 4096u));
+  // A model without an MTP block cannot draft with one.
+  Meta plain = meta_model("qwen35-0.8b", gen::Mix::Uniform, 0);
+  auto q = plan_memory(plain.shape, nullptr, o, 25, card(80 * kGiB));
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.error().message.find("--spec-type draft-mtp"), std::string::npos);
+}
+
+// User 1: Qwen3.5-9B IQ4_XS, -c 65536, its projector, an 8 GiB card (llama-server's fit ignored the
+// projector and the MTP head).
+TEST(ModelFit, Qwen35_9B_64K_WithProjectorOn8GiB) {
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 1);
+  auto [proj_path, proj_bytes] = qwen35_9b_projector();
+  EXPECT_GT(proj_bytes, 800 * kMiB);  // ~456 M parameters in F16
+  EXPECT_LT(proj_bytes, 1000 * kMiB);
+  gguf::OpenOptions oo;
+  oo.limits.metadata_only = true;
+  auto pf = gguf::File::open(proj_path, oo);
+  ASSERT_TRUE(pf.ok()) << pf.error().message;
+  auto proj = ProjectorShape::from_file(**pf);
+  ASSERT_TRUE(proj.ok()) << proj.error().message;
+  EXPECT_EQ(proj->weight_bytes, proj_bytes);
+
+  PlanOptions o;
+  o.n_ctx = 65536;
+  o.n_outputs_max = 1;
+  o.spec_mtp = true;
+  FitOptions f;
+  const DeviceBudget gpu = card(8 * kGiB);
+  // -ngl auto: the context is explicit, so layers go to the CPU until the plan fits.
+  auto p = fit_plan(m.shape, &*proj, o, f, gpu);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_TRUE(p->fits());
+  EXPECT_EQ(p->n_ctx, 65536);
+  EXPECT_LT(p->n_gpu_layers, 33);
+  EXPECT_GT(p->n_gpu_layers, 0);
+  EXPECT_EQ(part(*p, "projector")->gpu, proj_bytes);
+  EXPECT_GT(part(*p, "image batch")->gpu, 0u);
+  EXPECT_LE(p->gpu_total(), 7 * kGiB);
+  // One more layer would not fit: fitting took the most.
+  auto more = plan_memory(m.shape, &*proj, o, p->n_gpu_layers + 1, gpu);
+  ASSERT_TRUE(more.ok());
+  EXPECT_FALSE(more->fits());
+  // -ngl all with this context cannot fit: an error naming each GPU part, the projector included.
+  o.n_gpu_layers = kGpuLayersAll;
+  auto bad = fit_plan(m.shape, &*proj, o, f, gpu);
+  ASSERT_FALSE(bad.ok());
+  for (const char* w : {"weights", "KV cache", "projector", "image batch", "MTP head", "MTP KV", "does not fit"})
+    EXPECT_NE(bad.error().message.find(w), std::string::npos) << w << " in: " << bad.error().message;
+  // -c left unset: the context is lowered first (from the training context) and every layer stays.
+  o.n_ctx = 0;
+  auto ctx = fit_plan(m.shape, &*proj, o, f, gpu);
+  ASSERT_TRUE(ctx.ok()) << ctx.error().message;
+  EXPECT_EQ(ctx->n_gpu_layers, 33);
+  EXPECT_LT(ctx->n_ctx, 262144);
+  EXPECT_GE(ctx->n_ctx, f.fit_ctx);
+  EXPECT_EQ(ctx->n_ctx % 256, 0);
+  o.n_ctx = ctx->n_ctx + 256;
+  auto over = plan_memory(m.shape, &*proj, o, 33, gpu);
+  ASSERT_TRUE(over.ok());
+  EXPECT_FALSE(over->fits());
+}
+
+// User 2: Qwen3.5-27B Q4_K_M, q4_0 cache, 262144 positions, a 24 GiB card.
+TEST(ModelFit, Qwen35_27B_262K_Q4_0_On24GiB) {
+  Meta m = meta_model("qwen35-27b", gen::Mix::Q4_K_M, 0);
+  PlanOptions o;
+  o.n_ctx = 262144;
+  o.n_outputs_max = 1;
+  o.type_k = o.type_v = GgmlType::Q4_0;
+  auto p = fit_plan(m.shape, nullptr, o, FitOptions{}, card(24 * kGiB));
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_TRUE(p->fits());
+  // 16 attention layers x 4 KV heads x 144-byte q4_0 rows x 262144 positions x (K + V) = 4.5 GiB.
+  const uint64_t kv_layer = 2 * uint64_t(4 * 144) * 262144;
+  uint64_t kv = 0;
+  for (int64_t il = 0; il < 64; ++il)
+    if (!m.shape.cfg.is_recurrent(il) && il >= 64 - std::min(p->n_gpu_layers, 64)) kv += kv_layer;
+  EXPECT_EQ(part(*p, "KV cache")->gpu, kv);
+  EXPECT_EQ(16 * kv_layer, uint64_t(4.5 * double(kGiB)));
+  // With f16 the same context cannot stay on the GPU whole: -ngl all fails at once, naming the parts.
+  o.type_k = o.type_v = GgmlType::F16;
+  o.n_gpu_layers = kGpuLayersAll;
+  auto bad = fit_plan(m.shape, nullptr, o, FitOptions{}, card(24 * kGiB));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("KV cache"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("-ctk/-ctv q8_0"), std::string::npos);
+}
+
+TEST(ModelFit, FitOffKeepsValuesAndNoGpuPlansTheCpu) {
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
+  PlanOptions o;
+  o.n_ctx = 65536;
+  FitOptions off;
+  off.fit = false;
+  auto p = fit_plan(m.shape, nullptr, o, off, card(4 * kGiB));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->n_gpu_layers, 33);  // auto = all, unchecked
+  EXPECT_FALSE(p->fits());
+  auto cpu = fit_plan(m.shape, nullptr, o, FitOptions{}, std::nullopt);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->n_gpu_layers, 0);
+  EXPECT_EQ(cpu->gpu_total(), 0u);
+  EXPECT_EQ(part(*cpu, "KV cache")->host, 2 * kGiB);
+}
+
+TEST(ModelFit, SizesAndTargets) {
+  EXPECT_EQ(*parse_memory_size("8GiB", "--device-memory"), 8 * kGiB);
+  EXPECT_EQ(*parse_memory_size("24G", "--device-memory"), 24 * kGiB);
+  EXPECT_EQ(*parse_memory_size("8192M", "--device-memory"), 8 * kGiB);
+  EXPECT_EQ(*parse_memory_size("1.5GiB", "--device-memory"), 3 * kGiB / 2);
+  EXPECT_EQ(*parse_memory_size("4096", "--device-memory"), 4096u);
+  EXPECT_FALSE(parse_memory_size("8 apples", "--device-memory").ok());
+  EXPECT_FALSE(parse_memory_size("", "--device-memory").ok());
+  auto t = parse_fit_target("512,2048");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)[0], 512 * kMiB);
+  EXPECT_EQ((*t)[1], 2048 * kMiB);
+  EXPECT_FALSE(parse_fit_target("1024,x").ok());
+  DeviceBudget b = card(8 * kGiB);
+  b.free = 6 * kGiB;  // a real card with less free than the cap: the smaller counts
+  EXPECT_EQ(b.usable(), 5 * kGiB);
+  b.target = 7 * kGiB;
+  EXPECT_EQ(b.usable(), 0u);
+}
+
+// The plan's CPU numbers are what a CPU Context and Memory allocate (all architectures).
+class ModelFitCpu : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ModelFitCpu, PlanEqualsTheAllocations) {
+  const std::string preset = std::string("tiny-") + GetParam();
+  const std::string path = test::generated_model("kiln_test_model_fit", preset, GgmlType::Q8_0, 3);
+  LoadOptions lo;
+  lo.n_gpu_layers = 0;
+  auto m = load_model(path, lo);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  for (int64_t n_out : {int64_t(0), int64_t(2)}) {
+    MemoryOptions mo;
+    mo.n_ctx = 256;
+    mo.n_seq = 2;
+    mo.type_k = GgmlType::Q8_0;
+    mo.type_v = GgmlType::F16;
+    auto mem = Memory::create(**m, mo);
+    ASSERT_TRUE(mem.ok()) << mem.error().message;
+    ContextOptions co;
+    co.n_batch = 48;
+    co.n_threads = 2;
+    co.n_outputs_max = n_out;
+    Context cx(**m, co);
+    Batch b;
+    b.add_run(test::random_tokens(5, (*m)->config().n_vocab, 1), 0, 0, false);
+    ASSERT_TRUE(cx.decode(b, **mem).ok());  // reserves attention's workspace for n_ctx
+
+    auto shape = ModelShape::from_file((*m)->file());
+    ASSERT_TRUE(shape.ok());
+    PlanOptions o;
+    o.n_ctx = 512;  // 2 slots x 256
+    o.n_parallel = 2;
+    o.n_batch = o.n_ubatch = 48;
+    o.n_outputs_max = n_out;
+    o.n_threads = 2;
+    o.type_k = GgmlType::Q8_0;
+    o.type_v = GgmlType::F16;
+    auto p = plan_memory(*shape, nullptr, o, 0, std::nullopt);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    const auto use = cx.memory_use();
+    ASSERT_EQ(use.size(), 1u);  // the host only
+    const PlanPart* kv = part(*p, "KV cache");
+    const PlanPart* rec = part(*p, "recurrent state");
+    EXPECT_EQ((kv ? kv->host : 0) + (rec ? rec->host : 0), (*mem)->allocated_bytes());
+    EXPECT_EQ(part(*p, "compute scratch")->host, use[0].arena);
+    EXPECT_EQ(part(*p, "logits")->host, use[0].logits);
+    EXPECT_EQ(part(*p, "op workspaces")->host, (use[0].workspace + 63) / 64 * 64);
+    EXPECT_EQ(part(*p, "weights")->host, (*m)->info().weight_bytes);
+    EXPECT_EQ(p->gpu_total(), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, ModelFitCpu, ::testing::Values("llama", "qwen3", "qwen35", "qwen35moe"));
+
+// The metadata-only files of this process go when it ends.
+struct RemoveTmp : ::testing::Environment {
+  void TearDown() override { fs::remove_all(tmp_dir()); }
+};
+const auto* const kRemoveTmp = ::testing::AddGlobalTestEnvironment(new RemoveTmp);
+
+}  // namespace
+}  // namespace kiln::model

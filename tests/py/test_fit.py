@@ -1,0 +1,149 @@
+"""`kiln fit` (the memory planner's command, docs/memory.md) on metadata-only files, no GPU.
+
+The models are `kiln gguf gen --meta-only` headers of the real Qwen3.5 shapes; the projector is
+written by gguf-py's GGUFWriter (header and tensor infos only) with Qwen3.5-9B's vision tower, so its
+size is computed here independently of kiln. Expected KV sizes are computed by hand from the shapes.
+"""
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")  # in scripts/requirements.txt: present in normal runs
+from gguf import GGUFWriter  # noqa: E402
+
+MIB = 1 << 20
+
+
+def run(kiln_bin, *args, env=None):
+    return subprocess.run([str(kiln_bin), *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.fixture(scope="module")
+def models(kiln_bin, tmp_path_factory):
+    d = tmp_path_factory.mktemp("fit")
+    out = {}
+    for name, preset, mix, extra in [("9b", "qwen35-9b", "iq4_xs", ["--mtp"]), ("27b", "qwen35-27b", "q4_k_m", [])]:
+        p = d / f"{name}.meta.gguf"
+        r = run(kiln_bin, "gguf", "gen", "--preset", preset, "--mix", mix, *extra, "--meta-only", "-q", "-o", p)
+        assert r.returncode == 0, r.stderr
+        assert p.stat().st_size < 16 * MIB  # the header only
+        out[name] = p
+    # Qwen3.5-9B's vision tower (HF vision_config: depth 27, width 1152, FFN 4304, patch 16 x 2 frames,
+    # 2x2 merge into 4096) in F16, norms and biases F32: header and tensor infos, no data.
+    proj = d / "mmproj.meta.gguf"
+    w = GGUFWriter(str(proj), "clip")
+    w.add_uint32("clip.vision.embedding_length", 1152)
+    w.add_uint32("clip.vision.feed_forward_length", 4304)
+    w.add_uint32("clip.vision.attention.head_count", 16)
+    w.add_uint32("clip.vision.patch_size", 16)
+    w.add_uint32("clip.vision.spatial_merge_size", 2)
+    total = 0
+
+    def t(name, shape, dtype):  # shape in numpy order (last dimension contiguous)
+        nonlocal total
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes)
+        total += nbytes
+
+    E, F, M = 1152, 4304, 4 * 1152
+    t("v.patch_embd.weight", (E, 3, 16, 16), np.float16)
+    t("v.patch_embd.weight.1", (E, 3, 16, 16), np.float16)
+    t("v.position_embd.weight", (2304, E), np.float16)
+    for i in range(27):
+        p = f"v.blk.{i}."
+        t(p + "attn_qkv.weight", (3 * E, E), np.float16)
+        t(p + "attn_qkv.bias", (3 * E,), np.float32)
+        t(p + "attn_out.weight", (E, E), np.float16)
+        t(p + "attn_out.bias", (E,), np.float32)
+        for n in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"):
+            t(p + n, (E,), np.float32)
+        t(p + "ffn_up.weight", (F, E), np.float16)
+        t(p + "ffn_up.bias", (F,), np.float32)
+        t(p + "ffn_down.weight", (E, F), np.float16)
+        t(p + "ffn_down.bias", (E,), np.float32)
+    t("v.post_ln.weight", (E,), np.float32)
+    t("v.post_ln.bias", (E,), np.float32)
+    t("mm.0.weight", (M, M), np.float16)
+    t("mm.0.bias", (M,), np.float32)
+    t("mm.2.weight", (4096, M), np.float16)
+    t("mm.2.bias", (4096,), np.float32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    out["mmproj"], out["mmproj_bytes"] = proj, total
+    return out
+
+
+def row(table, part):
+    """(host MiB, GPU MiB) of a part in the plan table."""
+    m = re.search(rf"^\s+{re.escape(part)}\s+([0-9.]+)\s+([0-9.]+)", table, re.M)
+    assert m, f"no row '{part}' in:\n{table}"
+    return float(m.group(1)), float(m.group(2))
+
+
+def chosen(stdout):
+    m = re.search(r"^-ngl (\d+) -c (\d+)$", stdout, re.M)
+    assert m, stdout
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_user1_qwen35_9b_64k_projector_mtp_on_8gib(kiln_bin, models):
+    r = run(kiln_bin, "fit", "-m", models["9b"], "--mmproj", models["mmproj"], "-c", 65536,
+            "--spec-type", "draft-mtp", "--device-memory", "8GiB")
+    assert r.returncode == 0, r.stderr
+    ngl, ctx = chosen(r.stdout)
+    assert ctx == 65536  # explicit: never changed
+    assert 0 < ngl < 33  # the projector and the MTP head cost layers on 8 GiB
+    host, gpu = row(r.stdout, "projector")
+    assert gpu == pytest.approx(models["mmproj_bytes"] / MIB, abs=0.05)
+    # 8 attention layers x 2 (K, V) x 4 heads x 256 x f16 x 65536 positions = 2 GiB on the GPU
+    assert row(r.stdout, "KV cache")[1] == pytest.approx(2048.0, abs=0.05)
+    assert "fits" in r.stdout
+    # Every layer and the output with 64K cannot fit: fail at once, naming the parts.
+    r = run(kiln_bin, "fit", "-m", models["9b"], "--mmproj", models["mmproj"], "-c", 65536,
+            "--spec-type", "draft-mtp", "--device-memory", "8GiB", "-ngl", "all")
+    assert r.returncode == 1
+    for part in ("does not fit", "weights", "KV cache", "projector", "image batch", "MTP head"):
+        assert part in r.stderr, r.stderr
+
+
+def test_user1_context_left_unset_is_lowered_first(kiln_bin, models):
+    r = run(kiln_bin, "fit", "-m", models["9b"], "--device-memory", "8GiB")
+    assert r.returncode == 0, r.stderr
+    ngl, ctx = chosen(r.stdout)
+    assert ngl == 33 and 4096 <= ctx < 262144 and ctx % 256 == 0
+    # --fit-ctx above what fits: the context stays at that floor and layers go instead.
+    r = run(kiln_bin, "fit", "-m", models["9b"], "--device-memory", "8GiB", "--fit-ctx", 200000)
+    assert r.returncode == 0, r.stderr
+    ngl2, ctx2 = chosen(r.stdout)
+    assert ctx2 == 200000 and ngl2 < 33
+
+
+def test_user2_qwen35_27b_262k_q4_0_on_24gib(kiln_bin, models):
+    r = run(kiln_bin, "fit", "-m", models["27b"], "-c", 262144, "-ctk", "q4_0", "-ctv", "q4_0",
+            "--device-memory", "24GiB")
+    assert r.returncode == 0, r.stderr
+    ngl, ctx = chosen(r.stdout)
+    assert ctx == 262144
+    # 16 attention layers x 2 x 4 heads x 144-byte q4_0 rows x 262144 = 4.5 GiB when all are on the GPU
+    if ngl == 65:
+        assert row(r.stdout, "KV cache")[1] == pytest.approx(4608.0, abs=0.05)
+    # f16 and every layer: impossible, exit 1 with the parts
+    r = run(kiln_bin, "fit", "-m", models["27b"], "-c", 262144, "-ngl", "all", "--device-memory", "24GiB")
+    assert r.returncode == 1
+    assert "KV cache 16384.0 MiB" in r.stderr, r.stderr
+
+
+def test_environment_cap_and_bad_flags(kiln_bin, models):
+    import os
+    env = dict(os.environ, KILN_DEVICE_MEMORY="4GiB")
+    r = run(kiln_bin, "fit", "-m", models["9b"], "-c", 8192, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "4096.0 MiB (--device-memory)" in r.stdout
+    r = run(kiln_bin, "fit", "-m", models["9b"], "--device-memory", "8 apples")
+    assert r.returncode == 2 and "--device-memory" in r.stderr
+    r = run(kiln_bin, "fit", "-m", models["27b"], "--spec-type", "draft-mtp", "--device-memory", "24GiB")
+    assert r.returncode == 1 and "no MTP block" in r.stderr

@@ -1,0 +1,113 @@
+// `kiln fit` — the memory plan of a run without loading it (like llama-fit-params): reads the GGUF
+// metadata and tensor table only (a metadata-only file from `kiln gguf gen --meta-only` will do),
+// prints the plan per part and device, and the -ngl / -c that `kiln serve` would run with. Without
+// a GPU, --device-memory simulates one. Exit status: 0 when the plan fits, 1 when it cannot (the
+// error names every GPU part and its size), 2 for bad flags.
+// Must not: read tensor data or allocate device memory. Threading: main thread only.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <optional>
+
+#include "model/fit.h"
+#include "model_cli.h"
+#include "subcommand.h"
+
+namespace kiln::tools {
+namespace {
+
+int cmd_fit(int argc, char** argv) {
+  CLI::App app{"plan the memory of a run (weights, KV, recurrent state, scratch, MTP, projector) and fit "
+               "-ngl / -c to a GPU without loading the model",
+               "kiln fit"};
+  std::string model_path, mmproj, spec_type = "none";
+  int64_t ctx = 0, n_batch = 2048, n_ubatch = 512, cache_ram = 8192, n_draft = 16, image_tokens = 1024;
+  int n_parallel = 1, threads = 0;
+  app.add_option("-m,--model", model_path, "GGUF model (a metadata-only file is enough)")->required();
+  app.add_option("--mmproj", mmproj, "vision projector (-mm): its weights and one image batch are planned");
+  app.add_option("-c,--ctx-size", ctx, "total context shared by the slots (default 0 = unset: the training context, "
+                                        "lowered by --fit down to --fit-ctx)");
+  app.add_option("--parallel", n_parallel, "slots (-np)");
+  app.add_option("-b,--batch-size", n_batch, "logical batch (default 2048)");
+  app.add_option("--ubatch-size", n_ubatch, "tokens per step (-ub, default 512)");
+  app.add_option("-t,--threads", threads, "CPU threads (CPU workspaces depend on them)");
+  app.add_option("--cache-ram", cache_ram, "prefix cache RAM in MiB (-cram; -1 unlimited, 0 off; default 8192)");
+  app.add_option("--spec-type", spec_type, "none|draft-mtp: draft-mtp plans the MTP head, its KV and draft scratch");
+  app.add_option("--draft-max", n_draft, "draft tokens per step for --spec-type (default 16)");
+  app.add_option("--image-max-tokens", image_tokens, "image tokens one image may give (the image-batch estimate)");
+  ModelFlags flags;
+  flags.add(app, "K cache type (-ctk): f16, q8_0, q4_0, f32", "V cache type (-ctv)");
+  flags.add_fit(app);
+  normalize_llama_flags(argc, argv);
+  CLI11_PARSE(app, argc, argv);
+
+  auto bad = [](const std::string& m) {
+    std::fprintf(stderr, "kiln fit: %s\n", m.c_str());
+    return 2;
+  };
+  if (spec_type != "none" && spec_type != "draft-mtp")
+    return bad("--spec-type " + spec_type + ": expected none or draft-mtp");
+  model::MemoryOptions mo;
+  model::ContextOptions co;
+  auto lo = flags.resolve(mo, co);
+  if (!lo) return bad(lo.error().message);
+  auto fo = flags.fit_options();
+  if (!fo) return bad(fo.error().message);
+  auto gpu = flags.budget(*lo, /*simulate=*/true);
+  if (!gpu) return bad(gpu.error().message);
+
+  gguf::OpenOptions oo;
+  oo.limits.metadata_only = true;
+  auto f = gguf::File::open(model_path, oo);
+  if (!f) return bad(f.error().message);
+  auto shape = model::ModelShape::from_file(**f);
+  if (!shape) return bad(shape.error().message);
+  std::unique_ptr<gguf::File> pf;
+  std::optional<model::ProjectorShape> proj;
+  if (!mmproj.empty()) {
+    auto p = gguf::File::open(mmproj, oo);
+    if (!p) return bad(p.error().message);
+    pf = std::move(*p);
+    auto ps = model::ProjectorShape::from_file(*pf);
+    if (!ps) return bad(ps.error().message);
+    proj = std::move(*ps);
+  }
+
+  model::PlanOptions po;
+  po.n_ctx = ctx;
+  po.n_parallel = std::max(1, n_parallel);
+  po.n_batch = n_batch;
+  po.n_ubatch = n_ubatch;
+  po.type_k = mo.type_k;
+  po.type_v = mo.type_v;
+  po.n_threads = threads;
+  po.flash_attn = co.flash_attn;
+  po.n_gpu_layers = lo->n_gpu_layers;
+  po.n_outputs_max = po.n_parallel;  // as `kiln serve` runs: one logits row per slot
+  po.cache_ram_bytes = cache_ram < 0 ? -1 : cache_ram * (int64_t(1) << 20);
+  po.spec_mtp = spec_type == "draft-mtp";
+  po.n_draft = n_draft;
+  po.image_max_tokens = image_tokens;
+  if (!*gpu && lo->n_gpu_layers != 0)
+    std::fprintf(stderr, "kiln fit: no usable GPU (%s) and no --device-memory: planning for the CPU only\n",
+                 backend::cuda_unavailable_reason().c_str());
+  auto plan = model::fit_plan(*shape, proj ? &*proj : nullptr, po, *fo, *gpu);
+  if (!plan) {
+    std::fprintf(stderr, "kiln fit: %s\n", plan.error().message.c_str());
+    return 1;
+  }
+  std::fputs(plan->table().c_str(), stdout);
+  if (!plan->fits()) {
+    std::fprintf(stderr, "kiln fit: --fit off: the plan does not fit %s: %s\n", plan->gpu->name.c_str(),
+                 plan->gpu_parts().c_str());
+    return 1;
+  }
+  std::printf("-ngl %d -c %lld\n", plan->n_gpu_layers, (long long)plan->n_ctx);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln::tools
+
+KILN_SUBCOMMAND(fit, "plan memory and fit -ngl / -c to a GPU without loading the model (like llama-fit-params)",
+                kiln::tools::cmd_fit);
