@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/read_file.h"
+#include "server/anthropic.h"
 #include "server/impl.h"
 #include "server/webui.h"
 
@@ -78,8 +79,7 @@ bool Server::Impl::authorized(const httplib::Request& req) const {
 }
 
 void Server::Impl::send_error_for(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
-  (void)req;  // one error shape for now
-  send_json(res, e.to_json(), e.status);
+  send_json(res, is_anthropic_path(req.path) ? anthropic_error_json(e) : e.to_json(), e.status);
 }
 
 bool Server::Impl::parse_body(const httplib::Request& req, httplib::Response& res, json& body) {
@@ -294,6 +294,8 @@ void Server::Impl::setup_routes() {
   http.Post("/v1/completions", wrap(&Impl::h_completions));
   http.Post("/completions", wrap(&Impl::h_completions));
   http.Post("/completion", wrap(&Impl::h_completion));
+  http.Post("/v1/messages", wrap(&Impl::h_messages));
+  http.Post("/v1/messages/count_tokens", wrap(&Impl::h_count_tokens));
   http.Post("/tokenize", wrap(&Impl::h_tokenize));
   http.Post("/detokenize", wrap(&Impl::h_detokenize));
   http.Post("/apply-template", wrap(&Impl::h_apply_template));
