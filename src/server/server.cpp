@@ -9,6 +9,7 @@
 #include "core/read_file.h"
 #include "server/anthropic.h"
 #include "server/impl.h"
+#include "server/responses.h"
 #include "server/webui.h"
 
 namespace kiln::server {
@@ -296,6 +297,9 @@ void Server::Impl::setup_routes() {
   http.Post("/completion", wrap(&Impl::h_completion));
   http.Post("/v1/messages", wrap(&Impl::h_messages));
   http.Post("/v1/messages/count_tokens", wrap(&Impl::h_count_tokens));
+  http.Post("/v1/responses", wrap(&Impl::h_responses));
+  http.Get(R"(/v1/responses/([A-Za-z0-9_\-]+))", wrap(&Impl::h_response_get));
+  http.Delete(R"(/v1/responses/([A-Za-z0-9_\-]+))", wrap(&Impl::h_response_delete));
   http.Post("/tokenize", wrap(&Impl::h_tokenize));
   http.Post("/detokenize", wrap(&Impl::h_detokenize));
   http.Post("/apply-template", wrap(&Impl::h_apply_template));
@@ -333,6 +337,7 @@ Status Server::Impl::init_template() {
 
 Server::Server(ServerOptions opt) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(opt);
+  impl_->response_store = std::make_shared<ResponseStore>();
   auto& o = impl_->opt;
   impl_->model_id = o.aliases.empty() ? file_stem(o.model_path) : o.aliases.front();
 }
