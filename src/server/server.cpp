@@ -1,4 +1,8 @@
-// server/server.cpp — HTTP routes over cpp-httplib (see server.h).
+// server/server.cpp — the server's set-up over cpp-httplib (see server.h): routes, auth and readiness,
+//   error bodies in the shape of the path's API (Anthropic's under /v1/messages), the small endpoints
+//   (tokenize, detokenize, apply-template, models, props, slots, metrics, health, web UI), template
+//   loading and run/stop. The generation endpoints are generate.cpp's, the Anthropic / Responses
+//   routes compat.cpp's; Server::Impl is declared in impl.h.
 #include "server/server.h"
 
 #include <cstdlib>
