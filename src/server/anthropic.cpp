@@ -227,7 +227,7 @@ std::optional<ApiError> anthropic_to_chat(const json& body, bool count_tokens, A
     chat["max_tokens"] = *mt;
     // Sampling fields keep their names; the chat pipeline type- and range-checks them (temperature
     // within Anthropic's [0, 1] here).
-    for (const char* k : {"temperature", "top_p", "top_k", "stream"})
+    for (const char* k : {"temperature", "top_p", "top_k", "stream", "seed"})  // seed: kiln's extension
       if (auto it = body.find(k); it != body.end()) chat[k] = *it;
     if (auto t = body.find("temperature"); t != body.end() && t->is_number() && (t->get<double>() < 0 || t->get<double>() > 1))
       return bad_request("temperature", fmt::format("{} is out of range [0, 1]", t->dump()));
@@ -331,8 +331,8 @@ json tool_input(const std::string& arguments) {
 }
 
 std::pair<const char*, json> stop_of(const ChatOutcome& o) {
+  if (o.finish == engine::FinishReason::Length) return {"max_tokens", nullptr};  // also when calls came before the cut
   if (!o.msg.tool_calls.empty()) return {"tool_use", nullptr};
-  if (o.finish == engine::FinishReason::Length) return {"max_tokens", nullptr};
   if (!o.stop_word.empty()) return {"stop_sequence", o.stop_word};
   return {"end_turn", nullptr};
 }

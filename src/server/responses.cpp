@@ -230,7 +230,7 @@ std::optional<ApiError> responses_to_chat(const json& body, ResponseStore& store
     KILN_RESPONSES_TRY(want(*it, it->is_string(), "model", "a string"));
     chat["model"] = *it;
   }
-  for (const char* k : {"temperature", "top_p", "stream", "parallel_tool_calls"})
+  for (const char* k : {"temperature", "top_p", "stream", "parallel_tool_calls", "seed"})  // seed: kiln's extension
     if (auto it = body.find(k); it != body.end()) chat[k] = *it;
   if (auto it = body.find("max_output_tokens"); it != body.end() && !it->is_null()) chat["max_tokens"] = *it;
   if (auto it = body.find("store"); it != body.end() && !it->is_null()) {

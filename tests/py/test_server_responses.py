@@ -86,10 +86,9 @@ def test_tools_and_previous_response_id(smol):
     # Named function choice, several seeds at temperature 1: valid arguments.
     for seed in (1, 2, 3):
         r = c.responses.create(model="smol", input="Weather?", tools=TOOLS, tool_choice={"type": "function", "name": "get_weather"},
-                               temperature=1.0, max_output_tokens=300, extra_body={"seed": seed})
-        for o in r.output:
-            assert o.type == "function_call"
-            jsonschema.validate(json.loads(o.arguments), WEATHER)
+                               parallel_tool_calls=False, temperature=1.0, max_output_tokens=300, extra_body={"seed": seed})
+        assert r.status == "completed" and [o.type for o in r.output] == ["function_call"], r.output
+        jsonschema.validate(json.loads(r.output[0].arguments), WEATHER)
 
 
 def test_store_retrieve_delete(smol):
