@@ -107,13 +107,15 @@ struct GbnfBuilder::Impl {
   const ojson* root_schema = nullptr;
   std::string root_field;
   std::map<std::string, std::string> ref_rules;  // "#/$defs/X" → rule name
+  std::map<std::string, std::string> overrides;  // primitive → replacement body (override_primitive)
 
   void use_prim(const std::string& name) {
     if (!prims.insert(name).second) return;
     for (auto& p : kPrimitives)
       if (name == p[0]) {
         // json-value and friends reference others.
-        const std::string body = p[1];
+        auto ov = overrides.find(name);
+        const std::string body = ov != overrides.end() ? ov->second : p[1];
         for (auto& q : kPrimitives)
           if (std::string(q[0]) != name && body.find(q[0]) != std::string::npos) use_prim(q[0]);
         rules.push_back({name, body});
@@ -493,8 +495,9 @@ GbnfBuilder::GbnfBuilder() : impl_(std::make_unique<Impl>()) {}
 GbnfBuilder::~GbnfBuilder() = default;
 GbnfBuilder::GbnfBuilder(GbnfBuilder&&) noexcept = default;
 
-RequestResult<std::string> GbnfBuilder::add_schema(const ojson& schema, const std::string& field, const std::string& prefix) {
-  impl_->root_schema = &schema;
+RequestResult<std::string> GbnfBuilder::add_schema(const ojson& schema, const std::string& field, const std::string& prefix,
+                                                   const ojson* root) {
+  impl_->root_schema = root ? root : &schema;
   impl_->root_field = field;
   impl_->ref_rules.clear();  // $refs are relative to each schema
   impl_->use_prim("ws");
@@ -509,6 +512,17 @@ RequestResult<std::string> GbnfBuilder::add_schema(const ojson& schema, const st
 void GbnfBuilder::add_rule(const std::string& name, const std::string& body) {
   impl_->names.insert(name);
   impl_->rules.push_back({name, body});
+}
+
+void GbnfBuilder::override_primitive(const std::string& name, const std::string& body) {
+  KILN_CHECK(!impl_->prims.count(name), "GbnfBuilder::override_primitive('{}') after its first use", name);
+  impl_->overrides[name] = body;
+}
+
+std::string GbnfBuilder::primitive(const std::string& name) {
+  impl_->use_prim(name);
+  KILN_CHECK(impl_->names.count(name), "GbnfBuilder::primitive: no primitive '{}'", name);
+  return name;
 }
 
 std::string GbnfBuilder::literal(std::string_view s) { return gbnf_literal(s); }

@@ -36,8 +36,17 @@ class GbnfBuilder {
   GbnfBuilder();
   ~GbnfBuilder();
   GbnfBuilder(GbnfBuilder&&) noexcept;
-  // Adds the rules of `schema`; returns the name of its top rule ("<prefix>").
-  RequestResult<std::string> add_schema(const ojson& schema, const std::string& field, const std::string& prefix);
+  // Adds the rules of `schema`; returns the name of its top rule ("<prefix>"). `root` (default:
+  // `schema` itself) is the document its $refs point into — a property's schema inside a tool's
+  // parameters resolves "#/$defs/…" against the parameters. `root` must outlive the builder's use.
+  RequestResult<std::string> add_schema(const ojson& schema, const std::string& field, const std::string& prefix,
+                                        const ojson* root = nullptr);
+  // Replaces the body of a shared primitive rule before its first use: "json-string" (strings of
+  // no declared length), "json-char" (one character of a length-bounded string), "ws", … Used by
+  // chat/tool_grammar.h to keep tool-call markers out of argument strings.
+  void override_primitive(const std::string& name, const std::string& body);
+  // Adds a shared primitive ("json-date", "json-uuid", "ws", …) and returns its rule name.
+  std::string primitive(const std::string& name);
   // A rule `name ::= body` written as given.
   void add_rule(const std::string& name, const std::string& body);
   // GBNF of a JSON string literal (quotes and escapes included) for the text s: "\"{\\\"a\\\"\"".

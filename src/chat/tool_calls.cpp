@@ -229,6 +229,12 @@ bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools,
   if (starts_with(t, "<function=")) return parse_xml(t, tools, name, arguments);
   if (starts_with(t, "{")) return parse_json(t, name, arguments);
   if (t.find("<arg_key>") != std::string_view::npos) return parse_arg_key(t, tools, name, arguments);
+  // GLM's arg_key form of a call without arguments is the bare name: accepted for a known tool.
+  if (find_tool(tools, t)) {
+    name = std::string(t);
+    arguments = "{}";
+    return true;
+  }
   return false;
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "chat/json_schema.h"
+#include "chat/tool_grammar.h"
 #include "engine/grammar.h"
 
 namespace kiln::server {
@@ -89,6 +90,22 @@ std::optional<ApiError> parse_constraint(const json& b, GenParams& out) {
                                              given[0], given[1]));
   if (given.empty()) return std::nullopt;
   return compile_grammar(gbnf, field, out);
+}
+
+std::optional<ApiError> apply_tool_choice(const chat::ChatRequest& req, const chat::TemplateCaps& caps,
+                                          const std::string& template_source, GenParams& out) {
+  using Mode = chat::ToolChoice::Mode;
+  if (req.tool_choice.mode != Mode::Required && req.tool_choice.mode != Mode::Named) return std::nullopt;
+  if (out.req.grammar)
+    return bad_request("tool_choice", "a required or named tool_choice cannot be combined with response_format (json), "
+                                      "json_schema or grammar");
+  chat::ToolGrammarOptions o;
+  o.format = caps.tool_format;
+  o.mistral_args = template_source.find("[ARGS]") != std::string::npos;
+  o.parallel = req.parallel_tool_calls;
+  auto g = chat::tool_call_gbnf(req, o);
+  if (!g.ok()) return schema_error(g.error());
+  return compile_grammar(*g, "tool_choice", out);
 }
 
 }  // namespace kiln::server
