@@ -1,0 +1,162 @@
+// engine/engine_impl.h — internal to src/engine: the engine thread's state (Engine::Impl), the
+//   request channels (Inbox, Channel) and per-request / per-slot bookkeeping (Active, SlotState),
+//   shared by engine.cpp (scheduling: admission, steps, sampling, finishing, slot actions) and
+//   engine_load.cpp (loading, serving set-up, the public API).
+// Must not: be included outside src/engine.
+// Threading: as engine.h says — Impl's engine-thread state is touched by the engine thread only;
+//   the inbox under its mutex; published state under pub_mu.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/grammar_matcher.h"
+#include "engine/prefix_cache.h"
+
+namespace kiln::engine {
+
+using Clock = std::chrono::steady_clock;
+
+inline double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// ---- request channels ----
+
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  bool poke = false;  // a cancellation happened
+  struct Pending {
+    std::shared_ptr<Channel> ch;
+    Request req;
+    Clock::time_point t_submit;
+  };
+  std::deque<Pending> pending;
+  std::deque<std::function<void()>> tasks;  // slot actions, run by the engine thread between steps
+  void wake() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      poke = true;
+    }
+    cv.notify_one();
+  }
+};
+
+struct Channel {
+  uint64_t id = 0;
+  std::shared_ptr<Inbox> inbox;
+  std::atomic<bool> cancelled{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> q;
+  bool final_pushed = false;
+  bool final_taken = false;
+
+  void push(Event e) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      if (final_pushed) return;
+      final_pushed = e.final();
+      q.push_back(std::move(e));
+    }
+    cv.notify_all();
+  }
+};
+
+// ---- engine-thread bookkeeping ----
+
+struct Active {
+  std::shared_ptr<Channel> ch;
+  Request req;
+  Clock::time_point t_submit, t_admit, t_prompt_done;
+  bool prompt_done = false;
+  int slot = -1;
+  int64_t n_past = 0;     // positions in the slot's memory
+  int64_t cache_n = 0;
+  int64_t n_decoded = 0;
+  int32_t next_token = -1;  // sampled, to be fed in the next step
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<tokenizer::StreamDecoder> dec;
+  std::unique_ptr<GrammarMatcher> matcher;  // Request::grammar
+  bool grammar_on = false;                  // the grammar applies (its trigger, if any, was seen)
+  std::string trig_buf;                     // output bytes that may hold the start of the trigger
+  std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
+  std::vector<int64_t> cuts;  // hybrid: prompt positions (ascending, > cache_n) to snapshot at
+  std::vector<float> embd;    // Request::embed: the pooled (summed, for Mean) or every token's hidden state
+  bool finished = false;
+  // per-step bookkeeping
+  int64_t step_n = 0;
+  int64_t out_row = -1;
+};
+
+struct SlotState {
+  std::vector<int32_t> tokens;  // what the slot's memory holds (size == runner seq_pos)
+  Active* active = nullptr;
+  uint64_t last_used = 0;
+};
+
+struct Engine::Impl {
+  Engine& eng;
+  std::unique_ptr<Runner> runner;
+  std::unique_ptr<PrefixCache> cache;
+  std::unique_ptr<GrammarCache> grammars;
+  const tokenizer::Tokenizer* tok = nullptr;
+  int64_t n_ctx_slot = 0;
+  int64_t step_tokens = 0;
+  int64_t snap_interval = 0;
+  bool recurrent = false;
+  std::vector<int32_t> eog;  // sorted
+
+  std::shared_ptr<Inbox> inbox = std::make_shared<Inbox>();
+  std::atomic<uint64_t> next_id{1};
+
+  // engine-thread state
+  std::vector<SlotState> slots;
+  std::deque<std::unique_ptr<Active>> waiting;
+  std::vector<std::unique_ptr<Active>> active;  // admission order
+  uint64_t clock = 0;
+  model::Batch batch;
+  std::vector<float> rec_buf;
+  std::deque<std::function<void()>> tasks;  // taken from the inbox
+  Result<SlotActionResult> slot_action(SlotAction action, int slot, const std::string& path);
+  PrefixCacheStats cs;          // last published cache stats
+  uint64_t cache_version = 0;
+
+  // published state
+  mutable std::mutex pub_mu;
+  Metrics metrics;
+  std::vector<SlotInfo> slot_info;
+
+  explicit Impl(Engine& e) : eng(e) {}
+
+  void run();
+  void take_inbox(std::unique_lock<std::mutex>& lk);
+  void handle_cancellations();
+  void admit();
+  void prepare(Active& a, int s);
+  int pick_slot(const Active& a) const;
+  void step();
+  int32_t sample(Active& a, const float* logits);
+  bool embed_rows(Active& a);
+  bool grammar_step(Active& a, int32_t t, bool& done);
+  void process_token(Active& a, int32_t tok, const float* logits);
+  void finish(Active& a, FinishReason r, Event ev, const std::string& error = {});
+  void cache_insert(const Active& a, bool end_of_turn);
+  void publish();
+  bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }
+  void drop_finished() {
+    std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+  }
+};
+
+}  // namespace kiln::engine

@@ -1,0 +1,345 @@
+// engine/engine_load.cpp — Engine's public side: construction and shutdown, loading a model (the
+//   memory plan and fitting, the runner, the tokenizer) on the engine thread, serving set-up,
+//   submit, slot actions (queued to the engine thread), metrics and slot info. The scheduling is
+//   engine.cpp's; Impl is declared in engine_impl.h.
+#include <future>
+
+#include "core/log.h"
+#include "engine/engine_impl.h"
+#include "model/fit.h"
+#include "model/vocab_loader.h"
+
+namespace kiln::engine {
+
+// ============================================================================================
+// Engine
+
+Engine::Engine() : impl_(std::make_unique<Impl>(*this)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    impl_->inbox->stop = true;
+  }
+  impl_->inbox->cv.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Requests submitted after the thread ended (or when it never served).
+  std::deque<Inbox::Pending> rest;
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    rest.swap(impl_->inbox->pending);
+  }
+  for (auto& p : rest) {
+    Event e;
+    e.finish = FinishReason::Cancelled;
+    p.ch->push(std::move(e));
+  }
+}
+
+static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokenizer& tok, const std::string& path) {
+  ModelInfo mi;
+  const auto& c = m.config();
+  mi.arch = c.arch_str;
+  mi.name = c.name;
+  mi.path = path;
+  if (auto t = m.file().get_string("tokenizer.chat_template"); t.ok()) mi.chat_template = *t;
+  mi.n_ctx_train = c.n_ctx_train;
+  mi.pooling_type = c.pooling_type;
+  mi.n_layer = c.n_layer;
+  mi.n_vocab = c.n_vocab;
+  mi.n_embd = c.n_embd;
+  mi.n_params_bytes = int64_t(m.info().weight_bytes);
+  mi.hybrid = model::arch_is_hybrid(c.arch);
+  const auto& v = tok.vocab();
+  mi.bos = v.bos;
+  mi.eos = v.eos;
+  mi.eot = v.eot;
+  mi.add_bos = v.add_bos;
+  mi.eog_ids = tok.eog_ids();
+  if (v.bos >= 0 && v.bos < int32_t(v.tokens.size())) mi.bos_text = tok.token_to_piece(v.bos, true);
+  if (v.eos >= 0 && v.eos < int32_t(v.tokens.size())) mi.eos_text = tok.token_to_piece(v.eos, true);
+  return mi;
+}
+
+// The ModelRunner for the options: per-slot context and step size from the options (and the
+// model's training context), the rest passed through.
+static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, const EngineOptions& o) {
+  // The rules the memory planner counts with (model/fit.h).
+  const int np = std::max(1, o.n_parallel);
+  const int64_t total = model::resolve_total_context(o.n_ctx, m.config().n_ctx_train);
+  ModelRunnerOptions ro;
+  ro.n_ctx_slot = model::slot_context(total, np);
+  ro.n_batch = model::step_tokens(o.n_batch, o.n_ubatch, np);
+  ro.n_slots = np;
+  ro.n_threads = o.n_threads;
+  ro.type_k = o.type_k;
+  ro.type_v = o.type_v;
+  ro.delta_chunk_min = o.delta_chunk_min;
+  ro.flash_attn = o.flash_attn;
+  ro.embeddings = o.embeddings;
+  return ModelRunner::create(m, ro);
+}
+
+Status Engine::init_serving(std::unique_ptr<Runner> runner) {
+  Impl& I = *impl_;
+  I.runner = std::move(runner);
+  I.tok = tok_.get();
+  I.n_ctx_slot = I.runner->n_ctx();
+  I.step_tokens = I.runner->n_batch();
+  I.recurrent = I.runner->has_recurrent();
+  if (I.runner->n_vocab() < int64_t(tok_->n_tokens()))
+    return err("model has {} logits but the vocabulary has {} tokens", I.runner->n_vocab(), tok_->n_tokens());
+  I.eog = tok_->eog_ids();
+  for (int32_t t : info_.eog_ids) I.eog.push_back(t);
+  std::sort(I.eog.begin(), I.eog.end());
+  I.eog.erase(std::unique(I.eog.begin(), I.eog.end()), I.eog.end());
+  info_.eog_ids = I.eog;
+  info_.n_ctx_slot = I.n_ctx_slot;
+  info_.n_ctx = I.n_ctx_slot * I.runner->n_slots();
+  info_.n_vocab = I.runner->n_vocab();
+  info_.hybrid = I.recurrent;
+  PrefixCacheOptions po;
+  po.block = std::max<int32_t>(1, opt_.cache_block);
+  po.ram_bytes = opt_.cache_ram_bytes;
+  po.recurrent = I.recurrent;
+  po.kv_bytes_per_pos = I.runner->kv_bytes_per_pos();
+  po.rec_floats = I.runner->rec_floats();
+  I.cache = std::make_unique<PrefixCache>(po);
+  I.grammars = std::make_unique<GrammarCache>(tok_.get(), I.eog, I.runner->n_vocab());
+  const int64_t B = po.block;
+  I.snap_interval = std::max<int64_t>(B, (std::max<int64_t>(opt_.cache_snapshot_interval, 1) + B - 1) / B * B);
+  I.slots.assign(size_t(I.runner->n_slots()), SlotState{});
+  for (int s = 0; s < I.runner->n_slots(); ++s) I.runner->seq_clear(s);
+  I.publish();
+  return {};
+}
+
+Result<int> Engine::fit_memory(const gguf::File& f) {
+  auto shape = model::ModelShape::from_file(f);
+  KILN_TRY(shape);
+  std::unique_ptr<gguf::File> proj_file;
+  std::optional<model::ProjectorShape> proj;
+  if (!opt_.mmproj.empty()) {
+    gguf::OpenOptions po;
+    po.limits.metadata_only = true;
+    auto pf = gguf::File::open(opt_.mmproj, po);
+    if (!pf.ok()) return err("--mmproj {}", pf.error().message);
+    proj_file = std::move(*pf);
+    auto ps = model::ProjectorShape::from_file(*proj_file);
+    KILN_TRY(ps);
+    proj = std::move(*ps);
+  }
+  model::PlanOptions o;
+  o.n_ctx = opt_.n_ctx;
+  o.n_parallel = std::max(1, opt_.n_parallel);
+  o.n_batch = opt_.n_batch;
+  o.n_ubatch = opt_.n_ubatch;
+  o.n_outputs_max = opt_.embeddings ? 0 : o.n_parallel;  // ModelRunner's logits rows (runner.cpp)
+  o.type_k = opt_.type_k;
+  o.type_v = opt_.type_v;
+  o.n_threads = opt_.n_threads;
+  o.delta_chunk_min = opt_.delta_chunk_min;
+  o.flash_attn = opt_.flash_attn;
+  o.n_gpu_layers = opt_.n_gpu_layers;
+  o.cache_ram_bytes = opt_.cache_ram_bytes;
+  model::FitOptions fo;
+  fo.fit = opt_.fit;
+  fo.fit_ctx = opt_.fit_ctx;
+  std::optional<model::DeviceBudget> gpu;
+  if (opt_.n_gpu_layers != 0) gpu = model::gpu_budget(opt_.main_gpu, opt_.device_memory, opt_.fit_target, false);
+  auto plan = model::fit_plan(*shape, proj ? &*proj : nullptr, o, fo, gpu);
+  KILN_TRY(plan);
+  KILN_LOG_INFO("{}", plan->table());
+  if (!plan->fits()) KILN_LOG_WARN("--fit off: the plan does not fit {}; loading as asked", plan->gpu->name);
+  if (opt_.n_ctx == 0 && plan->n_ctx != model::resolve_total_context(0, shape->cfg.n_ctx_train)) {
+    KILN_LOG_INFO("--fit: context {} (the training context does not fit; -c sets it explicitly)", plan->n_ctx);
+    opt_.n_ctx = plan->n_ctx;
+  }
+  // Without a usable GPU the loader falls back to the CPU itself (and says why).
+  return gpu ? plan->n_gpu_layers : opt_.n_gpu_layers;
+}
+
+void Engine::start_thread(std::string path) {
+  thread_ = std::thread([this, p = std::move(path)]() mutable { thread_main(std::move(p)); });
+}
+
+void Engine::thread_main(std::string path) {
+  if (!path.empty()) {
+    auto fail = [&](const std::string& msg) {
+      KILN_LOG_ERROR("{}", msg);
+      {
+        std::lock_guard<std::mutex> lk(impl_->pub_mu);
+        load_error_ = msg;
+      }
+      state_.store(EngineState::Failed);
+      state_.notify_all();
+    };
+    model::LoadOptions lo;
+    lo.load_mode = opt_.load_mode;
+    lo.n_gpu_layers = opt_.n_gpu_layers;
+    lo.main_gpu = opt_.main_gpu;
+    lo.progress = [this](size_t done, size_t total) { progress_.store(total ? float(done) / float(total) : 1.f); };
+    gguf::OpenOptions oo;
+    oo.load_mode = opt_.load_mode;
+    auto file = gguf::File::open(path, oo);
+    if (!file.ok()) return fail(file.error().message);
+    // Plan (and fit) before anything is allocated.
+    if (auto fitted = fit_memory(**file); !fitted.ok()) return fail(fitted.error().message);
+    else lo.n_gpu_layers = *fitted;
+    auto m = model::load_model(std::move(*file), lo);
+    if (!m.ok()) return fail(m.error().message);
+    model_ = std::move(*m);
+    auto t = model::load_tokenizer(model_->file());
+    if (!t.ok()) return fail(t.error().message);
+    tok_ = std::move(*t);
+    info_ = info_from_model(*model_, *tok_, path);
+    auto r = make_runner(*model_, opt_);
+    if (!r.ok()) return fail(path + ": " + r.error().message);
+    Status s = init_serving(std::move(*r));
+    if (!s.ok()) return fail(path + ": " + s.error().message);
+    progress_.store(1.f);
+    state_.store(EngineState::Ready);
+    state_.notify_all();
+  }
+  impl_->run();
+}
+
+std::unique_ptr<Engine> Engine::load_async(const std::string& path, const EngineOptions& opt) {
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->opt_ = opt;
+  e->start_thread(path.empty() ? std::string("<no model path>") : path);
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::string& path, const EngineOptions& opt) {
+  auto e = load_async(path, opt);
+  KILN_TRY(e->wait_ready());
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::Model> m, const EngineOptions& opt) {
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->opt_ = opt;
+  auto t = model::load_tokenizer(m->file());
+  KILN_TRY(t);
+  e->tok_ = std::move(*t);
+  e->model_ = std::move(m);
+  e->info_ = info_from_model(*e->model_, *e->tok_, "");
+  auto r = make_runner(*e->model_, opt);
+  KILN_TRY(r);
+  KILN_TRY(e->init_serving(std::move(*r)));
+  e->progress_.store(1.f);
+  e->state_.store(EngineState::Ready);
+  e->start_thread({});
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<Runner> runner, std::unique_ptr<tokenizer::Tokenizer> tok,
+                                               ModelInfo info, const EngineOptions& opt) {
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->opt_ = opt;
+  e->tok_ = std::move(tok);
+  e->info_ = std::move(info);
+  KILN_TRY(e->init_serving(std::move(runner)));
+  e->progress_.store(1.f);
+  e->state_.store(EngineState::Ready);
+  e->start_thread({});
+  return e;
+}
+
+Status Engine::wait_ready(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const EngineState s = state_.load();
+    if (s == EngineState::Ready) return {};
+    if (s == EngineState::Failed) return err("{}", load_error());
+    if (timeout.count() >= 0 && Clock::now() >= deadline) return err("model still loading after {} ms", timeout.count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string Engine::load_error() const {
+  std::lock_guard<std::mutex> lk(impl_->pub_mu);
+  return load_error_;
+}
+
+const ModelInfo& Engine::info() const {
+  KILN_CHECK(ready(), "Engine::info() before the model is ready");
+  return info_;
+}
+
+const tokenizer::Tokenizer& Engine::tokenizer() const {
+  KILN_CHECK(ready(), "Engine::tokenizer() before the model is ready");
+  return *tok_;
+}
+
+RequestHandle Engine::submit(Request req) {
+  auto ch = std::make_shared<Channel>();
+  ch->id = impl_->next_id.fetch_add(1);
+  ch->inbox = impl_->inbox;
+  {
+    std::lock_guard<std::mutex> lk(impl_->pub_mu);
+    impl_->metrics.requests_submitted++;
+  }
+  auto fail = [&](std::string msg) {
+    {
+      std::lock_guard<std::mutex> lk(impl_->pub_mu);
+      impl_->metrics.requests_finished++;
+      impl_->metrics.requests_failed++;
+    }
+    Event e;
+    e.finish = FinishReason::Error;
+    e.error = std::move(msg);
+    ch->push(std::move(e));
+    return RequestHandle(ch);
+  };
+  if (state_.load() == EngineState::Loading) return fail("the model is still loading");
+  if (state_.load() == EngineState::Failed) return fail("the model failed to load: " + load_error());
+  const int64_t P = int64_t(req.prompt.size());
+  if (P == 0) return fail("prompt: empty (at least one token is needed)");
+  if (P >= impl_->n_ctx_slot)
+    return fail(fmt::format("prompt: {} tokens do not fit the context of {} tokens per slot", P, impl_->n_ctx_slot));
+  for (size_t i = 0; i < req.prompt.size(); ++i)
+    if (req.prompt[i] < 0 || req.prompt[i] >= info_.n_vocab)
+      return fail(fmt::format("prompt: token {} at index {} is outside the vocabulary [0, {})", req.prompt[i], i,
+                              info_.n_vocab));
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    impl_->inbox->pending.push_back({ch, std::move(req), Clock::now()});
+  }
+  impl_->inbox->cv.notify_one();
+  return RequestHandle(ch);
+}
+
+Result<Engine::SlotActionResult> Engine::slot_action(SlotAction action, int slot, const std::string& path) {
+  if (!ready()) return err("the model is not loaded");
+  auto done = std::make_shared<std::promise<Result<SlotActionResult>>>();
+  auto fut = done->get_future();
+  {
+    std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+    if (impl_->inbox->stop) return err("the engine is stopping");
+    impl_->inbox->tasks.push_back(
+        [this, done, action, slot, path] { done->set_value(impl_->slot_action(action, slot, path)); });
+  }
+  impl_->inbox->wake();
+  return fut.get();
+}
+
+Metrics Engine::metrics() const {
+  Metrics m;
+  {
+    std::lock_guard<std::mutex> lk(impl_->pub_mu);
+    m = impl_->metrics;
+  }
+  // Requests still in the inbox (not yet seen by the engine thread) count as queued.
+  std::lock_guard<std::mutex> lk(impl_->inbox->mu);
+  m.queue_length += int(impl_->inbox->pending.size());
+  return m;
+}
+
+std::vector<SlotInfo> Engine::slots() const {
+  std::lock_guard<std::mutex> lk(impl_->pub_mu);
+  return impl_->slot_info;
+}
+
+}  // namespace kiln::engine
