@@ -145,8 +145,8 @@ std::optional<ApiError> parse_gen_params(const json& b, Endpoint ep, int64_t n_v
     if (np && *np == 0 && !mct && !mt) r.max_tokens = 0;
   }
 
-  KILN_API_TRY(get_int(b, "n", 1, 1 << 20, i));
-  if (i && *i != 1) return bad_request("n", fmt::format("only n = 1 is supported, got {}", *i));
+  KILN_API_TRY(get_int(b, "n", 1, kMaxChoices, i));
+  if (i) out.n = int(*i);
   KILN_API_TRY(get_int(b, "best_of", 1, 1 << 20, i));
   if (i && *i != 1) return bad_request("best_of", fmt::format("only best_of = 1 is supported, got {}", *i));
 

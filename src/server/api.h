@@ -42,7 +42,9 @@ struct GenParams {
   bool logprobs = false;          // chat: logprobs; completions: logprobs given (> 0 or 0)
   int top_logprobs = 0;
   bool echo = false;              // completions only
+  int n = 1;                      // choices (OpenAI n, 1..kMaxChoices): one engine request each
 };
+inline constexpr int kMaxChoices = 16;
 
 // Which endpoint the body belongs to: shapes the accepted fields.
 enum class Endpoint { Chat, Completions };

@@ -18,9 +18,9 @@ namespace {
 
 int64_t unix_now() { return int64_t(std::time(nullptr)); }
 
-std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
-
 }  // namespace
+
+std::string sse(const json& j) { return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n"; }
 
 std::optional<ApiError> Server::Impl::render_chat(const json& body, chat::ChatRequest& creq, chat::Prompt& prompt) {
   auto parsed = chat::parse_chat_request(body);
@@ -382,6 +382,9 @@ void Server::Impl::start(std::shared_ptr<Gen> g, httplib::Response& res) {
     out["timings"] = timings_json(t);
     return send_json(res, out);
   }
+  if (g->gp.n > 1 && (g->native || g->dialect))
+    return send_error(res, bad_request("n", "n > 1 is answered only by /v1/chat/completions and /v1/completions"));
+  if (g->gp.n > 1) return g->gp.stream ? run_streaming_n(g, res) : run_blocking_n(*g, res);
   if (g->gp.stream) run_streaming(g, res);
   else run_blocking(*g, res);
 }

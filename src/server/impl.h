@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,9 @@ namespace kiln::server {
 using Clock = std::chrono::steady_clock;
 using WriteFn = std::function<bool(const std::string&)>;
 class ResponseStore;
+
+// One server-sent event: `data: <json>` and a blank line (generate.cpp).
+std::string sse(const json& j);
 
 struct Server::Impl {
   ServerOptions opt;
@@ -110,6 +114,13 @@ struct Server::Impl {
                      const std::function<void(Gen&)>& adjust = {});
 
   void log_timings(const Gen& g, const engine::Timings& t, const char* finish);
+  // n > 1 (OpenAI chat / completions): the n choices' engine requests, the first submitted alone
+  // and the others once its prompt is processed (they reuse it through the prefix cache); choice i
+  // samples with seed + i when a seed is given. Choice 0's events read while waiting go to `early`.
+  // Blocking and streaming answers (choices.cpp).
+  std::vector<engine::RequestHandle> submit_choices(const Gen& g, std::deque<engine::Event>& early);
+  void run_blocking_n(Gen& g, httplib::Response& res);
+  void run_streaming_n(std::shared_ptr<Gen> g, httplib::Response& res);
 
   static const char* finish_name(engine::FinishReason r);
 

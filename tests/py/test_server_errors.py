@@ -43,7 +43,7 @@ MALFORMED = [
     ("/v1/chat/completions", {"messages": U, "max_tokens": "10"}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": U, "max_completion_tokens": -1}, 400, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": U, "n_predict": -2}, 400, "n_predict"),
-    ("/v1/chat/completions", {"messages": U, "n": 3}, 400, "n"),
+    ("/v1/chat/completions", {"messages": U, "n": 17}, 400, "n"),
     ("/v1/chat/completions", {"messages": U, "seed": "abc"}, 400, "seed"),
     ("/v1/chat/completions", {"messages": U, "stream": "yes"}, 400, "stream"),
     ("/v1/chat/completions", {"messages": U, "stream_options": {"include_usage": 1}}, 400, "include_usage"),
