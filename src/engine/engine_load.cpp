@@ -134,7 +134,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.n_parallel = std::max(1, opt_.n_parallel);
   o.n_batch = opt_.n_batch;
   o.n_ubatch = opt_.n_ubatch;
-  o.n_outputs_max = opt_.embeddings ? 0 : o.n_parallel;  // ModelRunner's logits rows (runner.cpp)
+  o.n_outputs_max = runner_outputs_max(o.n_parallel, opt_.embeddings);
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;

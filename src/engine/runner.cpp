@@ -20,10 +20,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.delta_chunk_min = opt.delta_chunk_min;
   co.flash_attn = opt.flash_attn;
   co.embeddings = opt.embeddings;
-  // A step gives each slot at most one logits row (its decode token or its prompt's last token), so
-  // the logits buffers hold n_slots rows, not n_batch (248k vocabulary x 512 rows would be 485 MiB);
-  // embedding requests take every prompt token as an output row, so with embeddings on: n_batch.
-  co.n_outputs_max = opt.embeddings ? 0 : opt.n_slots;
+  co.n_outputs_max = runner_outputs_max(opt.n_slots, opt.embeddings);
   r->ctx_ = std::make_unique<model::Context>(m, co);
   return r;
 }

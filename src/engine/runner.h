@@ -50,6 +50,11 @@ class Runner {
   virtual void write_rec(int slot, const float* in) = 0;
 };
 
+// Logits rows a ModelRunner's Context keeps: a step gives each slot at most one (its decode token or
+// its prompt's last token), so n_slots (a 248k vocabulary x 512 rows would be 485 MiB); embedding
+// requests take every prompt token as an output row, so with embeddings 0 (= n_batch).
+inline int64_t runner_outputs_max(int n_slots, bool embeddings) { return embeddings ? 0 : n_slots; }
+
 struct ModelRunnerOptions {
   int64_t n_ctx_slot = 4096;
   int n_slots = 1;

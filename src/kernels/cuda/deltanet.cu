@@ -9,7 +9,8 @@
 //   k.q are one pass and one shuffle tree: kvm = e^g (M.k), out = (e^g (M.q) + d (k.q)) / sqrt(S),
 //   M = e^g M + k d (the same values as ops.h's order up to rounding). Runs are found on the device:
 //   grid.z splits the batch into token ranges and a block takes every run that starts in its range.
-//   chunk > 0 is accepted; the chunked form is not implemented here, every run takes the recurrence.
+//   chunk > 0 is accepted and taken as 0: every run takes the recurrence (the chunked tensor-core
+//   form is GPU part 2's work, issue #14).
 // Must not: allocate, synchronize or read device memory on the host; argument errors are KILN_CHECK
 //   failures before any enqueue.
 // Threading: launchers only enqueue on L.stream.
@@ -22,6 +23,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/deltanet_common.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -128,24 +130,6 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
 
 // ---- gated delta rule -------------------------------------------------------------------------
 
-struct GdnK {
-  const float* q;
-  int64_t q_s1, q_s2;
-  const float* k;
-  int64_t k_s1, k_s2;
-  const float* v;
-  int64_t v_s1, v_s2;
-  const float* g;     // [Hv, T]
-  const float* beta;  // [Hv, T]
-  const int32_t* seq;
-  char* st;  // element (i, j, h) of slot s at st + j*nb1 + h*nb2 + s*nb3 + 4i
-  size_t nb1, nb2, nb3;
-  float* out;
-  int64_t o_s1, o_s2;
-  int S, Hk, Hv, T, range;
-  float qscale;
-};
-
 // grid (column blocks, Hv, token ranges). TPC threads per value column j, each with key rows
 // i0..i0+15 of M[:, j] in registers. The run's inputs are staged kCh tokens at a time in shared
 // memory (all loads of a chunk in flight together), then the recurrence walks them.
@@ -167,22 +151,8 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
     if (ts > 0 && a.seq[ts - 1] == slot) continue;  // not the first token of a run
     float* sp = reinterpret_cast<float*>(a.st + size_t(col_ok ? col : 0) * a.nb1 + size_t(h) * a.nb2 +
                                          size_t(slot) * a.nb3) + i0;
-    float M[16];
-    if (act) {
-      if constexpr (VEC) {
-#pragma unroll
-        for (int e = 0; e < 16; e += 4) {
-          const float4 f = *reinterpret_cast<const float4*>(sp + e);
-          M[e] = f.x, M[e + 1] = f.y, M[e + 2] = f.z, M[e + 3] = f.w;
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 16; ++e) M[e] = sp[e];
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 16; ++e) M[e] = 0.0f;
-    }
+    float M[16] = {};
+    if (act) gdn_load16<VEC>(sp, M);
     for (int t0 = ts;; t0 += kCh) {
       const int n = min(kCh, a.T - t0);
       // asynchronous copies (cp.async on sm_80+): every load of the chunk in flight at once
@@ -209,26 +179,8 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
       __syncthreads();
       int u = 0;
       for (; u < n && ss[u] == slot; ++u) {
-        float qc[16], kc[16];
-        if (rows_ok) {
-#pragma unroll
-          for (int e = 0; e < 16; e += 4) {
-            const float4 fq = *reinterpret_cast<const float4*>(&qs[u][i0 + e]);
-            const float4 fk = *reinterpret_cast<const float4*>(&ks[u][i0 + e]);
-            qc[e] = fq.x, qc[e + 1] = fq.y, qc[e + 2] = fq.z, qc[e + 3] = fq.w;
-            kc[e] = fk.x, kc[e + 1] = fk.y, kc[e + 2] = fk.z, kc[e + 3] = fk.w;
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 16; ++e) qc[e] = kc[e] = 0.0f;
-        }
         float pk = 0.0f, pq = 0.0f, kq = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          pk = fmaf(M[e], kc[e], pk);
-          pq = fmaf(M[e], qc[e], pq);
-          kq = fmaf(kc[e], qc[e], kq);
-        }
+        if (rows_ok) gdn_dots16(M, &qs[u][i0], &ks[u][i0], pk, pq, kq);
 #pragma unroll
         for (int o = TPC / 2; o > 0; o >>= 1) {
           pk += __shfl_xor_sync(0xffffffffu, pk, o);
@@ -238,22 +190,13 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
         const float decay = expf(gs[u]);
         const float dl = (vs[u][tid / TPC] - decay * pk) * bs[u];
         const float o = (decay * pq + dl * kq) * a.qscale;
-#pragma unroll
-        for (int e = 0; e < 16; ++e) M[e] = fmaf(kc[e], dl, M[e] * decay);
+        if (rows_ok) gdn_update16(M, &ks[u][i0], dl, decay);
         if (gl == 0 && col_ok) a.out[int64_t(t0 + u) * a.o_s2 + int64_t(h) * a.o_s1 + col] = o;
       }
       __syncthreads();  // the chunk is consumed before the next one is staged
       if (u < kCh) break;  // the run (or the batch) ended inside this chunk
     }
-    if (act) {
-      if constexpr (VEC) {
-#pragma unroll
-        for (int e = 0; e < 16; e += 4) *reinterpret_cast<float4*>(sp + e) = make_float4(M[e], M[e + 1], M[e + 2], M[e + 3]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 16; ++e) sp[e] = M[e];
-      }
-    }
+    if (act) gdn_store16<VEC>(sp, M);
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/deltanet_common.cuh"
 #include "kernels/cuda/row_common.cuh"
 
 namespace kiln::cuda {
@@ -93,24 +94,11 @@ __global__ void delta_prep_kernel(const PrepK p) {
 
 // ---- gated_delta_norm ---------------------------------------------------------------------------
 struct GdnNormK {
-  const float* q;
-  int64_t q_s1, q_s2;
-  const float* k;
-  int64_t k_s1, k_s2;
-  const float* v;
-  int64_t v_s1, v_s2;
+  GdnK r;  // the recurrence's arguments (deltanet_common.cuh); r.range is 1
   const float* z;
   int64_t z_s1, z_s2;
-  const float* g;     // [Hv, T]
-  const float* beta;  // [Hv, T]
-  const int32_t* seq;
-  char* st;  // element (i, j, h) of slot s at st + j*nb1 + h*nb2 + s*nb3 + 4i
-  size_t nb1, nb2, nb3;
-  float* out;
-  int64_t o_s1, o_s2;
   const float* nw;  // [S]
-  int Hk, Hv, T, range;
-  float qscale, eps;
+  float eps;
 };
 
 constexpr int kGnCh = 8;  // tokens staged at a time
@@ -122,52 +110,35 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
   __shared__ __align__(16) float qs[kGnCh][S], ks[kGnCh][S];
   __shared__ float vs[kGnCh][S], zs[kGnCh][S], gs[kGnCh], bs[kGnCh], red[32];
   __shared__ int ss[kGnCh];
-  const int tid = threadIdx.x, gl = tid % TPC, col = tid / TPC, h = blockIdx.x, hk = h % a.Hk, i0 = gl * 16;
+  const int tid = threadIdx.x, gl = tid % TPC, col = tid / TPC, h = blockIdx.x, hk = h % a.r.Hk, i0 = gl * 16;
   const float wn = a.nw[col];
-  const int tb = blockIdx.y * a.range, te = min(a.T, tb + a.range);
+  const int tb = blockIdx.y * a.r.range, te = min(a.r.T, tb + a.r.range);
   for (int ts = tb; ts < te; ++ts) {
-    const int slot = a.seq[ts];
-    if (ts > 0 && a.seq[ts - 1] == slot) continue;  // not the first token of a run
-    float* sp = reinterpret_cast<float*>(a.st + size_t(col) * a.nb1 + size_t(h) * a.nb2 + size_t(slot) * a.nb3) + i0;
+    const int slot = a.r.seq[ts];
+    if (ts > 0 && a.r.seq[ts - 1] == slot) continue;  // not the first token of a run
+    float* sp = reinterpret_cast<float*>(a.r.st + size_t(col) * a.r.nb1 + size_t(h) * a.r.nb2 + size_t(slot) * a.r.nb3) + i0;
     float M[16];
-    if constexpr (VEC) {
-#pragma unroll
-      for (int e = 0; e < 16; e += 4) {
-        const float4 f = *reinterpret_cast<const float4*>(sp + e);
-        M[e] = f.x, M[e + 1] = f.y, M[e + 2] = f.z, M[e + 3] = f.w;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 16; ++e) M[e] = sp[e];
-    }
+    gdn_load16<VEC>(sp, M);
     for (int t0 = ts;; t0 += kGnCh) {
-      const int n = min(kGnCh, a.T - t0);
+      const int n = min(kGnCh, a.r.T - t0);
       for (int idx = tid; idx < n * S; idx += NT) {
         const int u = idx / S, i = idx - u * S;
         const int64_t t = t0 + u;
-        qs[u][i] = a.q[t * a.q_s2 + int64_t(hk) * a.q_s1 + i];
-        ks[u][i] = a.k[t * a.k_s2 + int64_t(hk) * a.k_s1 + i];
-        vs[u][i] = a.v[t * a.v_s2 + int64_t(h) * a.v_s1 + i];
+        qs[u][i] = a.r.q[t * a.r.q_s2 + int64_t(hk) * a.r.q_s1 + i];
+        ks[u][i] = a.r.k[t * a.r.k_s2 + int64_t(hk) * a.r.k_s1 + i];
+        vs[u][i] = a.r.v[t * a.r.v_s2 + int64_t(h) * a.r.v_s1 + i];
         zs[u][i] = a.z[t * a.z_s2 + int64_t(h) * a.z_s1 + i];
       }
       if (tid < n) {
-        gs[tid] = a.g[int64_t(t0 + tid) * a.Hv + h];
-        bs[tid] = a.beta[int64_t(t0 + tid) * a.Hv + h];
-        ss[tid] = a.seq[t0 + tid];
+        gs[tid] = a.r.g[int64_t(t0 + tid) * a.r.Hv + h];
+        bs[tid] = a.r.beta[int64_t(t0 + tid) * a.r.Hv + h];
+        ss[tid] = a.r.seq[t0 + tid];
       }
       __syncthreads();
       int u = 0;
       for (; u < n && ss[u] == slot; ++u) {  // uniform: every thread reads the same ss[u]
-        float pk = 0.0f, pq = 0.0f, kq = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 16; e += 4) {
-          const float4 fq = *reinterpret_cast<const float4*>(&qs[u][i0 + e]);
-          const float4 fk = *reinterpret_cast<const float4*>(&ks[u][i0 + e]);
-          pk = fmaf(M[e], fk.x, pk), pq = fmaf(M[e], fq.x, pq), kq = fmaf(fk.x, fq.x, kq);
-          pk = fmaf(M[e + 1], fk.y, pk), pq = fmaf(M[e + 1], fq.y, pq), kq = fmaf(fk.y, fq.y, kq);
-          pk = fmaf(M[e + 2], fk.z, pk), pq = fmaf(M[e + 2], fq.z, pq), kq = fmaf(fk.z, fq.z, kq);
-          pk = fmaf(M[e + 3], fk.w, pk), pq = fmaf(M[e + 3], fq.w, pq), kq = fmaf(fk.w, fq.w, kq);
-        }
+        float pk, pq, kq;
+        gdn_dots16(M, &qs[u][i0], &ks[u][i0], pk, pq, kq);
 #pragma unroll
         for (int o = TPC / 2; o > 0; o >>= 1) {
           pk += __shfl_xor_sync(0xffffffffu, pk, o);
@@ -176,28 +147,17 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
         }
         const float decay = expf(gs[u]);
         const float dl = (vs[u][col] - decay * pk) * bs[u];
-        const float o = (decay * pq + dl * kq) * a.qscale;
-#pragma unroll
-        for (int e = 0; e < 16; e += 4) {
-          const float4 fk = *reinterpret_cast<const float4*>(&ks[u][i0 + e]);
-          M[e] = fmaf(fk.x, dl, M[e] * decay), M[e + 1] = fmaf(fk.y, dl, M[e + 1] * decay);
-          M[e + 2] = fmaf(fk.z, dl, M[e + 2] * decay), M[e + 3] = fmaf(fk.w, dl, M[e + 3] * decay);
-        }
+        const float o = (decay * pq + dl * kq) * a.r.qscale;
+        gdn_update16(M, &ks[u][i0], dl, decay);
         // The gated RMSNorm of the head's S outputs of this token.
         const float sq = block_sum(gl == 0 ? o * o : 0.0f, red);
         const float sc = 1.f / sqrtf(sq * (1.0f / float(S)) + a.eps);
-        if (gl == 0) a.out[int64_t(t0 + u) * a.o_s2 + int64_t(h) * a.o_s1 + col] = o * sc * wn * siluf_(zs[u][col]);
+        if (gl == 0) a.r.out[int64_t(t0 + u) * a.r.o_s2 + int64_t(h) * a.r.o_s1 + col] = o * sc * wn * siluf_(zs[u][col]);
       }
       __syncthreads();  // the chunk is consumed before the next one is staged
       if (u < kGnCh) break;  // the run (or the batch) ended inside this chunk
     }
-    if constexpr (VEC) {
-#pragma unroll
-      for (int e = 0; e < 16; e += 4) *reinterpret_cast<float4*>(sp + e) = make_float4(M[e], M[e + 1], M[e + 2], M[e + 3]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 16; ++e) sp[e] = M[e];
-    }
+    gdn_store16<VEC>(sp, M);
   }
 }
 
@@ -230,16 +190,17 @@ bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float
              "gated_delta_norm: out / z shape");
   KILN_CHECK(state.ne0 == S && state.ne1 == S && state.ne2 == Hv, "gated_delta_norm: state must be F32 [S, S, Hv]");
   GdnNormK a;
-  a.q = q.p, a.q_s1 = q.s1, a.q_s2 = q.s2;
-  a.k = k.p, a.k_s1 = k.s1, a.k_s2 = k.s2;
-  a.v = v.p, a.v_s1 = v.s1, a.v_s2 = v.s2;
+  GdnK& b = a.r;
+  b.q = q.p, b.q_s1 = q.s1, b.q_s2 = q.s2;
+  b.k = k.p, b.k_s1 = k.s1, b.k_s2 = k.s2;
+  b.v = v.p, b.v_s1 = v.s1, b.v_s2 = v.s2;
+  b.g = g, b.beta = beta, b.seq = seq;
+  b.st = static_cast<char*>(state.p), b.nb1 = state.nb1, b.nb2 = state.nb2, b.nb3 = state.nb3;
+  b.out = out.p, b.o_s1 = out.s1, b.o_s2 = out.s2;
+  b.S = int(S), b.Hk = int(Hk), b.Hv = int(Hv), b.T = int(T), b.range = 1;
+  b.qscale = float(1.0 / std::sqrt(double(S)));
   a.z = z.p, a.z_s1 = z.s1, a.z_s2 = z.s2;
-  a.g = g, a.beta = beta, a.seq = seq;
-  a.st = static_cast<char*>(state.p), a.nb1 = state.nb1, a.nb2 = state.nb2, a.nb3 = state.nb3;
-  a.out = out.p, a.o_s1 = out.s1, a.o_s2 = out.s2;
   a.nw = norm_w;
-  a.Hk = int(Hk), a.Hv = int(Hv), a.T = int(T), a.range = 1;
-  a.qscale = float(1.0 / std::sqrt(double(S)));
   a.eps = eps;
   const bool vec = reinterpret_cast<uintptr_t>(state.p) % 16 == 0 && state.nb1 % 16 == 0 && state.nb2 % 16 == 0 &&
                    state.nb3 % 16 == 0;
