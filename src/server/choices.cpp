@@ -77,17 +77,7 @@ void Server::Impl::run_blocking_n(Gen& g, httplib::Response& res) {
   for (size_t i = 0; i < n; ++i) {
     const engine::Event& f = *fin[i];
     completion_tokens += f.timings.predicted_n;
-    if (g.chat) {
-      auto msg = chat::parse_output(text[i], *g.parser);
-      json c = {{"index", i}, {"message", chat::message_to_json(msg)}, {"logprobs", chat_logprobs(g, toks[i])}};
-      c["finish_reason"] = msg.finish_reason(finish_name(f.finish));
-      choices.push_back(std::move(c));
-    } else {
-      json c = {{"index", i}, {"text", valid_utf8(g.echo_text + text[i])}};
-      c["logprobs"] = completion_logprobs(g, toks[i], g.echo_text.size());
-      c["finish_reason"] = finish_name(f.finish);
-      choices.push_back(std::move(c));
-    }
+    choices.push_back(choice_json(g, i, text[i], toks[i], f.finish));
   }
   const auto& t0 = fin[0]->timings;
   log_timings(g, t0, engine::finish_reason_name(fin[0]->finish));

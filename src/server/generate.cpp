@@ -153,20 +153,24 @@ void Server::Impl::run_blocking(Gen& g, httplib::Response& res) {
     return send_json(res, g.dialect->response(ChatOutcome{msg, fin->finish, fin->stop_word, t, int64_t(g.prompt.size())}));
   }
   json out = response_head(g, false);
-  if (g.chat) {
-    auto msg = chat::parse_output(text, *g.parser);
-    json choice = {{"index", 0}, {"message", chat::message_to_json(msg)}, {"logprobs", chat_logprobs(g, toks)}};
-    choice["finish_reason"] = msg.finish_reason(finish_name(fin->finish));
-    out["choices"] = json::array({choice});
-  } else {
-    json choice = {{"index", 0}, {"text", valid_utf8(g.echo_text + text)}};
-    choice["logprobs"] = completion_logprobs(g, toks, g.echo_text.size());
-    choice["finish_reason"] = finish_name(fin->finish);
-    out["choices"] = json::array({choice});
-  }
+  out["choices"] = json::array({choice_json(g, 0, text, toks, fin->finish)});
   out["usage"] = usage_json(int64_t(g.prompt.size()), t.predicted_n, t.cache_n);
   out["timings"] = timings_json(t);
   send_json(res, out);
+}
+
+json Server::Impl::choice_json(const Gen& g, size_t index, const std::string& text,
+                               const std::vector<engine::TokenOut>& toks, engine::FinishReason finish) const {
+  if (g.chat) {
+    auto msg = chat::parse_output(text, *g.parser);
+    json c = {{"index", index}, {"message", chat::message_to_json(msg)}, {"logprobs", chat_logprobs(g, toks)}};
+    c["finish_reason"] = msg.finish_reason(finish_name(finish));
+    return c;
+  }
+  json c = {{"index", index}, {"text", valid_utf8(g.echo_text + text)}};
+  c["logprobs"] = completion_logprobs(g, toks, g.echo_text.size());
+  c["finish_reason"] = finish_name(finish);
+  return c;
 }
 
 void Server::Impl::run_streaming(std::shared_ptr<Gen> g, httplib::Response& res) {

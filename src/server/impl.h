@@ -114,6 +114,10 @@ struct Server::Impl {
                      const std::function<void(Gen&)>& adjust = {});
 
   void log_timings(const Gen& g, const engine::Timings& t, const char* finish);
+  // One non-streamed choice of an OpenAI chat / completions answer (message or text, logprobs,
+  // finish_reason).
+  json choice_json(const Gen& g, size_t index, const std::string& text, const std::vector<engine::TokenOut>& toks,
+                   engine::FinishReason finish) const;
   // n > 1 (OpenAI chat / completions): the n choices' engine requests, the first submitted alone
   // and the others once its prompt is processed (they reuse it through the prefix cache); choice i
   // samples with seed + i when a seed is given. Choice 0's events read while waiting go to `early`.
