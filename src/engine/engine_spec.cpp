@@ -53,8 +53,7 @@ void Engine::Impl::make_draft(Active& a, int64_t cap) {
       break;
     }
   if (a.matcher && a.grammar_on && synth.empty()) {
-    GrammarMatcher m = *a.matcher;
-    if (!m.accept_token(a.next_token)) a.draft.clear();
+    GrammarMatcher m = *a.matcher;  // already past next_token (process_token fed it)
     for (size_t i = 0; i < a.draft.size(); ++i)
       if (is_eog(a.draft[i]) ? !m.can_end() : !m.accept_token(a.draft[i])) {
         a.draft.resize(i);
