@@ -32,7 +32,7 @@ def test_ngram_simple_equals_plain_and_reports_drafts(kiln_bin, model):
     with KilnServer(kiln_bin, model, ["-np", "2", "-c", "4096"]) as s:
         plain = complete(s.url)
     args = ["-np", "2", "-c", "4096", "--metrics", "--spec-type", "ngram-simple", "--spec-draft-n-max", "4",
-            "--spec-ngram-size-n", "2"]
+            "--spec-ngram-size-n", "1"]
     with KilnServer(kiln_bin, model, args) as s:
         spec = complete(s.url)
         assert spec["content"] == plain["content"]
@@ -52,7 +52,7 @@ def test_synthetic_rates_warn_and_accept_nothing(kiln_bin, model):
     # Rates of zero: every draft is rejected, so the output is the model's own (llama.cpp's test).
     with KilnServer(kiln_bin, model, ["-c", "4096"]) as s:
         plain = complete(s.url)
-    args = ["-c", "4096", "--spec-type", "ngram-simple", "--spec-draft-n-max", "2", "--spec-ngram-size-n", "2",
+    args = ["-c", "4096", "--spec-type", "ngram-simple", "--spec-draft-n-max", "2", "--spec-ngram-size-n", "1",
             "--spec-synth-rates", "0,0"]
     with KilnServer(kiln_bin, model, args) as s:
         out = complete(s.url)
