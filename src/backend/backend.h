@@ -164,14 +164,20 @@ class Stream : public WorkspaceSizes {
                          const AttnSpec& p, const Tensor& out) = 0;
   // x, y [C, T] (token stride nb[1]; y may be x); w [d_conv, C] F32; state [d_conv - 1, C, 1, n_seq]
   // F32 (slot seq[t]; a run continues from its slot's state and leaves its last inputs there).
+  // keep (speculative verification; every recurrent op takes it): I32 [T], or an empty Tensor (no
+  // buffer) for none. keep[t] >= 0: the state as of the end of token t is also written to slot keep[t]
+  // of `state` (another slot than any run's), so a rejected draft can continue from an earlier token's
+  // state (model::Memory::seq_accept). The kept states equal what a run ending at token t would leave.
   virtual void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state,
-                           const Tensor& y) = 0;
+                           const Tensor& y, const Tensor& keep = {}) = 0;
   // q, k [S, Hk, T]; v [S, Hv, T]; g, beta [Hv, T]; state [S, S, Hv, n_seq] F32; out [S, Hv, T].
   // chunk = 0: token-by-token recurrence for every run; > 0: runs of at least `chunk` tokens take
   // the chunked form (ContextOptions::delta_chunk_min; the chunk length itself is the backend's
-  // choice — 64 on the CPU), shorter runs the recurrence.
+  // choice — 64 on the CPU), shorter runs the recurrence. keep as conv1d_silu's (a run with a kept
+  // token takes the recurrence).
   virtual void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                           const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) = 0;
+                           const Tensor& seq, const Tensor& state, const Tensor& out, int chunk,
+                           const Tensor& keep = {}) = 0;
 
   // ---- fused ops: each is exactly the sequence of the ops above that its comment names (the CPU
   // stream makes those very calls, so its bits do not change); other devices may run one kernel. ----
@@ -193,18 +199,18 @@ class Stream : public WorkspaceSizes {
   // Delta-net input side (qwen35), in place: mixed [C, T] with C = (2*Hk + Hv) * S channels per token
   // (Hk q heads, Hk k heads, Hv v heads of S channels); beta, g [Hv, T]; dt_bias, a [Hv]; conv_w
   // [d_conv, C]; conv_state [d_conv - 1, C, 1, n_seq]:
-  //   delta_gates(beta, g, dt_bias, a); conv1d_silu(mixed, conv_w, seq, conv_state, mixed);
+  //   delta_gates(beta, g, dt_bias, a); conv1d_silu(mixed, conv_w, seq, conv_state, mixed, keep);
   //   l2_norm(q, q, eps); l2_norm(k, k, eps)   (q, k: rows [S, Hk, T] of mixed at channels 0 and Hk*S).
   // The default makes exactly those calls (the CPU's arithmetic).
   virtual void delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
                           const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias,
-                          const Tensor& a, float eps);
+                          const Tensor& a, float eps, const Tensor& keep = {});
   // The gated delta rule and the gated RMSNorm of its output (z, norm_w as rms_norm_gated's z, w):
-  //   gated_delta(q, k, v, g, beta, seq, state, out, chunk); rms_norm_gated(out, norm_w, z, eps).
+  //   gated_delta(q, k, v, g, beta, seq, state, out, chunk, keep); rms_norm_gated(out, norm_w, z, eps).
   // The default makes exactly those calls.
   virtual void gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                                 const Tensor& seq, const Tensor& state, const Tensor& out, int chunk,
-                                const Tensor& norm_w, const Tensor& z, float eps);
+                                const Tensor& norm_w, const Tensor& z, float eps, const Tensor& keep = {});
 };
 
 class Device {

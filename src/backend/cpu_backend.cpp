@@ -83,6 +83,20 @@ const int32_t* pos_of(const Tensor& pos, int64_t T, int64_t n_ctx) {
   for (int64_t t = 0; t < T; ++t) KILN_CHECK(p[t] >= 0 && p[t] < n_ctx, "pos[{}] = {} outside [0, {})", t, p[t], n_ctx);
   return p;
 }
+// Host view of a keep tensor (I32 [T], values -1 or a slot < n_seq); nullptr for an empty Tensor.
+const int32_t* keep_of(const Tensor& keep, int64_t T, int64_t n_seq) {
+  if (keep.buf == nullptr) return nullptr;
+  check_i32(keep, T, "keep");
+  const auto* k = keep.host_as<const int32_t>();
+  for (int64_t t = 0; t < T; ++t) KILN_CHECK(k[t] >= -1 && k[t] < n_seq, "keep[{}] = {} outside [-1, {})", t, k[t], n_seq);
+  return k;
+}
+bool any_kept(const int32_t* keep, int64_t t0, int64_t n) {
+  if (!keep) return false;
+  for (int64_t t = t0; t < t0 + n; ++t)
+    if (keep[t] >= 0) return true;
+  return false;
+}
 // Byte 0 of slot s of a per-sequence memory view (ne[3] = slots).
 void* slot_ptr(const Tensor& mem, int32_t s) { return static_cast<char*>(mem.host()) + size_t(s) * mem.nb[3]; }
 // fn(t0, n) for each run of consecutive tokens with the same slot.
@@ -375,7 +389,11 @@ class CpuStream final : public Stream {
                    K::Rows{orow.row(0, t0), orow.ne0, orow.n1, n, orow.s1, orow.s2}, ws, pool_);
     });
   }
-  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y) override {
+  // A run with kept tokens (keep[t] >= 0) runs token by token (the kernels walk tokens in order with
+  // the state as the only carry, so the bits are those of one call) and copies the slot's state after
+  // each kept token.
+  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y,
+                   const Tensor& keep) override {
     const K::Rows xr = rows_of(x, "conv1d_silu x"), yr = rows_of(y, "conv1d_silu y");
     check_f32(w, "conv1d_silu w");
     check_f32(state, "conv1d_silu state");
@@ -385,14 +403,23 @@ class CpuStream final : public Stream {
                    state.nb[1] == size_t(d_conv - 1) * 4,
                "conv1d_silu: w [{}, {}] state [{}, {}] for {} channels", w.ne[0], w.ne[1], state.ne[0], state.ne[1], C);
     const int32_t* sq = seq_of(seq, T, state.ne[3]);
+    const int32_t* kp = keep_of(keep, T, state.ne[3]);
+    const size_t slot_bytes = size_t((d_conv - 1) * C) * 4;
     for_runs(sq, T, [&](int64_t t0, int64_t n) {
-      K::conv1d_silu(xr.row(t0, 0), xr.s1, fptr(w), static_cast<float*>(slot_ptr(state, sq[t0])), yr.row(t0, 0), yr.s1,
-                     C, n, int(d_conv), pool_);
+      auto* st = static_cast<float*>(slot_ptr(state, sq[t0]));
+      if (!any_kept(kp, t0, n)) {
+        K::conv1d_silu(xr.row(t0, 0), xr.s1, fptr(w), st, yr.row(t0, 0), yr.s1, C, n, int(d_conv), pool_);
+        return;
+      }
+      for (int64_t t = t0; t < t0 + n; ++t) {
+        K::conv1d_silu(xr.row(t, 0), xr.s1, fptr(w), st, yr.row(t, 0), yr.s1, C, 1, int(d_conv), pool_);
+        if (kp[t] >= 0) std::memcpy(slot_ptr(state, kp[t]), st, slot_bytes);
+      }
     });
   }
   // Runs of at least `chunk` tokens (chunk > 0) take the chunked form with chunks of kDeltaChunk.
   void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) override {
+                   const Tensor& seq, const Tensor& state, const Tensor& out, int chunk, const Tensor& keep) override {
     const K::Rows qr = rows_of(q, "gated_delta q"), kr = rows_of(k, "gated_delta k"), vr = rows_of(v, "gated_delta v"),
                   orow = rows_of(out, "gated_delta out");
     check_f32(g, "gated_delta g");
@@ -409,6 +436,7 @@ class CpuStream final : public Stream {
                    state.nb[2] == size_t(S * S) * 4,
                "gated_delta: state must be [{}, {}, {}, n_seq] with contiguous slots", S, S, Hv);
     const int32_t* sq = seq_of(seq, T, state.ne[3]);
+    const int32_t* kp = keep_of(keep, T, state.ne[3]);
     void* ws = chunk > 0 ? ensure(gated_delta_workspace(S, chunk, T)) : nullptr;
     for_runs(sq, T, [&](int64_t t0, int64_t n) {
       K::DeltaArgs a;
@@ -426,6 +454,17 @@ class CpuStream final : public Stream {
       a.Hk = Hk;
       a.Hv = Hv;
       a.n_t = n;
+      if (any_kept(kp, t0, n)) {  // token by token, copying the state after each kept token
+        for (int64_t t = t0; t < t0 + n; ++t) {
+          K::DeltaArgs at = a;
+          at.q = qr.row(0, t), at.k = kr.row(0, t), at.v = vr.row(0, t), at.out = orow.row(0, t);
+          at.g = fptr(g) + t * Hv, at.beta = fptr(beta) + t * Hv;
+          at.n_t = 1;
+          K::gated_delta_rule(at, pool_);
+          if (kp[t] >= 0) std::memcpy(slot_ptr(state, kp[t]), a.state, size_t(S * S * Hv) * 4);
+        }
+        return;
+      }
       if (chunk > 0 && n >= chunk) K::gated_delta_rule_chunked(a, kDeltaChunk, ws, pool_);
       else K::gated_delta_rule(a, pool_);
     });

@@ -477,7 +477,8 @@ class CudaStream final : public Stream {
                  iptr(pos, "attention pos"), seq_mem(k, "attention k"), seq_mem(v, "attention v"), a,
                  rows(out, "attention out"));
   }
-  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y) override {
+  void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y,
+                   const Tensor& keep) override {
     flush();
     check_f32(x, "conv1d_silu x");
     check_f32(y, "conv1d_silu y");
@@ -497,10 +498,10 @@ class CudaStream final : public Stream {
     auto pf = prof([&] { return "conv1d_silu " + shape(x); });
     C::conv1d_silu(launch(), fptr(x, "conv1d_silu x"), int64_t(x.nb[1] / 4), fptr(w, "conv1d_silu w"), d_conv, C_,
                    iptr(seq, "conv1d_silu seq"), seq_mem(state, "conv1d_silu state"), fptr(y, "conv1d_silu y"),
-                   int64_t(y.nb[1] / 4), T);
+                   int64_t(y.nb[1] / 4), T, keep_ptr(keep, T, "conv1d_silu keep"));
   }
   void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
-                   const Tensor& seq, const Tensor& state, const Tensor& out, int chunk) override {
+                   const Tensor& seq, const Tensor& state, const Tensor& out, int chunk, const Tensor& keep) override {
     flush();
     const int64_t S = q.ne[0], Hk = q.ne[1], T = q.ne[2], Hv = v.ne[1];
     check_same_shape(q, k, "gated_delta q/k");
@@ -521,7 +522,8 @@ class CudaStream final : public Stream {
     auto pf = prof([&] { return fmt::format("gated_delta {} chunk{}", shape(v), chunk); });
     C::gated_delta(launch(C::gated_delta_workspace(S, Hv, chunk, T)), rows(q, "gated_delta q"), rows(k, "gated_delta k"),
                    rows(v, "gated_delta v"), fptr(g, "gated_delta g"), fptr(beta, "gated_delta beta"),
-                   iptr(seq, "gated_delta seq"), seq_mem(state, "gated_delta state"), rows(out, "gated_delta out"), chunk);
+                   iptr(seq, "gated_delta seq"), seq_mem(state, "gated_delta state"), rows(out, "gated_delta out"), chunk,
+                   keep_ptr(keep, T, "gated_delta keep"));
   }
 
   // ---- fused ops ----
@@ -599,7 +601,7 @@ class CudaStream final : public Stream {
   }
   void delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
                   const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a,
-                  float eps) override {
+                  float eps, const Tensor& keep) override {
     flush();
     check_f32(mixed, "delta_prep mixed");
     const int64_t T = mixed.ne[1], Hv = beta.ne[0];
@@ -616,14 +618,14 @@ class CudaStream final : public Stream {
                               fptr(conv_w, "delta_prep conv_w"), int(conv_w.ne[0]), iptr(seq, "delta_prep seq"),
                               seq_mem(conv_state, "delta_prep conv_state"), rows(beta, "delta_prep beta"),
                               rows(g, "delta_prep g"), fptr(dt_bias, "delta_prep dt_bias"), fptr(a, "delta_prep a"), eps,
-                              T))
+                              T, keep_ptr(keep, T, "delta_prep keep")))
         return;
     }
-    Stream::delta_prep(mixed, S, Hk, conv_w, seq, conv_state, beta, g, dt_bias, a, eps);
+    Stream::delta_prep(mixed, S, Hk, conv_w, seq, conv_state, beta, g, dt_bias, a, eps, keep);
   }
   void gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                         const Tensor& seq, const Tensor& state, const Tensor& out, int chunk, const Tensor& norm_w,
-                        const Tensor& z, float eps) override {
+                        const Tensor& z, float eps, const Tensor& keep) override {
     flush();
     const int64_t T = q.ne[2];
     const bool shapes = g.is_contiguous() && beta.is_contiguous() && g.ne[0] == v.ne[1] && beta.ne == g.ne &&
@@ -637,10 +639,11 @@ class CudaStream final : public Stream {
                                     rows(v, "gated_delta_norm v"), fptr(g, "gated_delta_norm g"),
                                     fptr(beta, "gated_delta_norm beta"), iptr(seq, "gated_delta_norm seq"),
                                     seq_mem(state, "gated_delta_norm state"), rows(out, "gated_delta_norm out"),
-                                    fptr(norm_w, "gated_delta_norm w"), rows(z, "gated_delta_norm z"), eps))
+                                    fptr(norm_w, "gated_delta_norm w"), rows(z, "gated_delta_norm z"), eps,
+                                    keep_ptr(keep, T, "gated_delta_norm keep")))
         return;
     }
-    Stream::gated_delta_norm(q, k, v, g, beta, seq, state, out, chunk, norm_w, z, eps);
+    Stream::gated_delta_norm(q, k, v, g, beta, seq, state, out, chunk, norm_w, z, eps, keep);
   }
 
  private:
@@ -750,6 +753,12 @@ class CudaStream final : public Stream {
   }
   float* fptr(const Tensor& t, const char* what) const { return static_cast<float*>(ptr(t, what)); }
   int32_t* iptr(const Tensor& t, const char* what) const { return static_cast<int32_t*>(ptr(t, what)); }
+  // A recurrent op's keep tensor (backend.h): nullptr for an empty Tensor, else I32 [T] on this device.
+  const int32_t* keep_ptr(const Tensor& keep, int64_t T, const char* what) const {
+    if (keep.buf == nullptr) return nullptr;
+    check_i32(keep, T, what);
+    return iptr(keep, what);
+  }
   static void check_i32(const Tensor& t, int64_t n, const char* what) {
     KILN_CHECK(t.type == GgmlType::I32 && t.is_contiguous() && t.n_elements() == n, "{}: expected I32 [{}]", what, n);
   }

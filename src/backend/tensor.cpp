@@ -86,11 +86,11 @@ namespace kiln::backend {
 // ---- Stream's default fused ops: exactly the unfused calls their comments name ----
 void Stream::delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor& conv_w, const Tensor& seq,
                         const Tensor& conv_state, const Tensor& beta, const Tensor& g, const Tensor& dt_bias,
-                        const Tensor& a, float eps) {
+                        const Tensor& a, float eps, const Tensor& keep) {
   KILN_CHECK(mixed.type == GgmlType::F32 && mixed.ne[2] == 1 && mixed.ne[3] == 1 && mixed.ne[0] >= 2 * Hk * S,
              "delta_prep: mixed must be F32 [C >= 2*Hk*S, T]");
   delta_gates(beta, g, dt_bias, a);
-  conv1d_silu(mixed, conv_w, seq, conv_state, mixed);
+  conv1d_silu(mixed, conv_w, seq, conv_state, mixed, keep);
   for (int64_t part = 0; part < 2; ++part) {  // q heads, then k heads: rows [S, Hk, T] of mixed
     Tensor h = mixed;
     h.offset += size_t(part * Hk * S) * 4;
@@ -102,8 +102,8 @@ void Stream::delta_prep(const Tensor& mixed, int64_t S, int64_t Hk, const Tensor
 
 void Stream::gated_delta_norm(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                               const Tensor& seq, const Tensor& state, const Tensor& out, int chunk,
-                              const Tensor& norm_w, const Tensor& z, float eps) {
-  gated_delta(q, k, v, g, beta, seq, state, out, chunk);
+                              const Tensor& norm_w, const Tensor& z, float eps, const Tensor& keep) {
+  gated_delta(q, k, v, g, beta, seq, state, out, chunk, keep);
   rms_norm_gated(out, norm_w, z, eps);
 }
 

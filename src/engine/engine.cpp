@@ -217,6 +217,7 @@ void Engine::Impl::prepare(Active& a, int s) {
   a.n_past = reused;
   a.cache_n = reused;
   a.sampler = std::make_unique<Sampler>(a.req.sampling, runner->n_vocab());
+  spec_start(a);
   a.sampler->accept(std::span<const int32_t>(prompt));
   a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special);
   if (a.req.grammar) {
@@ -267,14 +268,24 @@ void Engine::Impl::step() {
   batch.clear();
   int64_t budget = step_tokens;
   int64_t row = 0;
+  int64_t generating = 0;
+  for (auto& a : active) generating += a->prompt_done ? 1 : 0;
   for (auto& a : active) {
     a->step_n = 0;
     a->out_row = -1;
     if (!a->prompt_done) continue;
-    batch.add(a->next_token, int32_t(a->n_past), a->slot, true);
-    a->step_n = 1;
-    a->out_row = row++;
-    --budget;
+    --generating;
+    // Speculative decoding (engine_spec.cpp): the run [next_token, draft...], every token an output
+    // row, the recurrent state kept after each but the last; drafts leave a token for every other
+    // generating request.
+    make_draft(*a, budget - 1 - generating);
+    const int64_t k = int64_t(a->draft.size());
+    batch.add(a->next_token, int32_t(a->n_past), a->slot, true, k > 0);
+    for (int64_t i = 0; i < k; ++i) batch.add(a->draft[size_t(i)], int32_t(a->n_past + 1 + i), a->slot, true, i + 1 < k);
+    a->step_n = 1 + k;
+    a->out_row = row;
+    row += 1 + k;
+    budget -= 1 + k;
   }
   for (auto& a : active) {
     if (a->prompt_done || budget <= 0) continue;
@@ -323,9 +334,7 @@ void Engine::Impl::step() {
     if (a.step_n == 0) continue;
     SlotState& ss = slots[size_t(a.slot)];
     if (a.prompt_done) {
-      ss.tokens.push_back(a.next_token);
-      a.n_past += 1;
-      process_token(a, sample(a, runner->logits(a.out_row)), runner->logits(a.out_row));
+      verify(a);  // the decode token, and the draft's tokens while they are accepted
       continue;
     }
     const auto& prompt = a.req.prompt;
@@ -553,6 +562,7 @@ void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
 }
 
 void Engine::Impl::finish(Active& a, FinishReason r, Event ev, const std::string& error) {
+  settle(a);  // a speculative verify in progress: the memory as of the last emitted token
   const auto now = Clock::now();
   ev.finish = r;
   ev.error = error;
@@ -565,6 +575,8 @@ void Engine::Impl::finish(Active& a, FinishReason r, Event ev, const std::string
     tm.prompt_ms = ms_between(a.t_admit, a.prompt_done ? a.t_prompt_done : now);
     tm.predicted_n = a.n_decoded;
     tm.predicted_ms = a.prompt_done ? ms_between(a.t_prompt_done, now) : 0;
+    tm.draft_n = a.spec.draft_n;
+    tm.draft_n_accepted = a.spec.draft_n_accepted;
     if (r != FinishReason::Error) cache_insert(a, true);  // end of the turn: the next one starts here
     SlotState& st = slots[size_t(a.slot)];
     st.active = nullptr;
@@ -614,6 +626,8 @@ void Engine::Impl::publish() {
       si.n_prompt = int64_t(a->req.prompt.size());
       si.n_decoded = a->n_decoded;
       si.cache_n = a->cache_n;
+      si.draft_n = a->spec.draft_n;
+      si.draft_n_accepted = a->spec.draft_n_accepted;
     }
   }
   if (cache->version() != cache_version) {  // version 0: empty, as cs starts

@@ -43,6 +43,7 @@
 #include "engine/grammar.h"
 #include "engine/runner.h"
 #include "engine/sampling.h"
+#include "engine/speculative.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -93,6 +94,8 @@ struct EngineOptions {
   int64_t fit_ctx = 4096;            // --fit-ctx: the smallest context fitting may choose
   uint64_t device_memory = 0;        // --device-memory / KILN_DEVICE_MEMORY: cap on usable GPU memory (0: none)
   std::string mmproj;                // --mmproj: counted in the plan (its weights and an image batch)
+  // Speculative decoding (--spec-type and its flags; engine/speculative.h, docs/engine.md).
+  SpecOptions spec;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -143,6 +146,8 @@ struct Timings {
   int64_t predicted_n = 0;   // tokens generated
   double predicted_ms = 0;   // first token → finish
   double queue_ms = 0;       // submit → admission
+  int64_t draft_n = 0;           // speculative decoding: draft tokens verified (llama-server's names)
+  int64_t draft_n_accepted = 0;  // of which accepted
 };
 
 struct TokenOut {
@@ -231,6 +236,8 @@ struct Metrics {
   int busy_slots = 0;                // now
   int queue_length = 0;              // requests waiting for a slot now
   int64_t max_tokens_seen = 0;       // largest n_past of any slot (llama-server n_tokens_max)
+  uint64_t draft_tokens = 0;         // speculative decoding: draft tokens verified (n_draft_total)
+  uint64_t draft_tokens_accepted = 0;  // of which accepted (n_draft_accepted_total)
 };
 
 struct SlotInfo {
@@ -242,6 +249,7 @@ struct SlotInfo {
   int64_t n_prompt = 0;
   int64_t n_decoded = 0;
   int64_t cache_n = 0;
+  int64_t draft_n = 0, draft_n_accepted = 0;  // the running request's speculative counts
 };
 
 enum class EngineState { Loading, Ready, Failed };

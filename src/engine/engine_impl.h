@@ -93,6 +93,14 @@ struct Active {
   std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
   std::vector<int64_t> cuts;  // hybrid: prompt positions (ascending, > cache_n) to snapshot at
   std::vector<float> embd;    // Request::embed: the pooled (summed, for Mean) or every token's hidden state
+  // speculative decoding (engine_spec.cpp)
+  SpecState spec;
+  std::vector<int32_t> draft;  // this step's draft (fed after next_token, verified after the decode)
+  struct PendingAccept {       // the rollback of the verify run in progress (applied once: settle())
+    bool on = false;
+    int64_t n_pos = 0;
+    int kept = -1;
+  } pend;
   bool finished = false;
   // per-step bookkeeping
   int64_t step_n = 0;
@@ -153,6 +161,12 @@ struct Engine::Impl {
   void finish(Active& a, FinishReason r, Event ev, const std::string& error = {});
   void cache_insert(const Active& a, bool end_of_turn);
   void publish();
+  // speculative decoding (engine_spec.cpp)
+  std::vector<double> synth;  // conditional synthetic acceptance probabilities (empty: real verification)
+  void spec_start(Active& a);
+  void make_draft(Active& a, int64_t cap);
+  void verify(Active& a);
+  void settle(Active& a);
   bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }
   void drop_finished() {
     std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });

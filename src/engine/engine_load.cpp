@@ -77,6 +77,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.delta_chunk_min = o.delta_chunk_min;
   ro.flash_attn = o.flash_attn;
   ro.embeddings = o.embeddings;
+  ro.n_spec = o.spec.on() ? o.spec.n_max : 0;
   return ModelRunner::create(m, ro);
 }
 
@@ -108,6 +109,34 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   I.grammars = std::make_unique<GrammarCache>(tok_.get(), I.eog, I.runner->n_vocab());
   const int64_t B = po.block;
   I.snap_interval = std::max<int64_t>(B, (std::max<int64_t>(opt_.cache_snapshot_interval, 1) + B - 1) / B * B);
+  const SpecOptions& so = opt_.spec;
+  if (so.on()) {
+    if (so.type == SpecType::DraftSimple)
+      return err("--spec-type draft-simple (-md/--model-draft {}): a separate draft model is not supported yet; use "
+                 "ngram-simple or draft-mtp", so.model_draft);
+    if (so.type == SpecType::DraftMtp)
+      return err("--spec-type draft-mtp: the MTP drafter is not implemented yet (the rollback and verification it needs "
+                 "are); use ngram-simple");
+    if (so.n_max < 1 || so.n_max > 16) return err("--spec-draft-n-max {}: must be within [1, 16]", so.n_max);
+    if (so.n_min < 0 || so.n_min > so.n_max)
+      return err("--spec-draft-n-min {}: must be within [0, --spec-draft-n-max {}]", so.n_min, so.n_max);
+    if (so.p_min < 0 || so.p_min > 1) return err("--spec-draft-p-min {}: must be within [0, 1]", so.p_min);
+    if (so.ngram_n < 1) return err("--spec-ngram-size-n {}: must be at least 1", so.ngram_n);
+  } else if (so.synthetic()) {
+    return err("--spec-synth-len/--spec-synth-rates: synthetic acceptance requires --spec-type");
+  }
+  auto probs = synth_probs(so);
+  KILN_TRY(probs);
+  I.synth = std::move(*probs);
+  if (!I.synth.empty()) {
+    std::string r;
+    for (double p : I.synth) r += fmt::format("{}{:.4f}", r.empty() ? "" : ", ", p);
+    KILN_LOG_WARN("--spec-synth-*: synthetic acceptance for benchmarking: draft tokens are accepted at random, the "
+                  "generated output is not valid (conditional rates [{}])", r);
+  }
+  if (so.on())
+    KILN_LOG_INFO("speculative decoding: {}, up to {} draft tokens per step (n_min {}, p_min {})", spec_type_name(so.type),
+                  so.n_max, so.n_min, so.p_min);
   I.slots.assign(size_t(I.runner->n_slots()), SlotState{});
   for (int s = 0; s < I.runner->n_slots(); ++s) I.runner->seq_clear(s);
   I.publish();
@@ -134,7 +163,10 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.n_parallel = std::max(1, opt_.n_parallel);
   o.n_batch = opt_.n_batch;
   o.n_ubatch = opt_.n_ubatch;
-  o.n_outputs_max = runner_outputs_max(o.n_parallel, opt_.embeddings);
+  o.n_outputs_max = runner_outputs_max(o.n_parallel, opt_.embeddings, opt_.spec.on() ? opt_.spec.n_max : 0);
+  o.spec_mtp = opt_.spec.type == SpecType::DraftMtp;
+  o.n_draft = opt_.spec.n_max;
+  o.n_spec = opt_.spec.on() ? opt_.spec.n_max : 0;
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;

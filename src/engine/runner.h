@@ -37,6 +37,9 @@ class Runner {
   // Attention-only: drop positions >= n (n <= seq_pos).
   virtual Status seq_keep(int slot, int64_t n) = 0;
   virtual void set_seq_pos(int slot, int64_t n) = 0;
+  // After a speculative verify run: keep positions [0, n) and the recurrent state kept after the
+  // run's token `kept` (-1: the run's final state); model::Memory::seq_accept.
+  virtual Status seq_accept(int slot, int64_t n, int kept) { return err("speculative decoding: unsupported runner"); }
 
   // KV payload of n positions: kv_bytes_per_pos() * n bytes, layout private to the runner
   // (for ModelRunner: per attention layer, K rows then V rows). 0 when there are no attention layers.
@@ -51,9 +54,12 @@ class Runner {
 };
 
 // Logits rows a ModelRunner's Context keeps: a step gives each slot at most one (its decode token or
-// its prompt's last token), so n_slots (a 248k vocabulary x 512 rows would be 485 MiB); embedding
-// requests take every prompt token as an output row, so with embeddings 0 (= n_batch).
-inline int64_t runner_outputs_max(int n_slots, bool embeddings) { return embeddings ? 0 : n_slots; }
+// its prompt's last token), so n_slots (a 248k vocabulary x 512 rows would be 485 MiB), and 1 + n_spec
+// each with speculative decoding (a verify run's rows); embedding requests take every prompt token
+// as an output row, so with embeddings 0 (= n_batch).
+inline int64_t runner_outputs_max(int n_slots, bool embeddings, int n_spec = 0) {
+  return embeddings ? 0 : int64_t(n_slots) * (1 + n_spec);
+}
 
 struct ModelRunnerOptions {
   int64_t n_ctx_slot = 4096;
@@ -65,6 +71,7 @@ struct ModelRunnerOptions {
   int delta_chunk_min = 0;  // model::ContextOptions::delta_chunk_min
   bool flash_attn = true;   // model::ContextOptions::flash_attn
   bool embeddings = false;  // model::ContextOptions::embeddings
+  int n_spec = 0;           // speculative decoding: draft tokens per verify run (model::MemoryOptions::n_spec)
 };
 
 class ModelRunner final : public Runner {
@@ -84,6 +91,7 @@ class ModelRunner final : public Runner {
   void seq_clear(int slot) override { mem_->seq_clear(slot); }
   Status seq_keep(int slot, int64_t n) override { return mem_->seq_keep(slot, n); }
   void set_seq_pos(int slot, int64_t n) override { mem_->set_seq_pos(slot, n); }
+  Status seq_accept(int slot, int64_t n, int kept) override { return mem_->seq_accept(slot, n, kept); }
   size_t kv_bytes_per_pos() const override;
   void read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const override;
   void write_kv(int slot, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1) override;

@@ -35,6 +35,8 @@ struct Act {
   Tensor wts;        // [K, T]
   Tensor ye;         // expert outputs: region of E*K*T floats
   Tensor pos, seq;   // I32 [T]: per-token position and sequence slot (uploaded once per decode)
+  Tensor rseq, keep; // hybrid, I32 [T]: the recurrent state slot of each token and where its state is kept
+                     // (-1: not kept) for speculative verification (Memory::rec_slot / rec_keep_slot)
 };
 
 // What a block runs with: the stream of the device its layer is on, that device's views.

@@ -61,6 +61,7 @@ struct Context::Impl {
   // Per-batch host state.
   std::vector<Run> runs;
   std::vector<int32_t> out_idx;
+  std::vector<int32_t> rseq, keep;          // hybrid: per token, Memory::rec_slot / rec_keep_slot (-1)
   std::vector<float> logits;                // [V, n_out_max]
   std::vector<float> embd;                  // [E, n_out_max] with ContextOptions::embeddings
   std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
@@ -165,6 +166,8 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
   a.ye = act(p.ye, E * K);
   a.pos = i32(p.pos, T);
   a.seq = i32(p.seq, T);
+  a.rseq = i32(p.rseq, T);
+  a.keep = i32(p.keep, T);
   d.tok = i32(p.tok, T);
   d.out_idx = i32(p.out_idx, std::max<int64_t>(n_out, 1));
   d.hidden = p.hidden == Plan::kNone ? Tensor{} : A.tensor(p.hidden, gguf::GgmlType::F32, {E, n_out, 1, 1});
@@ -259,7 +262,8 @@ Status Context::decode(const Batch& b, Memory& mem) {
   n_out_ = 0;
   if (T == 0) return {};
   if (T > opt_.n_batch) return err("batch of {} tokens exceeds n_batch {}", T, opt_.n_batch);
-  if (int64_t(b.pos.size()) != T || int64_t(b.seq.size()) != T || int64_t(b.output.size()) != T)
+  if (int64_t(b.pos.size()) != T || int64_t(b.seq.size()) != T || int64_t(b.output.size()) != T ||
+      (!b.keep.empty() && int64_t(b.keep.size()) != T))
     return err("batch arrays have different lengths");
   // Split into runs and validate.
   s.runs.clear();
@@ -287,6 +291,18 @@ Status Context::decode(const Batch& b, Memory& mem) {
     if (r.pos0 + r.n > mem.n_ctx())
       return err("sequence {}: positions up to {} exceed the context size {}", r.seq, r.pos0 + r.n - 1, mem.n_ctx());
   }
+  s.rseq.clear();
+  s.keep.clear();
+  if (mem.has_recurrent())
+    for (const Run& r : s.runs)
+      for (int64_t i = 0; i < r.n; ++i) {
+        s.rseq.push_back(mem.rec_slot(r.seq));
+        const bool kp = !b.keep.empty() && b.keep[size_t(r.t0 + i)];
+        if (kp && i >= mem.n_spec())
+          return err("batch token {}: keeps the state of token {} of its run but the memory has {} keep slots "
+                     "(MemoryOptions::n_spec)", r.t0 + i, i, mem.n_spec());
+        s.keep.push_back(kp ? mem.rec_keep_slot(r.seq, int(i)) : -1);
+      }
   s.out_idx.clear();
   for (int64_t t = 0; t < T; ++t)
     if (b.output[size_t(t)]) s.out_idx.push_back(int32_t(t));
@@ -318,6 +334,10 @@ Status Context::decode(const Batch& b, Memory& mem) {
     if (d.layers) {
       d.st->upload(d.a.pos, b.pos.data(), size_t(T) * 4);
       d.st->upload(d.a.seq, b.seq.data(), size_t(T) * 4);
+      if (d.a.rseq.buf && !s.rseq.empty()) {
+        d.st->upload(d.a.rseq, s.rseq.data(), size_t(T) * 4);
+        d.st->upload(d.a.keep, s.keep.data(), size_t(T) * 4);
+      }
     }
   if (n_out > 0) o.st->upload(o.out_idx, s.out_idx.data(), size_t(n_out) * 4);
   h.st->get_rows(model_.token_embd.t, h.tok, h.a.x);

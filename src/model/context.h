@@ -16,6 +16,8 @@
 //   must start at the sequence's current position in Memory (seq_pos); attention-only models may
 //   also start earlier (the rows after pos0 are overwritten: a rollback). A sequence appears in at
 //   most one run per batch. Runs may mix prefill chunks and decode tokens of different sequences.
+//   Speculative verification: a token with keep = 1 has the recurrent state after it kept (its index
+//   in its run must be < MemoryOptions::n_spec); Memory::seq_accept then rolls the sequence back.
 // Threading: a Context is used by one thread at a time; several Contexts may share one Model.
 #pragma once
 #include <cstdint>
@@ -35,9 +37,10 @@ struct Batch {
   std::vector<int32_t> pos;
   std::vector<int32_t> seq;
   std::vector<uint8_t> output;  // 1: compute this token's logits
-  void clear() { token.clear(); pos.clear(); seq.clear(); output.clear(); }
-  void add(int32_t tok, int32_t p, int32_t s, bool out) {
-    token.push_back(tok); pos.push_back(p); seq.push_back(s); output.push_back(out ? 1 : 0);
+  std::vector<uint8_t> keep;    // 1: keep the recurrent state after this token (Memory::rec_keep_slot)
+  void clear() { token.clear(); pos.clear(); seq.clear(); output.clear(); keep.clear(); }
+  void add(int32_t tok, int32_t p, int32_t s, bool out, bool kp = false) {
+    token.push_back(tok); pos.push_back(p); seq.push_back(s); output.push_back(out ? 1 : 0); keep.push_back(kp ? 1 : 0);
   }
   // Appends a run of tokens of sequence s starting at pos0; logits for all tokens or just the last.
   void add_run(std::span<const int32_t> toks, int32_t pos0, int32_t s, bool all_logits, bool last_logits = true) {

@@ -186,6 +186,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   mo.n_seq = p.n_parallel;
   mo.type_k = o.type_k;
   mo.type_v = o.type_v;
+  mo.n_spec = o.n_spec;
   auto lay = Memory::layout(c, mo);
   KILN_TRY(lay);
   {

@@ -60,6 +60,7 @@ struct PlanOptions {
   int64_t cache_ram_bytes = 0;   // --cache-ram in bytes (< 0 unlimited: not counted, said so)
   bool spec_mtp = false;         // --spec-type draft-mtp: the MTP head, its KV and draft scratch
   int64_t n_draft = 16;          // draft tokens per step (llama-server's --draft-max default)
+  int n_spec = 0;                // speculative decoding: recurrent keep slots per sequence (MemoryOptions::n_spec)
   int64_t image_max_tokens = 1024;  // image tokens (after the projector's merge) one image may give
 };
 

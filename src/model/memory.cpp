@@ -29,6 +29,7 @@ Result<std::unique_ptr<Memory>> Memory::create(const Model& m, const MemoryOptio
 Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions& opt) {
   if (opt.n_ctx <= 0 || opt.n_ctx > (int64_t(1) << 24)) return err("context size {} out of range", opt.n_ctx);
   if (opt.n_seq <= 0 || opt.n_seq > 4096) return err("sequence count {} out of range", opt.n_seq);
+  if (opt.n_spec < 0 || opt.n_spec > 64) return err("--spec-draft-n-max {}: speculative keep slots out of range [0, 64]", opt.n_spec);
   for (auto [t, what] : {std::pair{opt.type_k, "-ctk/--cache-type-k"}, std::pair{opt.type_v, "-ctv/--cache-type-v"}}) {
     if (t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::Q8_0 && t != GgmlType::Q4_0)
       return err("{} {}: supported KV cache types are f32, f16, q8_0, q4_0", what, gguf::type_name(t));
@@ -51,7 +52,8 @@ Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions&
   const size_t k_bytes = l.k_row * size_t(Hkv) * size_t(opt.n_ctx) * size_t(opt.n_seq);
   const size_t v_bytes = l.v_row * size_t(Hkv) * size_t(opt.n_ctx) * size_t(opt.n_seq);
   l.attn_layer_bytes = at(k_bytes) + v_bytes;
-  l.rec_layer_bytes = at(l.conv_floats * size_t(opt.n_seq) * sizeof(float)) + l.ssm_floats * size_t(opt.n_seq) * sizeof(float);
+  const size_t rec_slots = size_t(opt.n_seq) * size_t(1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0));
+  l.rec_layer_bytes = at(l.conv_floats * rec_slots * sizeof(float)) + l.ssm_floats * rec_slots * sizeof(float);
   for (int64_t il = 0; il < cfg.n_layer; ++il) ++(cfg.is_recurrent(il) ? l.n_rec : l.n_attn);
   l.kv_bytes_per_pos = size_t(l.n_attn) * (l.k_row + l.v_row) * size_t(Hkv);
   return l;
@@ -69,6 +71,7 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   m->v_row_ = lay->v_row;
   const int64_t dc = std::max<int64_t>(0, cfg.ssm_d_conv - 1), C = cfg.ssm_conv_dim(), S = cfg.ssm_d_state,
                 Hv = cfg.ssm_dt_rank, D = cfg.head_dim, Hkv = cfg.n_head_kv, N = opt.n_seq;
+  const int64_t per_seq = 1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0), NR = N * per_seq;
   m->conv_floats_ = lay->conv_floats;
   m->ssm_floats_ = lay->ssm_floats;
   m->layers_.resize(size_t(cfg.n_layer));
@@ -90,8 +93,8 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
     Tensor a, b;
     if (cfg.is_recurrent(il)) {
       m->rec_layers_.push_back(il);
-      a = Tensor::make(nullptr, 0, GgmlType::F32, {dc, C, 1, N});
-      b = Tensor::make(nullptr, 0, GgmlType::F32, {S, S, Hv, N});
+      a = Tensor::make(nullptr, 0, GgmlType::F32, {dc, C, 1, NR});
+      b = Tensor::make(nullptr, 0, GgmlType::F32, {S, S, Hv, NR});
     } else {
       m->attn_layers_.push_back(il);
       a = Tensor::make(nullptr, 0, opt.type_k, {D, Hkv, opt.n_ctx, N});
@@ -109,6 +112,9 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   }
   m->sync();
   m->pos_.assign(size_t(opt.n_seq), 0);
+  m->rec_phys_.resize(size_t(N));
+  for (int64_t s = 0; s < N; ++s)
+    for (int64_t i = 0; i < per_seq; ++i) m->rec_phys_[size_t(s)].push_back(int(s * per_seq + i));
   return m;
 }
 
@@ -143,13 +149,39 @@ Tensor Memory::slot(const Tensor& state, int seq) {
                       {state.ne[0], state.ne[1], state.ne[2], 1});
 }
 
+int Memory::rec_slot(int seq) const {
+  KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
+  return rec_phys_[size_t(seq)][0];
+}
+
+int Memory::rec_keep_slot(int seq, int i) const {
+  KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
+  const auto& ph = rec_phys_[size_t(seq)];
+  KILN_CHECK(i >= 0 && size_t(i) + 1 < ph.size(), "keep slot {} of sequence {}: the memory has {} (n_spec)", i, seq,
+             ph.size() - 1);
+  return ph[size_t(i) + 1];
+}
+
+Status Memory::seq_accept(int seq, int64_t n_pos, int kept) {
+  const int64_t cur = seq_pos(seq);
+  if (n_pos < 1 || n_pos > cur) return err("seq_accept: position {} outside [1, {}]", n_pos, cur);
+  if (kept >= 0 && has_recurrent()) {
+    auto& ph = rec_phys_[size_t(seq)];
+    if (size_t(kept) + 1 >= ph.size())
+      return err("seq_accept: keep slot {} but the memory has {} per sequence (n_spec)", kept, ph.size() - 1);
+    std::swap(ph[0], ph[size_t(kept) + 1]);
+  }
+  pos_[size_t(seq)] = n_pos;
+  return {};
+}
+
 void Memory::seq_clear(int seq) {
   KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
   pos_[size_t(seq)] = 0;
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
-    L.st->fill_zero(slot(L.a, seq));
-    L.st->fill_zero(slot(L.b, seq));
+    L.st->fill_zero(slot(L.a, rec_slot(seq)));
+    L.st->fill_zero(slot(L.b, rec_slot(seq)));
   }
   sync();
 }
@@ -180,8 +212,8 @@ void Memory::seq_copy(int src, int dst) {
   }
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
-    L.st->copy(slot(L.a, dst), slot(L.a, src));
-    L.st->copy(slot(L.b, dst), slot(L.b, src));
+    L.st->copy(slot(L.a, rec_slot(dst)), slot(L.a, rec_slot(src)));
+    L.st->copy(slot(L.b, rec_slot(dst)), slot(L.b, rec_slot(src)));
   }
   sync();
   pos_[size_t(dst)] = n;
@@ -221,8 +253,8 @@ void Memory::read_rec(int seq, float* out) const {
   (void)seq_pos(seq);
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
-    L.st->download(out, slot(L.a, seq), conv_floats_ * sizeof(float));
-    L.st->download(out + conv_floats_, slot(L.b, seq), ssm_floats_ * sizeof(float));
+    L.st->download(out, slot(L.a, rec_slot(seq)), conv_floats_ * sizeof(float));
+    L.st->download(out + conv_floats_, slot(L.b, rec_slot(seq)), ssm_floats_ * sizeof(float));
     out += conv_floats_ + ssm_floats_;
   }
   sync();
@@ -232,8 +264,8 @@ void Memory::write_rec(int seq, const float* in) {
   (void)seq_pos(seq);
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
-    L.st->upload(slot(L.a, seq), in, conv_floats_ * sizeof(float));
-    L.st->upload(slot(L.b, seq), in + conv_floats_, ssm_floats_ * sizeof(float));
+    L.st->upload(slot(L.a, rec_slot(seq)), in, conv_floats_ * sizeof(float));
+    L.st->upload(slot(L.b, rec_slot(seq)), in + conv_floats_, ssm_floats_ * sizeof(float));
     in += conv_floats_ + ssm_floats_;
   }
   sync();

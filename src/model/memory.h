@@ -7,12 +7,16 @@
 // Layout: each layer's state is one Buffer on the device that layer runs on (Model::layer_device;
 //   the host for create(config)), seen as 4-D backend Tensors whose ne[3] is the slot: K and V
 //   [head_dim, n_head_kv, n_ctx, n_seq] per attention layer; conv [d_conv-1, conv_dim, 1, n_seq] and
-//   SSM [S, S, Hv, n_seq] per recurrent layer. Every move of state (clear, copy, snapshot, restore,
+//   SSM [S, S, Hv, n_seq * (1 + n_spec)] per recurrent layer. Every move of state (clear, copy, snapshot, restore,
 //   the runner's read/write of rows) goes through a Stream of that device: device copies when source
 //   and destination are both there, no host round trip; snapshots are host bytes.
 // Owns: all cache memory, allocated (and zeroed) once in create() (sized from n_ctx and n_seq); one
 //   Stream per device used, for the copies; nothing is allocated afterwards except by snapshot()
 //   (which the caller asks for explicitly).
+// Speculative rollback (MemoryOptions::n_spec > 0): each sequence owns 1 + n_spec recurrent state
+//   slots: its current one (rec_slot) and n_spec keep slots. A verify run asks (Batch::keep) for the
+//   state after each of its first tokens to be kept; seq_accept(seq, n, i) then makes keep slot i the
+//   current one by swapping slot indices (no state is copied) and truncates the attention KV to n.
 // Must not: know about tokens, requests or scheduling; run kernels other than copies.
 // Threading: one thread at a time (the one running Context::decode on it). Every method has
 //   synchronized its streams when it returns.
@@ -36,6 +40,8 @@ struct MemoryOptions {
   int n_seq = 1;                        // sequence slots
   GgmlType type_k = GgmlType::F16;      // -ctk: F32, F16, Q8_0, Q4_0
   GgmlType type_v = GgmlType::F16;      // -ctv: F32, F16, Q8_0, Q4_0
+  int n_spec = 0;                       // extra recurrent state slots per sequence (speculative verify:
+                                        // the most tokens of a verify run whose state is kept)
 };
 
 // A sequence's complete state at position `n_pos`: the first n_pos KV rows of each attention layer
@@ -54,7 +60,7 @@ struct Snapshot {
 struct MemoryLayout {
   size_t k_row = 0, v_row = 0;           // bytes of one head row of K / V
   size_t attn_layer_bytes = 0;           // one attention layer's buffer (all slots)
-  size_t rec_layer_bytes = 0;            // one recurrent layer's buffer (all slots)
+  size_t rec_layer_bytes = 0;            // one recurrent layer's buffer (all slots, keep slots included)
   size_t kv_bytes_per_pos = 0;           // K + V payload of one position of one sequence, all attention layers
   size_t conv_floats = 0, ssm_floats = 0;  // one sequence's recurrent state per recurrent layer
   int64_t n_attn = 0, n_rec = 0;         // layers of each kind
@@ -76,6 +82,7 @@ class Memory {
   const MemoryOptions& options() const { return opt_; }
   int64_t n_ctx() const { return opt_.n_ctx; }
   int n_seq() const { return opt_.n_seq; }
+  int n_spec() const { return opt_.n_spec; }
   bool has_recurrent() const { return !rec_layers_.empty(); }
   size_t total_bytes() const { return total_bytes_; }  // state payload (K, V, conv, SSM tensors)
   // Bytes of the layers' Buffers on device `dev` (the host when nullptr): what create() allocated there.
@@ -88,6 +95,15 @@ class Memory {
   // Keep positions [0, n_pos). Attention-only models: any n_pos <= seq_pos. With recurrent layers the
   // state cannot be rolled back: only n_pos == seq_pos (or 0) is allowed; use snapshots instead.
   Status seq_keep(int seq, int64_t n_pos);
+  // After a speculative verify run: keep positions [0, n_pos) (attention: the valid length; n_pos <=
+  // seq_pos) and make the recurrent state the one kept after the run's token `kept` (its index in the
+  // run, < n_spec; the slot indices are swapped, nothing is copied); kept = -1: the run's own final
+  // state stays (every token accepted). n_pos is the caller's: the position after that token.
+  Status seq_accept(int seq, int64_t n_pos, int kept);
+  // The recurrent state slot (index into ne[3] of conv_state / ssm_state) sequence seq uses now, and
+  // the one that receives the state after token i (< n_spec) of its verify run.
+  int rec_slot(int seq) const;
+  int rec_keep_slot(int seq, int i) const;
   // dst := src (KV rows [0, seq_pos(src)) and recurrent state).
   void seq_copy(int src, int dst);
   Snapshot snapshot(int seq) const;
@@ -97,8 +113,8 @@ class Memory {
   // Attention layer `il` (trunk index): K / V caches [head_dim, n_head_kv, n_ctx, n_seq].
   const backend::Tensor& k_cache(int64_t il) const;
   const backend::Tensor& v_cache(int64_t il) const;
-  // Recurrent layer `il`: conv state [d_conv-1, conv_dim, 1, n_seq] (row c = channel c), SSM state
-  // [S, S, Hv, n_seq], F32.
+  // Recurrent layer `il`: conv state [d_conv-1, conv_dim, 1, n_slots] (row c = channel c), SSM state
+  // [S, S, Hv, n_slots], F32; n_slots = n_seq * (1 + n_spec), sequence seq's state at rec_slot(seq).
   const backend::Tensor& conv_state(int64_t il) const;
   const backend::Tensor& ssm_state(int64_t il) const;
   // The device holding layer il's state.
@@ -145,6 +161,7 @@ class Memory {
   std::vector<std::pair<backend::Device*, std::unique_ptr<backend::Stream>>> streams_;
   std::vector<Layer> layers_;              // [n_layer] (empty dev for none)
   std::vector<int64_t> pos_;
+  std::vector<std::vector<int>> rec_phys_;  // [n_seq][1 + n_spec]: [0] the current slot, then the keep slots
 };
 
 }  // namespace kiln::model

@@ -14,7 +14,9 @@
 //    libm; rms_norm_gated keeps those rows); sigmoid / softplus / add / mul are independent of the row
 //    split. The projections sharing the normed input go through one matmul_n; the delta-net's
 //    gates + conv + L2 norms (delta_prep) and recurrence + gated norm (gated_delta_norm) are fused
-//    ops (the CPU makes the same unfused calls; a GPU runs one kernel each for small batches).
+//    ops (the CPU makes the same unfused calls; a GPU runs one kernel each for small batches). The
+//    recurrent ops index state by the tokens' recurrent slots (a.rseq, Memory::rec_slot) and keep the
+//    per-token states a speculative verify run asks for (a.keep).
 #include "model/blocks.h"
 
 namespace kiln::model {
@@ -52,14 +54,14 @@ void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const Tensor w[] = {L.ssm_qkv.t, L.ssm_gate.t, L.ssm_beta.t, L.ssm_alpha.t}, y[] = {mixed, s.a.z, s.a.beta, s.a.g};
   s.st.matmul_n(w, y, 4, s.a.cur);
   // beta = sigmoid(beta); g = softplus(g + dt) * a; causal conv + SiLU; L2 norm of the q and k heads.
-  s.st.delta_prep(mixed, S, Hk, L.ssm_conv1d.t, s.a.seq, mem.conv_state(il), s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t,
-                  c.rms_eps);
+  s.st.delta_prep(mixed, S, Hk, L.ssm_conv1d.t, s.a.rseq, mem.conv_state(il), s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t,
+                  c.rms_eps, s.a.keep);
   const Tensor q = rows_view(mixed, S, Hk, T, S, conv), k = rows_view(mixed, S, Hk, T, S, conv, kd),
                v = rows_view(mixed, S, Hv, T, S, conv, 2 * kd);
   const Tensor out = dense_view(s.a.dout, S, Hv, T), z = dense_view(s.a.z, S, Hv, T);
   // The recurrence, then the gated RMSNorm per head (rms_norm, silu(z), mul; z is scratch after).
-  s.st.gated_delta_norm(q, k, v, s.a.g, s.a.beta, s.a.seq, mem.ssm_state(il), out, s.opt.delta_chunk_min,
-                        L.ssm_norm.t, z, c.rms_eps);
+  s.st.gated_delta_norm(q, k, v, s.a.g, s.a.beta, s.a.rseq, mem.ssm_state(il), out, s.opt.delta_chunk_min,
+                        L.ssm_norm.t, z, c.rms_eps, s.a.keep);
   s.st.matmul(L.ssm_out.t, s.a.dout, s.a.tmp);
 }
 

@@ -29,6 +29,8 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
       p.beta = f32(c.ssm_dt_rank);                       // [Hv, B]
       p.g = f32(c.ssm_dt_rank);                          // [Hv, B]
       p.dout = f32(c.ssm_value_dim());                   // [value_dim, B]
+      p.rseq = i32(B);                                   // [B]
+      p.keep = i32(B);                                   // [B]
     }
     if (c.n_expert > 0) {
       p.router = f32(c.n_expert);                        // [n_expert, B]

@@ -362,7 +362,9 @@ json timings_json(const engine::Timings& t) {
               {"predicted_n", t.predicted_n},
               {"predicted_ms", t.predicted_ms},
               {"predicted_per_token_ms", t.predicted_n > 0 ? t.predicted_ms / double(t.predicted_n) : 0.0},
-              {"predicted_per_second", per_s(t.predicted_n, t.predicted_ms)}};
+              {"predicted_per_second", per_s(t.predicted_n, t.predicted_ms)},
+              {"draft_n", t.draft_n},
+              {"draft_n_accepted", t.draft_n_accepted}};
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
@@ -391,6 +393,9 @@ std::string metrics_text(const engine::Metrics& m, uint64_t http_requests, uint6
   metric("llamacpp:requests_processing", "gauge", "Number of requests processing.", double(m.busy_slots));
   metric("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", double(m.queue_length));
   metric("llamacpp:n_tokens_max", "gauge", "Largest observed n_tokens.", double(m.max_tokens_seen));
+  metric("llamacpp:n_draft_total", "counter", "Speculative decoding: draft tokens verified.", double(m.draft_tokens));
+  metric("llamacpp:n_draft_accepted_total", "counter", "Speculative decoding: draft tokens accepted.",
+         double(m.draft_tokens_accepted));
   metric("kiln:requests_submitted_total", "counter", "Generation requests submitted to the engine.", double(m.requests_submitted));
   metric("kiln:requests_finished_total", "counter", "Generation requests finished (any reason).", double(m.requests_finished));
   metric("kiln:requests_cancelled_total", "counter", "Generation requests cancelled (client gone).", double(m.requests_cancelled));

@@ -300,6 +300,70 @@ const std::vector<Opt>& table() {
     add_int({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
         "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)", -1, int64_t(1) << 32,
         [](ServerOptions& so, int64_t x) { so.cache_ram_mib = x; so.engine.cache_ram_bytes = x < 0 ? -1 : (x << 20); });
+    // ---- speculative decoding (llama-server's names; docs/engine.md "Speculative decoding") ----
+    add({"--spec-type"}, env_of("SPEC_TYPE"), "TYPE",
+        "none|ngram-simple|draft-mtp|draft-simple: speculative decoding (default none)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto t = engine::spec_type_from_name(v);
+          if (!t) return err("{}: unknown speculative type '{}' (none|ngram-simple|draft-mtp|draft-simple)", src, v);
+          so.engine.spec.type = *t;
+          return {};
+        });
+    add_int({"--spec-draft-n-max", "--draft-max", "--draft", "--draft-n"}, env_of("SPEC_DRAFT_N_MAX"), "N",
+            "most draft tokens per step (default 3)", 0, 16, [](ServerOptions& so, int64_t x) { so.engine.spec.n_max = int(x); });
+    add_int({"--spec-draft-n-min", "--draft-min", "--draft-n-min"}, env_of("SPEC_DRAFT_N_MIN"), "N",
+            "shorter drafts are not verified (default 0)", 0, 16, [](ServerOptions& so, int64_t x) { so.engine.spec.n_min = int(x); });
+    add({"--spec-draft-p-min", "--draft-p-min"}, env_of("SPEC_DRAFT_P_MIN"), "P",
+        "a model drafter stops at a token below this probability (default 0.75)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_float(v, src, 0.0, 1.0);
+          KILN_TRY(x);
+          so.engine.spec.p_min = float(*x);
+          return {};
+        });
+    add_int({"--spec-ngram-size-n"}, env_of("SPEC_NGRAM_SIZE_N"), "N", "ngram-simple: the n-gram length matched (default 3)", 1,
+            64, [](ServerOptions& so, int64_t x) { so.engine.spec.ngram_n = int(x); });
+    add({"-md", "--model-draft", "--spec-draft-model"}, env_of("SPEC_DRAFT_MODEL"), "FNAME",
+        "draft model for --spec-type draft-simple (not supported yet: the server refuses it at load)",
+        [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
+          so.engine.spec.model_draft = v;
+          return {};
+        });
+    add_int({"-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"}, env_of("N_GPU_LAYERS_DRAFT"), "N",
+            "layers of the draft model on the GPU (draft-simple)", -1, 100000,
+            [](ServerOptions& so, int64_t x) { so.engine.spec.n_gpu_layers_draft = int(x); });
+    add({"-ctkd", "--cache-type-k-draft"}, env_of("SPEC_DRAFT_CACHE_TYPE_K"), "TYPE", "KV cache type for K of the draft model",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          KILN_TRY(to_cache_type(v, src));
+          so.engine.spec.type_k_draft = v;
+          return {};
+        });
+    add({"-ctvd", "--cache-type-v-draft"}, env_of("SPEC_DRAFT_CACHE_TYPE_V"), "TYPE", "KV cache type for V of the draft model",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          KILN_TRY(to_cache_type(v, src));
+          so.engine.spec.type_v_draft = v;
+          return {};
+        });
+    add({"--spec-synth-len"}, env_of("SPEC_SYNTH_LEN"), "L",
+        "benchmarking only: accept drafts at random with mean accepted length L (target token included); output invalid",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto x = to_float(v, src, 1.0, 17.0);
+          KILN_TRY(x);
+          so.engine.spec.synth_len = *x;
+          return {};
+        });
+    add({"--spec-synth-rates"}, env_of("SPEC_SYNTH_RATES"), "P0,P1,...",
+        "benchmarking only: unconditional per-position synthetic acceptance probabilities; output invalid",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          so.engine.spec.synth_rates.clear();
+          for (const auto& p : split_commas(v)) {
+            auto x = to_float(p, src, 0.0, 1.0);
+            KILN_TRY(x);
+            so.engine.spec.synth_rates.push_back(*x);
+          }
+          if (so.engine.spec.synth_rates.empty()) return err("{}: expected comma-separated probabilities", src);
+          return {};
+        });
     add({"-sps", "--slot-prompt-similarity"}, env_of("SLOT_PROMPT_SIMILARITY"), "F",
         "accepted for compatibility (0..1): kiln reuses prefixes across all slots",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {

@@ -213,7 +213,8 @@ void Server::Impl::h_slots(const httplib::Request&, httplib::Response& res) {
   for (const auto& s : eng->slots())
     a.push_back({{"id", s.id},          {"id_task", s.busy ? int64_t(s.request_id) : -1}, {"n_ctx", s.n_ctx},
                  {"is_processing", s.busy}, {"n_past", s.n_past},                        {"n_prompt_tokens", s.n_prompt},
-                 {"n_decoded", s.n_decoded}, {"cache_n", s.cache_n}});
+                 {"n_decoded", s.n_decoded}, {"cache_n", s.cache_n},
+                 {"draft_n", s.draft_n},     {"draft_n_accepted", s.draft_n_accepted}});
   send_json(res, a);
 }
 

@@ -143,15 +143,17 @@ size_t attention_workspace(const AttnArgs& a, int64_t n_tok);
 void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, SeqMem k, SeqMem v, const AttnArgs& a,
                Rows out);
 // x, y [C, T] (column stride in floats; y may be x); w [d_conv, C]; state (ne0 = d_conv-1, ne1 = C).
+// keep (every recurrent launcher): nullptr, or I32 [T] on the device: keep[t] >= 0 also writes the state
+// as of the end of token t to slot keep[t] (backend::Stream::conv1d_silu's rule).
 void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float* w, int d_conv, int64_t C,
-                 const int32_t* seq, SeqMem state, float* y, int64_t y_stride, int64_t T);
+                 const int32_t* seq, SeqMem state, float* y, int64_t y_stride, int64_t T, const int32_t* keep = nullptr);
 // q, k rows [S, Hk, T]; v rows [S, Hv, T]; g, beta [Hv, T] contiguous; state (ne0 = S, ne1 = S,
 // ne2 = Hv) F32; out rows [S, Hv, T]. chunk = 0: the recurrence for every run; > 0: runs of at least
 // `chunk` tokens take the chunked form (ContextOptions::delta_chunk_min; the chunk length is the
 // launcher's own choice), shorter runs the recurrence.
 size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok);
 void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta, const int32_t* seq,
-                 SeqMem state, Rows out, int chunk);
+                 SeqMem state, Rows out, int chunk, const int32_t* keep = nullptr);
 
 // ---- fused delta-net ops for small batches (deltanet_fused.cu) --------------------------------
 // Each returns false, enqueuing nothing, where its kernel does not cover the shape (more than 64
@@ -160,10 +162,11 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
 // in place: gates (delta_gates on beta, g [Hv, T]), conv1d_silu with its state, L2 norm of each q/k head.
 bool delta_prep_fused(const Launch& L, float* x, int64_t x_stride, int64_t S, int64_t Hk, int64_t Hv, const float* w,
                       int d_conv, const int32_t* seq, SeqMem state, Rows beta, Rows g, const float* dt_bias,
-                      const float* a, float eps, int64_t T);
+                      const float* a, float eps, int64_t T, const int32_t* keep = nullptr);
 // gated_delta (as above, every run the recurrence) then rms_norm_gated(out, norm_w, z, eps).
 bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta,
-                            const int32_t* seq, SeqMem state, Rows out, const float* norm_w, Rows z, float eps);
+                            const int32_t* seq, SeqMem state, Rows out, const float* norm_w, Rows z, float eps,
+                            const int32_t* keep = nullptr);
 
 // ---- profiling aid (elementwise.cu) -------------------------------------------------------------
 // One thread that spins for `us` microseconds of device time: holds the stream back while the host

@@ -44,6 +44,7 @@ struct ConvK {
   int64_t xs;
   const float* w;  // [d_conv, C]: row c = the taps of channel c, oldest first
   const int32_t* seq;
+  const int32_t* keep;  // nullptr, or per token: the slot that also receives the state after it (-1: none)
   char* st;  // row c of slot s at st + c*nb1 + s*nb3: d_conv-1 floats, oldest first
   size_t nb1, nb3;
   float* y;
@@ -99,6 +100,26 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
       a.y[(t0 + r) * a.ys + c] = acc / (1.0f + expf(-acc));
     }
     __syncthreads();  // every run start has read its state
+    // kept tokens (speculative verification): the state a run ending here would leave, into slot keep[t]
+    if (a.keep) {
+#pragma unroll
+      for (int i = 0; i < kConvTT / kConvWarps; ++i) {
+        const int r = warp + i * kConvWarps;
+        if (r >= n || !cok) continue;
+        const int ks = a.keep[t0 + r];
+        if (ks < 0) continue;
+        const int sl = sq[H + r];
+        int back = 0;
+        while (back < H && sq[H + r - back - 1] == sl) ++back;
+        const float* sp = state(sl);
+        float* kp = state(ks);
+#pragma unroll
+        for (int j = 0; j < H; ++j) {
+          const int m = H - 1 - j;
+          kp[j] = m <= back ? xt[H + r - m][lane] : sp[H - (m - back)];
+        }
+      }
+    }
     // run ends: the state becomes the run's last H inputs (older ones from the old state)
 #pragma unroll
     for (int i = 0; i < kConvTT / kConvWarps; ++i) {
@@ -192,6 +213,11 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
         const float o = (decay * pq + dl * kq) * a.qscale;
         if (rows_ok) gdn_update16(M, &ks[u][i0], dl, decay);
         if (gl == 0 && col_ok) a.out[int64_t(t0 + u) * a.o_s2 + int64_t(h) * a.o_s1 + col] = o;
+        if (a.keep && act) {  // speculative verification: this token's state into its keep slot
+          const int kslot = a.keep[t0 + u];
+          if (kslot >= 0)
+            gdn_store16<VEC>(reinterpret_cast<float*>(a.st + size_t(col) * a.nb1 + size_t(h) * a.nb2 + size_t(kslot) * a.nb3) + i0, M);
+        }
       }
       __syncthreads();  // the chunk is consumed before the next one is staged
       if (u < kCh) break;  // the run (or the batch) ended inside this chunk
@@ -209,12 +235,12 @@ void launch_gdn(const GdnK& k, bool vec, dim3 grid, cudaStream_t st) {
 }  // namespace
 
 void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float* w, int d_conv, int64_t C,
-                 const int32_t* seq, SeqMem state, float* y, int64_t y_stride, int64_t T) {
+                 const int32_t* seq, SeqMem state, float* y, int64_t y_stride, int64_t T, const int32_t* keep) {
   if (T == 0 || C == 0) return;
   KILN_CHECK(d_conv >= 2 && d_conv <= 8, "conv1d_silu: d_conv {} (supported 2..8)", d_conv);
   KILN_CHECK(state.type == GgmlType::F32 && state.ne0 == d_conv - 1 && state.ne1 == C,
              "conv1d_silu: state must be F32 [{}, {}] (got [{}, {}])", d_conv - 1, C, state.ne0, state.ne1);
-  ConvK a{x, x_stride, w, seq, static_cast<char*>(state.p), state.nb1, state.nb3, y, y_stride, C, T};
+  ConvK a{x, x_stride, w, seq, keep, static_cast<char*>(state.p), state.nb1, state.nb3, y, y_stride, C, T};
   const unsigned blocks = unsigned((C + kConvCh - 1) / kConvCh);
   switch (d_conv) {
     case 2: conv_kernel<2><<<blocks, kConvCh * kConvWarps, 0, L.stream>>>(a); break;
@@ -229,7 +255,7 @@ void conv1d_silu(const Launch& L, const float* x, int64_t x_stride, const float*
 }
 
 void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta, const int32_t* seq,
-                 SeqMem state, Rows out, int chunk) {
+                 SeqMem state, Rows out, int chunk, const int32_t* keep) {
   const int64_t T = v.n2, S = v.ne0, Hv = v.n1, Hk = q.n1;
   if (T == 0) return;
   KILN_CHECK(S >= 16 && S <= 256 && S % 16 == 0, "gated_delta: S {} (supported: multiples of 16 up to 256)", S);
@@ -242,7 +268,7 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
   a.q = q.p, a.q_s1 = q.s1, a.q_s2 = q.s2;
   a.k = k.p, a.k_s1 = k.s1, a.k_s2 = k.s2;
   a.v = v.p, a.v_s1 = v.s1, a.v_s2 = v.s2;
-  a.g = g, a.beta = beta, a.seq = seq;
+  a.g = g, a.beta = beta, a.seq = seq, a.keep = keep;
   a.st = static_cast<char*>(state.p), a.nb1 = state.nb1, a.nb2 = state.nb2, a.nb3 = state.nb3;
   a.out = out.p, a.o_s1 = out.s1, a.o_s2 = out.s2;
   a.S = int(S), a.Hk = int(Hk), a.Hv = int(Hv), a.T = int(T);

@@ -36,6 +36,7 @@ struct PrepK {
   int64_t xs;
   const float* w;  // conv taps [K, C], oldest first
   const int32_t* seq;
+  const int32_t* keep;  // nullptr, or per token: the slot that also receives the state after it (-1: none)
   char* st;  // conv state row c of slot s at st + c * nb1 + s * nb3 (K - 1 floats, oldest first)
   size_t nb1, nb3;
   Rows beta, g;  // [Hv, T]
@@ -81,6 +82,11 @@ __global__ void delta_prep_kernel(const PrepK p) {
 #pragma unroll
     for (int j = 0; j + 1 < H; ++j) win[j] = win[j + 1];
     win[H - 1] = xv;
+    if (p.keep && p.keep[t] >= 0) {  // speculative verification: this token's state into its keep slot
+      float* kp = reinterpret_cast<float*>(p.st + size_t(c) * p.nb1 + size_t(p.keep[t]) * p.nb3);
+#pragma unroll
+      for (int j = 0; j < H; ++j) kp[j] = win[j];
+    }
     if (t + 1 == p.T || p.seq[t + 1] != s)
 #pragma unroll
       for (int j = 0; j < H; ++j) sp[j] = win[j];
@@ -149,6 +155,12 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
         const float dl = (vs[u][col] - decay * pk) * bs[u];
         const float o = (decay * pq + dl * kq) * a.r.qscale;
         gdn_update16(M, &ks[u][i0], dl, decay);
+        if (a.r.keep) {  // speculative verification: this token's state into its keep slot (uniform branch)
+          const int kslot = a.r.keep[t0 + u];
+          if (kslot >= 0)
+            gdn_store16<VEC>(reinterpret_cast<float*>(a.r.st + size_t(col) * a.r.nb1 + size_t(h) * a.r.nb2 +
+                                                      size_t(kslot) * a.r.nb3) + i0, M);
+        }
         // The gated RMSNorm of the head's S outputs of this token.
         const float sq = block_sum(gl == 0 ? o * o : 0.0f, red);
         const float sc = 1.f / sqrtf(sq * (1.0f / float(S)) + a.eps);
@@ -165,14 +177,14 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
 
 bool delta_prep_fused(const Launch& L, float* x, int64_t x_stride, int64_t S, int64_t Hk, int64_t Hv, const float* w,
                       int d_conv, const int32_t* seq, SeqMem state, Rows beta, Rows g, const float* dt_bias,
-                      const float* a, float eps, int64_t T) {
+                      const float* a, float eps, int64_t T, const int32_t* keep) {
   if (T == 0) return true;
   if (T > kFusedMaxT || d_conv != 4 || S % 32 != 0 || S > 1024 || state.type != GgmlType::F32) return false;
   const int64_t C = (2 * Hk + Hv) * S;
   KILN_CHECK(state.ne0 == d_conv - 1 && state.ne1 == C, "delta_prep: conv state [{}, {}], expected [{}, {}]", state.ne0,
              state.ne1, d_conv - 1, C);
   KILN_CHECK(beta.ne0 == Hv && g.ne0 == Hv && n_rows(beta) == T && n_rows(g) == T, "delta_prep: beta/g [{}, {}]", Hv, T);
-  PrepK p{x, x_stride, w, seq, static_cast<char*>(state.p), state.nb1, state.nb3, beta, g, dt_bias, a, int(Hk), int(T),
+  PrepK p{x, x_stride, w, seq, keep, static_cast<char*>(state.p), state.nb1, state.nb3, beta, g, dt_bias, a, int(Hk), int(T),
           eps};
   delta_prep_kernel<4><<<unsigned(2 * Hk + Hv), unsigned(S), 0, L.stream>>>(p);
   KILN_CUDA_LAUNCHED("delta_prep");
@@ -180,7 +192,8 @@ bool delta_prep_fused(const Launch& L, float* x, int64_t x_stride, int64_t S, in
 }
 
 bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float* g, const float* beta,
-                            const int32_t* seq, SeqMem state, Rows out, const float* norm_w, Rows z, float eps) {
+                            const int32_t* seq, SeqMem state, Rows out, const float* norm_w, Rows z, float eps,
+                            const int32_t* keep) {
   const int64_t T = v.n2, S = v.ne0, Hv = v.n1, Hk = q.n1;
   if (T == 0) return true;
   if (T > kFusedMaxT || (S != 64 && S != 128) || state.type != GgmlType::F32) return false;
@@ -194,7 +207,7 @@ bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float
   b.q = q.p, b.q_s1 = q.s1, b.q_s2 = q.s2;
   b.k = k.p, b.k_s1 = k.s1, b.k_s2 = k.s2;
   b.v = v.p, b.v_s1 = v.s1, b.v_s2 = v.s2;
-  b.g = g, b.beta = beta, b.seq = seq;
+  b.g = g, b.beta = beta, b.seq = seq, b.keep = keep;
   b.st = static_cast<char*>(state.p), b.nb1 = state.nb1, b.nb2 = state.nb2, b.nb3 = state.nb3;
   b.out = out.p, b.o_s1 = out.s1, b.o_s2 = out.s2;
   b.S = int(S), b.Hk = int(Hk), b.Hv = int(Hv), b.T = int(T), b.range = 1;

@@ -1,0 +1,113 @@
+// engine/engine_spec.cpp — speculative decoding in the scheduler (Engine::Impl's spec_* methods):
+//   drafting before a step, verification after it, and the rollback of rejected tokens.
+// A generating request with a draft d0..d(k-1) feeds the run [next_token, d0, ..., d(k-1)] (every
+//   token an output row; the recurrent state kept after each of the first k tokens). After the
+//   decode, position i's logits are sampled as usual (penalties, grammar mask, temperature: the
+//   request's own Sampler, one draw per emitted token); the draft token is accepted when the sample
+//   equals it. The first mismatch (or position k) emits the sample and ends the verification.
+//   Because the drafters are deterministic (a point-mass draft distribution), "accept iff the target's
+//   own sample equals the draft" is exactly speculative sampling's rule, so the emitted tokens follow
+//   the target distribution; with the same seed they are the very tokens plain decoding emits.
+//   The memory is then rolled back to the last accepted token (Runner::seq_accept: the attention KV
+//   length and a switch of recurrent state slots), once, before anything reads it (settle()).
+// Synthetic acceptance (--spec-synth-*, benchmarking): position i < k is accepted with the curve's
+//   conditional probability instead, emitting the draft token (the output is not the model's).
+// Must not: see JSON or HTTP. Threading: the engine thread only.
+#include <algorithm>
+
+#include "core/log.h"
+#include "engine/engine_impl.h"
+
+namespace kiln::engine {
+
+void Engine::Impl::spec_start(Active& a) {
+  const SpecOptions& so = eng.opt_.spec;
+  const uint32_t seed = a.req.sampling.seed == 0xFFFFFFFFu ? std::random_device{}() : a.req.sampling.seed;
+  a.spec.start(so.n_max, seed ^ 0x5bd1e995u);
+}
+
+// The draft for this step (a.draft), at most `cap` tokens.
+void Engine::Impl::make_draft(Active& a, int64_t cap) {
+  a.draft.clear();
+  const SpecOptions& so = eng.opt_.spec;
+  if (!so.on() || a.req.embed) return;
+  if (a.spec.pause > 0) {
+    --a.spec.pause;
+    return;
+  }
+  int64_t k = std::min<int64_t>(synth.empty() ? a.spec.k : so.n_max, cap);
+  k = std::min<int64_t>(k, n_ctx_slot - a.n_past - 1);  // every fed position must fit the slot
+  if (a.req.max_tokens >= 0) k = std::min<int64_t>(k, a.req.max_tokens - a.n_decoded - 1);
+  if (k <= 0) return;
+  if (so.type == SpecType::NgramSimple) {
+    std::vector<int32_t>& h = slots[size_t(a.slot)].tokens;
+    h.push_back(a.next_token);
+    a.draft = ngram_draft(h, so.ngram_n, int(k));
+    h.pop_back();
+  }
+  // Drafts end at an end-of-generation token, and where the request's grammar rejects a token
+  // (they could never be accepted).
+  for (size_t i = 0; i < a.draft.size(); ++i)
+    if (is_eog(a.draft[i])) {
+      a.draft.resize(i + 1);
+      break;
+    }
+  if (a.matcher && a.grammar_on && synth.empty()) {
+    GrammarMatcher m = *a.matcher;  // already past next_token (process_token fed it)
+    for (size_t i = 0; i < a.draft.size(); ++i)
+      if (is_eog(a.draft[i]) ? !m.can_end() : !m.accept_token(a.draft[i])) {
+        a.draft.resize(i);
+        break;
+      }
+  }
+  if (int(a.draft.size()) < std::max(1, so.n_min)) a.draft.clear();
+}
+
+// After the decode: sample the run's rows in order, accept the matching drafts, emit the first
+// mismatch (or the bonus token after a fully accepted draft), roll the memory back.
+void Engine::Impl::verify(Active& a) {
+  SlotState& ss = slots[size_t(a.slot)];
+  const int64_t n0 = a.n_past;
+  const int k = int(a.draft.size());
+  int accepted = 0;
+  a.spec.draft_n += k;
+  if (k > 0) {
+    std::lock_guard<std::mutex> lk(pub_mu);
+    metrics.draft_tokens += uint64_t(k);
+  }
+  for (int i = 0; i <= k; ++i) {
+    ss.tokens.push_back(i == 0 ? a.next_token : a.draft[size_t(i - 1)]);
+    a.n_past = n0 + 1 + i;
+    if (k > 0) a.pend = {true, a.n_past, i == k ? -1 : i};  // the memory as of this token
+    const float* lg = runner->logits(a.out_row + i);
+    int32_t t = sample(a, lg);
+    bool acc = false;
+    if (i < k) {
+      if (!synth.empty()) {
+        acc = std::uniform_real_distribution<double>(0.0, 1.0)(a.spec.rng) < synth[size_t(i)];
+        if (acc) t = a.draft[size_t(i)];
+      } else {
+        acc = t == a.draft[size_t(i)];
+      }
+    }
+    if (acc) {
+      ++accepted;
+      ++a.spec.draft_n_accepted;
+      std::lock_guard<std::mutex> lk(pub_mu);
+      metrics.draft_tokens_accepted++;
+    }
+    process_token(a, t, lg);  // may finish the request (finish() settles first)
+    if (a.finished || !acc) break;
+  }
+  settle(a);
+  a.spec.update(k, accepted, eng.opt_.spec.n_max, synth.empty());
+}
+
+void Engine::Impl::settle(Active& a) {
+  if (!a.pend.on) return;
+  a.pend.on = false;
+  Status s = runner->seq_accept(a.slot, a.pend.n_pos, a.pend.kept);
+  KILN_CHECK(s.ok(), "speculative rollback of slot {}: {}", a.slot, s.ok() ? "" : s.error().message);
+}
+
+}  // namespace kiln::engine
