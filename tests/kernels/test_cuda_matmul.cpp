@@ -240,7 +240,7 @@ void every_type(int mode) {
       const Weights w = make_weights(t, c.k, c.n, c.pad, seed++);
       Dev<uint8_t> dw(w.bytes);
       for (int64_t m : c.ms) {
-        if (q8 && m > 16 && !cu::detail::mmq_used(t, m)) continue;  // int8 x: mat-vec and tensor-core paths
+        if (q8 && m > 16) continue;
         SCOPED_TRACE("k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) + " m=" + std::to_string(m) +
                      (c.pad ? " padded rows" : "") + (c.odd_x ? " odd x stride" : ""));
         const int64_t xs = c.odd_x ? c.k + 1 : c.k + 4, ys = c.n + 3, xoff = c.odd_x ? 1 : 0;
@@ -452,8 +452,7 @@ TEST(CudaMatmul, MatmulNSharedX) {
             for (int i = 0; i < nw; ++i) {
               const std::vector<float> y = dy[size_t(i)]->down();
               const int64_t ys = ws[i].y_stride, n = mix.n[i];
-              const bool q8 = mode >= 2 && (m <= 16 || cu::detail::mmq_used(mix.t[i], m)) &&
-                              cu::detail::matvec_q8_supported(mix.t[i]);
+              const bool q8 = mode >= 2 && m <= 16 && cu::detail::matvec_q8_supported(mix.t[i]);
               ErrAcc err;
               Q8Acc qa;
               int64_t touched = 0;
@@ -642,62 +641,6 @@ TEST(CudaMatmulBench, Decode) {
           std::printf("BENCH %-6s k=%-5lld n=%-6lld m=%-4lld %8.2f us  %7.1f TFLOP/s\n", tn, (long long)s.k,
                       (long long)s.n, (long long)m, sec * 1e6, 2.0 * double(s.k) * double(s.n) * double(m) / sec * 1e-12);
         }
-      for (auto* p : ws) delete p;
-    }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-}
-
-// Timing only (KILN_CUDA_BENCH=1): batched-decode column counts, the int8 tensor-core kernel
-// (mmq.cuh) against the path it replaced (mat-vec passes of 8 columns up to 16, cuBLAS above).
-TEST(CudaMatmulBench, Batched) {
-  const char* on = std::getenv("KILN_CUDA_BENCH");
-  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "timing only with KILN_CUDA_BENCH=1";
-  KILN_REQUIRE_GPU();
-  Gpu gpu;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  struct Shape {
-    int64_t k, n;
-  };
-  const Shape shapes[] = {{4096, 12288}, {12288, 4096}, {4096, 4096}, {4096, 248320}};
-  const GgmlType types[] = {GgmlType::IQ4_XS, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0};
-  std::printf("BENCH batched %-6s %5s %6s %3s | %10s %8s | %10s %8s | %s\n", "type", "k", "n", "m", "mmq us", "GB/s",
-              "before us", "GB/s", "speed-up");
-  for (GgmlType t : types)
-    for (const Shape& s : shapes) {
-      const size_t rb = kiln::tensor::row_size(t, s.k), bytes = rb * size_t(s.n);
-      const int copies = int(std::max<size_t>(1, (size_t(400) << 20) / bytes + 1));
-      std::vector<Dev<uint8_t>*> ws;
-      for (int i = 0; i < copies; ++i) {
-        ws.push_back(new Dev<uint8_t>(bytes));
-        ck(cudaMemset(ws.back()->p, 0x11, bytes), "fill");
-      }
-      const std::vector<float> xh = kt::randv(size_t(s.k * 64), 3);
-      Dev<float> x(xh);
-      Dev<float> y(size_t(s.n * 64));
-      const int reps = s.n > 100000 ? 10 : 50;
-      for (int64_t m : {9, 16, 32, 64}) {
-        double sec[2];
-        for (int v = 0; v < 2; ++v) {
-          cu::detail::set_mmq(v == 0);
-          cu::Launch L = gpu.launch(cu::matmul_workspace(t, s.k, s.n, m));
-          auto body = [&](int i) { cu::matmul(L, t, ws[i % copies]->p, rb, s.k, s.n, x.p, s.k, y.p, s.n, m); };
-          for (int i = 0; i < 2; ++i) body(i);
-          cudaEventRecord(e0, gpu.stream);
-          for (int i = 0; i < reps; ++i) body(i);
-          cudaEventRecord(e1, gpu.stream);
-          gpu.sync();
-          float ms = 0;
-          cudaEventElapsedTime(&ms, e0, e1);
-          sec[v] = double(ms) * 1e-3 / reps;
-        }
-        cu::detail::set_mmq(true);
-        std::printf("BENCH batched %-6s %5lld %6lld %3lld | %10.2f %8.1f | %10.2f %8.1f | %.2fx\n",
-                    kiln::gguf::type_name(t).data(), (long long)s.k, (long long)s.n, (long long)m, sec[0] * 1e6,
-                    double(bytes) / sec[0] * 1e-9, sec[1] * 1e6, double(bytes) / sec[1] * 1e-9, sec[1] / sec[0]);
-      }
       for (auto* p : ws) delete p;
     }
   cudaEventDestroy(e0);

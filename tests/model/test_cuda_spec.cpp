@@ -124,6 +124,37 @@ TEST_P(CudaSpec, RollbackMatchesPlainAndCpu) {
   }
 }
 
+// The same batch shapes without speculation (no keep slots, no keep tensor): a 4-token run of a
+// sequence with history next to a 70-token prefill of another, GPU rows vs the CPU's. Separates the
+// batch-shape path (more than 64 tokens, two runs) from the keep machinery above.
+TEST_P(CudaSpec, MixedBatchOverHistoryMatchesCpu) {
+  if (backend::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << backend::cuda_unavailable_reason();
+  const std::string path = test::generated_model("kiln_test_cuda_spec", "tiny-" + GetParam(), gguf::GgmlType::F32, 13);
+  Dev cpu(path, false), gpu(path, true);
+  const int64_t V = cpu.m->config().n_vocab;
+  const auto prompt = test::random_tokens(11, V, 1), win = test::random_tokens(4, V, 2);
+  for (const int n_side : {0, 40, 70}) {
+    for (const int n_spec : {0, 3}) {
+      SCOPED_TRACE("side run " + std::to_string(n_side) + " tokens, n_spec " + std::to_string(n_spec));
+      const auto side = test::random_tokens(n_side, V, 4);
+      std::vector<Row> rows[2];
+      for (int d = 0; d < 2; ++d) {
+        Dev& dv = d == 0 ? cpu : gpu;
+        auto mem = dv.memory(n_spec);
+        Batch pb;
+        pb.add_run(prompt, 0, 0, false);
+        dv.decode(pb, *mem);
+        Batch vb;
+        vb.add_run(win, int32_t(prompt.size()), 0, true);
+        if (!side.empty()) vb.add_run(side, 0, 1, false, true);
+        rows[d] = dv.decode(vb, *mem);
+      }
+      ASSERT_EQ(rows[0].size(), rows[1].size());
+      for (size_t i = 0; i < rows[0].size(); ++i) EXPECT_LT(rel_diff(rows[1][i], rows[0][i]), 2e-3f) << "row " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Arch, CudaSpec, ::testing::Values("qwen35", "qwen35moe"));
 
 }  // namespace

@@ -3,8 +3,8 @@
 // Owns: conv1d_silu — a block per 32 channels walks the batch in tiles of 64 tokens staged in
 //   shared memory (y may alias x); a run reads its slot's state at its first token and writes the
 //   last d_conv-1 inputs back at its last. gated_delta — per (v head, group of value columns j) a
-//   block keeps the state columns M[:, j] in registers (16 key rows per thread, S/16 threads per
-//   column, rounded up to a power of two) and loops over the run's tokens in the kernel, staging 16
+//   block keeps the state columns M[:, j] in registers (16 key rows per thread, interleaved as
+//   deltanet_common.cuh's gdn_row says, S/16 threads per column, rounded up to a power of two) and loops over the run's tokens in the kernel, staging 16
 //   tokens' q, k, v, g, beta at a time in shared memory (cp.async); the token's two column dots (M.k, M.q) and
 //   k.q are one pass and one shuffle tree: kvm = e^g (M.k), out = (e^g (M.q) + d (k.q)) / sqrt(S),
 //   M = e^g M + k d (the same values as ops.h's order up to rounding). Runs are found on the device:
@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kConvCh * kConvWarps) conv_kernel(const ConvK 
 // ---- gated delta rule -------------------------------------------------------------------------
 
 // grid (column blocks, Hv, token ranges). TPC threads per value column j, each with key rows
-// i0..i0+15 of M[:, j] in registers. The run's inputs are staged kCh tokens at a time in shared
-// memory (all loads of a chunk in flight together), then the recurrence walks them.
+// gdn_row(gl, 0..3) + 0..3 of M[:, j] in registers. The run's inputs are staged kCh tokens at a time
+// in shared memory (all loads of a chunk in flight together), then the recurrence walks them.
 constexpr int kCh = 16;
 constexpr int kMaxS = 256;
 
@@ -164,16 +164,16 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
   __shared__ float vs[kCh][CPB], gs[kCh], bs[kCh];
   __shared__ int ss[kCh];
   const int tid = threadIdx.x, gl = tid % TPC, S = a.S;
-  const int col0 = blockIdx.x * CPB, col = col0 + tid / TPC, h = blockIdx.y, hk = h % a.Hk, i0 = gl * 16;
-  const bool rows_ok = i0 < S, col_ok = col < S, act = rows_ok && col_ok;
+  const int col0 = blockIdx.x * CPB, col = col0 + tid / TPC, h = blockIdx.y, hk = h % a.Hk;
+  const bool col_ok = col < S;
   const int tb = blockIdx.z * a.range, te = min(a.T, tb + a.range);
   for (int ts = tb; ts < te; ++ts) {
     const int slot = a.seq[ts];
     if (ts > 0 && a.seq[ts - 1] == slot) continue;  // not the first token of a run
     float* sp = reinterpret_cast<float*>(a.st + size_t(col_ok ? col : 0) * a.nb1 + size_t(h) * a.nb2 +
-                                         size_t(slot) * a.nb3) + i0;
+                                         size_t(slot) * a.nb3);
     float M[16] = {};
-    if (act) gdn_load16<VEC>(sp, M);
+    if (col_ok) gdn_load16<TPC, VEC>(sp, gl, S, M);
     for (int t0 = ts;; t0 += kCh) {
       const int n = min(kCh, a.T - t0);
       // asynchronous copies (cp.async on sm_80+): every load of the chunk in flight at once
@@ -201,7 +201,9 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
       int u = 0;
       for (; u < n && ss[u] == slot; ++u) {
         float pk = 0.0f, pq = 0.0f, kq = 0.0f;
-        if (rows_ok) gdn_dots16(M, &qs[u][i0], &ks[u][i0], pk, pq, kq);
+        float qr[16], kr[16];
+        gdn_qk16<TPC>(qs[u], ks[u], gl, S, qr, kr);
+        gdn_dots16(M, qr, kr, pk, pq, kq);
 #pragma unroll
         for (int o = TPC / 2; o > 0; o >>= 1) {
           pk += __shfl_xor_sync(0xffffffffu, pk, o);
@@ -211,18 +213,18 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
         const float decay = expf(gs[u]);
         const float dl = (vs[u][tid / TPC] - decay * pk) * bs[u];
         const float o = (decay * pq + dl * kq) * a.qscale;
-        if (rows_ok) gdn_update16(M, &ks[u][i0], dl, decay);
+        gdn_update16(M, kr, dl, decay);
         if (gl == 0 && col_ok) a.out[int64_t(t0 + u) * a.o_s2 + int64_t(h) * a.o_s1 + col] = o;
-        if (a.keep && act) {  // speculative verification: this token's state into its keep slot
+        if (a.keep && col_ok) {  // speculative verification: this token's state into its keep slot
           const int kslot = a.keep[t0 + u];
           if (kslot >= 0)
-            gdn_store16<VEC>(reinterpret_cast<float*>(a.st + size_t(col) * a.nb1 + size_t(h) * a.nb2 + size_t(kslot) * a.nb3) + i0, M);
+            gdn_store16<TPC, VEC>(reinterpret_cast<float*>(a.st + size_t(col) * a.nb1 + size_t(h) * a.nb2 + size_t(kslot) * a.nb3), gl, S, M);
         }
       }
       __syncthreads();  // the chunk is consumed before the next one is staged
       if (u < kCh) break;  // the run (or the batch) ended inside this chunk
     }
-    if (act) gdn_store16<VEC>(sp, M);
+    if (col_ok) gdn_store16<TPC, VEC>(sp, gl, S, M);
   }
 }
 

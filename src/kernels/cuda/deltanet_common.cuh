@@ -1,6 +1,7 @@
 // kernels/cuda/deltanet_common.cuh — what the two gated-delta-rule kernels share (deltanet.cu's
 //   multi-block recurrence, deltanet_fused.cu's recurrence + gated norm): the argument block and the
-//   per-thread pieces of one token's step on 16 key rows of a state column held in registers.
+//   per-thread pieces of one token's step on 16 key rows of a state column held in registers
+//   (interleaved rows: gdn_row).
 // Owns: GdnK and the step's arithmetic (column dots M.k, M.q and k.q in element order; the update
 //   M = e^g M + k d). Internal to src/kernels/cuda (an anonymous namespace: each .cu its own copy).
 // Must not: allocate or synchronize. Threading: device functions.
@@ -31,54 +32,76 @@ struct GdnK {
   float qscale;
 };
 
-// 16 consecutive state floats at sp (16-byte aligned when VEC) to / from registers.
-template <bool VEC>
-__device__ __forceinline__ void gdn_load16(const float* sp, float (&M)[16]) {
-  if constexpr (VEC) {
+// A thread's 16 rows of a state column: 4 runs of 4 consecutive rows, run j at row
+// gdn_row<TPC>(gl, j) = 4 gl + 4 TPC j for thread gl of the column's TPC threads. The TPC threads of a
+// column thus read consecutive 16-byte pieces of q, k and of the state column: shared-memory reads
+// without bank conflicts (rows 16 gl .. 16 gl + 15 put 4 threads on the same banks) and coalesced
+// state loads. Runs at or past S are not held (zeros, never stored).
+template <int TPC>
+__device__ __forceinline__ int gdn_row(int gl, int j) {
+  return 4 * gl + 4 * TPC * j;
+}
+
+// The thread's 16 state floats of the column starting at col (16-byte aligned when VEC) to / from
+// registers.
+template <int TPC, bool VEC>
+__device__ __forceinline__ void gdn_load16(const float* col, int gl, int S, float (&M)[16]) {
 #pragma unroll
-    for (int e = 0; e < 16; e += 4) {
-      const float4 f = *reinterpret_cast<const float4*>(sp + e);
-      M[e] = f.x, M[e + 1] = f.y, M[e + 2] = f.z, M[e + 3] = f.w;
+  for (int j = 0; j < 4; ++j) {
+    const int r = gdn_row<TPC>(gl, j);
+    if (r >= S) {
+      M[4 * j] = M[4 * j + 1] = M[4 * j + 2] = M[4 * j + 3] = 0.0f;
+    } else if constexpr (VEC) {
+      const float4 f = *reinterpret_cast<const float4*>(col + r);
+      M[4 * j] = f.x, M[4 * j + 1] = f.y, M[4 * j + 2] = f.z, M[4 * j + 3] = f.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) M[4 * j + e] = col[r + e];
     }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 16; ++e) M[e] = sp[e];
   }
 }
-template <bool VEC>
-__device__ __forceinline__ void gdn_store16(float* sp, const float (&M)[16]) {
-  if constexpr (VEC) {
+template <int TPC, bool VEC>
+__device__ __forceinline__ void gdn_store16(float* col, int gl, int S, const float (&M)[16]) {
 #pragma unroll
-    for (int e = 0; e < 16; e += 4) *reinterpret_cast<float4*>(sp + e) = make_float4(M[e], M[e + 1], M[e + 2], M[e + 3]);
-  } else {
+  for (int j = 0; j < 4; ++j) {
+    const int r = gdn_row<TPC>(gl, j);
+    if (r >= S) continue;
+    if constexpr (VEC) {
+      *reinterpret_cast<float4*>(col + r) = make_float4(M[4 * j], M[4 * j + 1], M[4 * j + 2], M[4 * j + 3]);
+    } else {
 #pragma unroll
-    for (int e = 0; e < 16; ++e) sp[e] = M[e];
+      for (int e = 0; e < 4; ++e) col[r + e] = M[4 * j + e];
+    }
   }
 }
 
-// This thread's part of the token's column dots over its 16 key rows (q16, k16: 16-byte aligned
-// shared memory): pk = M.k, pq = M.q, kq = k.q, summed in element order.
-__device__ __forceinline__ void gdn_dots16(const float (&M)[16], const float* q16, const float* k16, float& pk,
+// The token's q and k at this thread's rows (qs, ks: the token's S values in shared memory, 16-byte
+// aligned), zeros past S.
+template <int TPC>
+__device__ __forceinline__ void gdn_qk16(const float* qs, const float* ks, int gl, int S, float (&q)[16],
+                                         float (&k)[16]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int r = gdn_row<TPC>(gl, j);
+    float4 fq = make_float4(0.f, 0.f, 0.f, 0.f), fk = fq;
+    if (r < S) fq = *reinterpret_cast<const float4*>(qs + r), fk = *reinterpret_cast<const float4*>(ks + r);
+    q[4 * j] = fq.x, q[4 * j + 1] = fq.y, q[4 * j + 2] = fq.z, q[4 * j + 3] = fq.w;
+    k[4 * j] = fk.x, k[4 * j + 1] = fk.y, k[4 * j + 2] = fk.z, k[4 * j + 3] = fk.w;
+  }
+}
+
+// This thread's part of the token's column dots over its 16 rows: pk = M.k, pq = M.q, kq = k.q, each
+// summed in the thread's row order.
+__device__ __forceinline__ void gdn_dots16(const float (&M)[16], const float (&q)[16], const float (&k)[16], float& pk,
                                            float& pq, float& kq) {
   pk = pq = kq = 0.0f;
 #pragma unroll
-  for (int e = 0; e < 16; e += 4) {
-    const float4 fq = *reinterpret_cast<const float4*>(q16 + e);
-    const float4 fk = *reinterpret_cast<const float4*>(k16 + e);
-    pk = fmaf(M[e], fk.x, pk), pq = fmaf(M[e], fq.x, pq), kq = fmaf(fk.x, fq.x, kq);
-    pk = fmaf(M[e + 1], fk.y, pk), pq = fmaf(M[e + 1], fq.y, pq), kq = fmaf(fk.y, fq.y, kq);
-    pk = fmaf(M[e + 2], fk.z, pk), pq = fmaf(M[e + 2], fq.z, pq), kq = fmaf(fk.z, fq.z, kq);
-    pk = fmaf(M[e + 3], fk.w, pk), pq = fmaf(M[e + 3], fq.w, pq), kq = fmaf(fk.w, fq.w, kq);
-  }
+  for (int e = 0; e < 16; ++e) pk = fmaf(M[e], k[e], pk), pq = fmaf(M[e], q[e], pq), kq = fmaf(k[e], q[e], kq);
 }
-// M = e^g M + k d on the 16 rows (k16 as in gdn_dots16).
-__device__ __forceinline__ void gdn_update16(float (&M)[16], const float* k16, float dl, float decay) {
+// M = e^g M + k d on the 16 rows.
+__device__ __forceinline__ void gdn_update16(float (&M)[16], const float (&k)[16], float dl, float decay) {
 #pragma unroll
-  for (int e = 0; e < 16; e += 4) {
-    const float4 fk = *reinterpret_cast<const float4*>(k16 + e);
-    M[e] = fmaf(fk.x, dl, M[e] * decay), M[e + 1] = fmaf(fk.y, dl, M[e + 1] * decay);
-    M[e + 2] = fmaf(fk.z, dl, M[e + 2] * decay), M[e + 3] = fmaf(fk.w, dl, M[e + 3] * decay);
-  }
+  for (int e = 0; e < 16; ++e) M[e] = fmaf(k[e], dl, M[e] * decay);
 }
 
 }  // namespace

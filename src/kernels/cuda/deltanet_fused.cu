@@ -116,15 +116,15 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
   __shared__ __align__(16) float qs[kGnCh][S], ks[kGnCh][S];
   __shared__ float vs[kGnCh][S], zs[kGnCh][S], gs[kGnCh], bs[kGnCh], red[32];
   __shared__ int ss[kGnCh];
-  const int tid = threadIdx.x, gl = tid % TPC, col = tid / TPC, h = blockIdx.x, hk = h % a.r.Hk, i0 = gl * 16;
+  const int tid = threadIdx.x, gl = tid % TPC, col = tid / TPC, h = blockIdx.x, hk = h % a.r.Hk;
   const float wn = a.nw[col];
   const int tb = blockIdx.y * a.r.range, te = min(a.r.T, tb + a.r.range);
   for (int ts = tb; ts < te; ++ts) {
     const int slot = a.r.seq[ts];
     if (ts > 0 && a.r.seq[ts - 1] == slot) continue;  // not the first token of a run
-    float* sp = reinterpret_cast<float*>(a.r.st + size_t(col) * a.r.nb1 + size_t(h) * a.r.nb2 + size_t(slot) * a.r.nb3) + i0;
+    float* sp = reinterpret_cast<float*>(a.r.st + size_t(col) * a.r.nb1 + size_t(h) * a.r.nb2 + size_t(slot) * a.r.nb3);
     float M[16];
-    gdn_load16<VEC>(sp, M);
+    gdn_load16<TPC, VEC>(sp, gl, S, M);
     for (int t0 = ts;; t0 += kGnCh) {
       const int n = min(kGnCh, a.r.T - t0);
       for (int idx = tid; idx < n * S; idx += NT) {
@@ -144,7 +144,9 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
       int u = 0;
       for (; u < n && ss[u] == slot; ++u) {  // uniform: every thread reads the same ss[u]
         float pk, pq, kq;
-        gdn_dots16(M, &qs[u][i0], &ks[u][i0], pk, pq, kq);
+        float qr[16], kr[16];
+        gdn_qk16<TPC>(qs[u], ks[u], gl, S, qr, kr);
+        gdn_dots16(M, qr, kr, pk, pq, kq);
 #pragma unroll
         for (int o = TPC / 2; o > 0; o >>= 1) {
           pk += __shfl_xor_sync(0xffffffffu, pk, o);
@@ -154,12 +156,12 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
         const float decay = expf(gs[u]);
         const float dl = (vs[u][col] - decay * pk) * bs[u];
         const float o = (decay * pq + dl * kq) * a.r.qscale;
-        gdn_update16(M, &ks[u][i0], dl, decay);
+        gdn_update16(M, kr, dl, decay);
         if (a.r.keep) {  // speculative verification: this token's state into its keep slot (uniform branch)
           const int kslot = a.r.keep[t0 + u];
           if (kslot >= 0)
-            gdn_store16<VEC>(reinterpret_cast<float*>(a.r.st + size_t(col) * a.r.nb1 + size_t(h) * a.r.nb2 +
-                                                      size_t(kslot) * a.r.nb3) + i0, M);
+            gdn_store16<TPC, VEC>(reinterpret_cast<float*>(a.r.st + size_t(col) * a.r.nb1 + size_t(h) * a.r.nb2 +
+                                                           size_t(kslot) * a.r.nb3), gl, S, M);
         }
         // The gated RMSNorm of the head's S outputs of this token.
         const float sq = block_sum(gl == 0 ? o * o : 0.0f, red);
@@ -169,7 +171,7 @@ __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) 
       __syncthreads();  // the chunk is consumed before the next one is staged
       if (u < kGnCh) break;  // the run (or the batch) ended inside this chunk
     }
-    gdn_store16<VEC>(sp, M);
+    gdn_store16<TPC, VEC>(sp, gl, S, M);
   }
 }
 

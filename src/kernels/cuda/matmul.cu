@@ -8,10 +8,7 @@
 //   On sm_90+ quantize_x and the int8 kernel use programmatic dependent launch (KILN_CUDA_PDL=0: off):
 //   the int8 kernel requests its first weight bytes before the stream dependency on the kernels before
 //   it is resolved, so W must not be written by the kernels just enqueued before (model weights are
-//   constant; expert matrices are addressed only after the wait, their ids come from the router).
-//   8 < m <= 64 (batched decode) for the int8 types: x quantized as above and the int8 tensor-core
-//   kernel (mmq.cuh: mma.sync on decoded weight codes, scales in F32 per unit; KILN_CUDA_MMQ=0 or
-//   set_mmq(false): the older paths). Else m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
+//   constant; expert matrices are addressed only after the wait, their ids come from the router). m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
 //   in chunks of at most 64 MiB (F16 weights are used in place), X columns rounded to F16 in chunks
 //   of at most 32 MiB, cublasGemmEx F16 x F16 -> F32 with F32 compute; F32 weights: F32 cublasGemmEx
 //   on W and X in place. matmul_id runs the mat-vec kernel once per (token, slot) with that slot's
@@ -163,16 +160,6 @@ int mv_ks(const Launch& L, int64_t k, int64_t n, int64_t n_grid_y) {
   return ks;
 }
 
-// k-split of the int8 tensor-core kernel (mmq.cuh, tiles of 16 rows, 4 warps per CTA): a whole k
-// range per warp when there are >= 16 tiles per SM, 2 warps per tile at >= 4, else 4 (never more
-// warps than the tile has steps of 256 elements).
-int mmq_ks(const Launch& L, int64_t k, int64_t n) {
-  const int64_t tiles = (n + 15) / 16, n_sm = L.n_sm > 0 ? L.n_sm : 132, nsteps = (k + 255) / 256;
-  int ks = tiles >= 16 * n_sm ? 1 : tiles >= 4 * n_sm ? 2 : 4;
-  while (ks > 1 && ks > nsteps) ks /= 2;
-  return ks;
-}
-
 bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
   return uintptr_t(x) % 16 == 0 && s1 % 4 == 0 && s2 % 4 == 0;
 }
@@ -189,16 +176,6 @@ bool matvec_pdl(int sm) {
   }();
   const int p = g_pdl.load();
   return sm >= 90 && (p == 1 || (p == -1 && !env_off));
-}
-std::atomic<int> g_mmq{-1};  // -1: from the environment
-void set_mmq(bool on) { g_mmq.store(on ? 1 : 0); }
-bool mmq_used(GgmlType t, int64_t m) {
-  static const bool env_off = [] {
-    const char* v = std::getenv("KILN_CUDA_MMQ");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  const int p = g_mmq.load();
-  return m > kMmqMinM && m <= kMmqMaxM && (p == 1 || (p == -1 && !env_off)) && matvec_uses_q8(t);
 }
 bool matvec_uses_q8(GgmlType t) {
   const int mode = g_x_mode.load();
@@ -226,22 +203,6 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
                   (long long)(2 * detail::q8_x_bytes(k, m)));
     detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, detail::matvec_pdl(L.sm),
                       L.stream);
-  }
-  if (detail::mmq_used(wt, m)) {  // 9..64 columns: int8 x on the tensor cores (m > 8: never a producer)
-    const size_t need = detail::q8_x_bytes(k, m);
-    KILN_MM_CHECK(L.ws != nullptr && L.ws_bytes >= need, "matmul", "workspace smaller than matmul_workspace (have, need)",
-                  (long long)L.ws_bytes, (long long)need);
-    const bool pdl = detail::matvec_pdl(L.sm);
-    detail::quantize_x(x, x_stride, 0, 1, k, m, layout, L.ws, pdl, L.stream);
-    detail::MmqArgs a;
-    a.w = w, a.w_stride = w_stride, a.k = k, a.n = n, a.y = y, a.y_stride = y_stride, a.m = int(m);
-    a.xq = static_cast<const int8_t*>(L.ws);
-    a.xs = static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, m);
-    a.ks = mmq_ks(L, k, n), a.pdl = pdl;
-    if (!detail::mmq_kquant(wt, a, L.stream) && !detail::mmq_legacy(wt, a, L.stream))
-      fail("matmul", "no int8 tensor-core kernel for the weight type", int(wt), 0);
-    launched("matmul");
-    return;
   }
   if (m > kMvMaxM) {
     gemm(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m);
@@ -313,7 +274,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
   // the F32-x kernel reads no workspace, so the int8 weights' quantized x below is not disturbed).
   for (int i = 0; i < n_w; ++i) {
     const MatmulW& W = ws[i];
-    if (W.n == 0 || m > kMvMaxM || !detail::matvec_uses_q8(W.wt) || detail::mmq_used(W.wt, m)) {
+    if (W.n == 0 || m > kMvMaxM || !detail::matvec_uses_q8(W.wt)) {
       if (W.n > 0) matmul(L, W.wt, W.w, W.w_stride, k, W.n, x, x_stride, W.y, W.y_stride, m);
       done[i] = true;
     }

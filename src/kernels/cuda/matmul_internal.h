@@ -63,27 +63,6 @@ struct MvArgs {
   MvSeg seg[kMvMaxSeg];
 };
 
-// The int8 tensor-core mat-mul (mmq.cuh) for kMmqMinM < m <= kMmqMaxM columns: y[:, c] = W x[:, c]
-// with x quantized by quantize_x in the weight's x order (xq [m][k], xs [m][k / 32] Q8Meta).
-struct MmqArgs {
-  const void* w = nullptr;
-  size_t w_stride = 0;  // bytes between rows
-  int64_t k = 0, n = 0;
-  const int8_t* xq = nullptr;
-  const void* xs = nullptr;
-  float* y = nullptr;
-  int64_t y_stride = 0;  // floats between columns of y
-  int m = 0;             // columns (<= 64; the kernel takes 16, 32 or 64 at once)
-  int ks = 1;            // warps splitting one 16-row tile's k: 1, 2 or 4
-  bool pdl = false;      // launched with programmatic dependent launch (after quantize_x)
-};
-bool mmq_kquant(GgmlType t, const MmqArgs& a, cudaStream_t s);  // Q4_K Q5_K Q6_K IQ4_XS
-bool mmq_legacy(GgmlType t, const MmqArgs& a, cudaStream_t s);  // Q4_0..Q8_0, IQ4_NL
-// Whether matmul takes the int8 tensor-core path for m columns of a weight of type t now (on by
-// default; KILN_CUDA_MMQ=0 or set_mmq(false): off, for comparisons).
-bool mmq_used(GgmlType t, int64_t m);
-void set_mmq(bool on);
-
 // Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the
 // type is not one of its family.
 bool matvec_dense(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);   // F32 F16 BF16

@@ -115,9 +115,7 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
   // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
   if (m <= detail::kMvMaxM) return detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0;
-  // Above: the int8 tensor-core path's x for up to kMmqMaxM columns, or the cuBLAS path's chunks.
-  const size_t q8 = detail::matvec_q8_supported(wt) ? detail::q8_x_bytes(k, std::min(m, detail::kMmqMaxM)) : 0;
-  return std::max(q8, detail::gemm_plan(wt, k, n, m).bytes);
+  return detail::gemm_plan(wt, k, n, m).bytes;
 }
 
 size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {

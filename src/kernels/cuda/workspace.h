@@ -17,7 +17,6 @@ namespace kiln::cuda::detail {
 using gguf::GgmlType;
 
 inline constexpr int64_t kMvMaxM = 16;                    // columns up to which the mat-vec kernel is used
-inline constexpr int64_t kMmqMinM = 8, kMmqMaxM = 64;     // int8 tensor-core mat-mul for kMmqMinM < m <= kMmqMaxM
 inline constexpr size_t kW16Cap = size_t(64) << 20;       // bytes of one dequantized F16 W chunk
 inline constexpr size_t kX16Cap = size_t(32) << 20;       // bytes of one F16 X chunk
 inline constexpr int64_t kAttnDecodeTokens = 64;          // attention: batches up to this many tokens: one token per block
