@@ -293,7 +293,10 @@ Status Context::decode(const Batch& b, Memory& mem) {
   }
   s.rseq.clear();
   s.keep.clear();
-  if (mem.has_recurrent())
+  if (mem.has_recurrent() && mem.n_spec() == 0)
+    for (size_t t = 0; t < b.keep.size(); ++t)
+      if (b.keep[t]) return err("batch token {}: keeps its state but the memory has no keep slots (MemoryOptions::n_spec)", t);
+  if (mem.has_recurrent() && mem.n_spec() > 0)  // else the slots are the sequences (qwen35.cpp)
     for (const Run& r : s.runs)
       for (int64_t i = 0; i < r.n; ++i) {
         s.rseq.push_back(mem.rec_slot(r.seq));

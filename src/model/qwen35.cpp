@@ -54,14 +54,19 @@ void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const Tensor w[] = {L.ssm_qkv.t, L.ssm_gate.t, L.ssm_beta.t, L.ssm_alpha.t}, y[] = {mixed, s.a.z, s.a.beta, s.a.g};
   s.st.matmul_n(w, y, 4, s.a.cur);
   // beta = sigmoid(beta); g = softplus(g + dt) * a; causal conv + SiLU; L2 norm of the q and k heads.
-  s.st.delta_prep(mixed, S, Hk, L.ssm_conv1d.t, s.a.rseq, mem.conv_state(il), s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t,
-                  c.rms_eps, s.a.keep);
+  // Without speculation (n_spec 0) a sequence's recurrent slot is the sequence itself and nothing is
+  // kept: the ops get the plain seq tensor and no keep tensor (the decode path of a plain run).
+  const bool spec = mem.n_spec() > 0;
+  const Tensor& rseq = spec ? s.a.rseq : s.a.seq;
+  const Tensor keep = spec ? s.a.keep : Tensor{};
+  s.st.delta_prep(mixed, S, Hk, L.ssm_conv1d.t, rseq, mem.conv_state(il), s.a.beta, s.a.g, L.ssm_dt.t, L.ssm_a.t,
+                  c.rms_eps, keep);
   const Tensor q = rows_view(mixed, S, Hk, T, S, conv), k = rows_view(mixed, S, Hk, T, S, conv, kd),
                v = rows_view(mixed, S, Hv, T, S, conv, 2 * kd);
   const Tensor out = dense_view(s.a.dout, S, Hv, T), z = dense_view(s.a.z, S, Hv, T);
   // The recurrence, then the gated RMSNorm per head (rms_norm, silu(z), mul; z is scratch after).
-  s.st.gated_delta_norm(q, k, v, s.a.g, s.a.beta, s.a.rseq, mem.ssm_state(il), out, s.opt.delta_chunk_min,
-                        L.ssm_norm.t, z, c.rms_eps, s.a.keep);
+  s.st.gated_delta_norm(q, k, v, s.a.g, s.a.beta, rseq, mem.ssm_state(il), out, s.opt.delta_chunk_min,
+                        L.ssm_norm.t, z, c.rms_eps, keep);
   s.st.matmul(L.ssm_out.t, s.a.dout, s.a.tmp);
 }
 
