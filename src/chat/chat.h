@@ -80,7 +80,37 @@ const char* reasoning_format_name(ReasoningFormat f);
 //               after <|python_tag|>.
 // For the three <tool_call>…</tool_call> formats the output parser accepts any of the three bodies
 // (XML, JSON, arg_key) whatever the template says.
-enum class ToolCallFormat { None, QwenXml, HermesJson, ArgKeyXml, MistralToolCalls, Llama3Json };
+// Block formats (chat/tool_formats.h: the calls sit between an opening and a closing marker):
+//   DeepseekV31:  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>
+//   DeepseekDsml: <｜DSML｜function_calls><｜DSML｜invoke name="N"><｜DSML｜parameter name="P" string="true|false">V…
+//                 (DeepSeek V3.2, V4)
+//   KimiK2:       <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{…}
+//                 <|tool_call_end|>…<|tool_calls_section_end|>
+//   MiniMaxXml:   <minimax:tool_call><invoke name="N"><parameter name="P">V</parameter></invoke></minimax:tool_call> (M2)
+//   MiniMaxJson:  <tool_calls>\n{"name": N, "arguments": {…}}\n…</tool_calls> (M1)
+//   FunctionaryV31: <function=NAME>{…}</function> (Functionary v3.1, Llama 3.1 based)
+//   FunctionaryV32: after the prompt's ">>>": NAME\n{…} or all\nTEXT, more as >>>NAME\n{…} (v3.2)
+//   CommandR7b:   <|START_ACTION|>[{"tool_call_id": "0", "tool_name": N, "parameters": {…}}, …]<|END_ACTION|>
+//   CommandRPlus: Action:\n```json\n[{"tool_name": N, "parameters": {…}}, …]\n``` (runs to the end)
+//   Harmony:      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|> (gpt-oss)
+enum class ToolCallFormat {
+  None,
+  QwenXml,
+  HermesJson,
+  ArgKeyXml,
+  MistralToolCalls,
+  Llama3Json,
+  DeepseekV31,
+  DeepseekDsml,
+  KimiK2,
+  MiniMaxXml,
+  MiniMaxJson,
+  FunctionaryV31,
+  FunctionaryV32,
+  CommandR7b,
+  CommandRPlus,
+  Harmony,
+};
 const char* tool_call_format_name(ToolCallFormat f);
 
 // ---------------------------------------------------------------------------------------------
@@ -161,6 +191,8 @@ struct TemplateCaps {
   std::string reasoning_start;          // "<think>" when supports_thinking
   std::string reasoning_end;            // "</think>"
   ToolCallFormat tool_format = ToolCallFormat::None;
+  bool string_arguments = false;        // history tool calls get arguments as a JSON string (the
+                                        // template concatenates them; Functionary v3.2), not an object
 };
 
 struct TemplateConfig {

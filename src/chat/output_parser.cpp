@@ -54,6 +54,7 @@ std::string random_tool_call_id() {
 }
 
 OutputParser::OutputParser(ParserConfig cfg) : cfg_(std::move(cfg)) {
+  block_ = block_format(cfg_.tool_format);
   const bool split = cfg_.reasoning_format != ReasoningFormat::None && !cfg_.reasoning_start.empty() &&
                      !cfg_.reasoning_end.empty();
   if (!split) {
@@ -130,10 +131,10 @@ void OutputParser::emit_content(std::string_view text, Delta& d) {
   content_ws_.append(text.substr(end));
 }
 
-void OutputParser::emit_tool_call(std::string name, std::string arguments, Delta& d) {
+void OutputParser::emit_tool_call(std::string name, std::string arguments, Delta& d, std::string id) {
   ToolCallDelta call;
   call.index = static_cast<int>(msg_.tool_calls.size());
-  call.id = cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
+  call.id = !id.empty() ? std::move(id) : cfg_.make_tool_call_id ? cfg_.make_tool_call_id() : random_tool_call_id();
   if (call.id.empty()) call.id = random_tool_call_id();
   call.name = std::move(name);
   call.arguments = std::move(arguments);
@@ -181,6 +182,10 @@ Delta OutputParser::process(bool final) {
         return d;
       }
       case Mode::Content: {
+        if (block_) {
+          if (process_block_content(final, d)) continue;
+          return d;
+        }
         if (!cfg_.parse_tool_calls) {
           emit_content(buf_, d);
           buf_.clear();
@@ -255,6 +260,9 @@ Delta OutputParser::process(bool final) {
         buf_.clear();
         return d;
       }
+      case Mode::Block:
+        if (process_block(final, d)) continue;
+        return d;
       case Mode::ToolCall: {
         size_t pos = buf_.find(kToolClose, scan_from_);
         if (pos == std::string::npos) {
@@ -292,6 +300,89 @@ Delta OutputParser::process(bool final) {
       }
     }
   }
+}
+
+bool OutputParser::process_block_content(bool final, Delta& d) {
+  if (block_->starts_with_recipient && !recipient_decided_) {
+    // Functionary v3.2: the prompt ended with ">>>", so the output opens with a recipient line:
+    // "all\n" (text follows) or a tool's name (the calls follow, to the end).
+    size_t nl = buf_.find('\n');
+    if (nl == std::string::npos && !final && buf_.size() <= 130) return false;
+    recipient_decided_ = true;
+    std::string_view first = std::string_view(buf_).substr(0, nl == std::string::npos ? buf_.size() : nl);
+    if (first == "all") {
+      buf_.erase(0, nl + 1);
+    } else if (cfg_.parse_tool_calls && nl != std::string::npos && find_tool(cfg_.tools, first)) {
+      tail_marker_.clear();
+      tool_ws_.clear();
+      mode_ = Mode::Block;
+      return true;
+    }
+    return true;
+  }
+  // The earliest marker: the calls' opening one (when parsing calls) or a layout marker to drop.
+  size_t best = std::string::npos, best_len = 0;
+  bool best_open = false;
+  size_t hold = 0;
+  auto consider = [&](std::string_view m, bool open) {
+    size_t p = buf_.find(m);
+    if (p != std::string::npos && (best == std::string::npos || p < best)) best = p, best_len = m.size(), best_open = open;
+    hold = std::max(hold, partial_marker_suffix(buf_, m));
+  };
+  if (cfg_.parse_tool_calls) consider(block_->open, true);
+  for (std::string_view m : block_->drop) consider(m, false);
+  if (best != std::string::npos) {
+    emit_content(std::string_view(buf_).substr(0, best), d);
+    if (!best_open) {
+      buf_.erase(0, best + best_len);
+      return true;
+    }
+    tool_ws_ = std::move(content_ws_);
+    content_ws_.clear();
+    tail_marker_ = std::string(block_->open);
+    buf_.erase(0, best + best_len);
+    mode_ = Mode::Block;
+    scan_from_ = 0;
+    return true;
+  }
+  if (final) hold = 0;
+  emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), d);
+  buf_.erase(0, buf_.size() - hold);
+  if (final) flush_content_ws(d);
+  return false;
+}
+
+bool OutputParser::process_block(bool final, Delta& d) {
+  const std::string_view close = block_->close;
+  size_t pos = std::string::npos;
+  if (!close.empty()) {
+    pos = buf_.find(close, scan_from_);
+    if (pos == std::string::npos && !final) {
+      scan_from_ = buf_.size() >= close.size() ? buf_.size() - close.size() + 1 : 0;
+      return false;
+    }
+  } else if (!final) {
+    return false;  // the calls run to the end of the output
+  }
+  // At the end without the closing marker (the model stopped at end-of-generation right after the
+  // last call): the block is read as it is.
+  const size_t body_len = pos == std::string::npos ? buf_.size() : pos;
+  std::vector<ParsedCall> calls;
+  if (parse_block_calls(cfg_.tool_format, std::string_view(buf_).substr(0, body_len), cfg_.tools, calls)) {
+    for (auto& c : calls) emit_tool_call(std::move(c.name), std::move(c.arguments), d, std::move(c.id));
+    content_skip_ws_ = true;
+  } else {
+    std::string raw = tool_ws_ + tail_marker_ + buf_.substr(0, pos == std::string::npos ? buf_.size() : pos + close.size());
+    content_skip_ws_ = false;
+    emit_content(raw, d);
+  }
+  buf_.erase(0, pos == std::string::npos ? buf_.size() : pos + close.size());
+  mode_ = Mode::Content;
+  if (final && buf_.empty()) {
+    flush_content_ws(d);
+    return false;
+  }
+  return true;
 }
 
 ParsedMessage parse_output(std::string_view text, const ParserConfig& cfg) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "chat/chat.h"
+#include "chat/tool_formats.h"
 
 namespace kiln::chat {
 
@@ -58,13 +59,17 @@ class OutputParser {
   const ParsedMessage& message() const { return msg_; }
 
  private:
-  enum class Mode { Start, Reasoning, Content, ToolCall, TailCalls };
+  enum class Mode { Start, Reasoning, Content, ToolCall, TailCalls, Block };
   Delta process(bool final);
   void emit_reasoning(std::string_view text, bool closing, Delta& d);
   void emit_content(std::string_view text, Delta& d);
   void flush_content_ws(Delta& d);
   void add_content(std::string_view text, Delta& d);
-  void emit_tool_call(std::string name, std::string arguments, Delta& d);  // assigns index and id
+  void emit_tool_call(std::string name, std::string arguments, Delta& d, std::string id = {});  // assigns index (and id)
+  // Content of a block format (chat/tool_formats.h): drops layout markers, opens Mode::Block at the
+  // format's open marker. Returns true to continue the loop, false to return.
+  bool process_block_content(bool final, Delta& d);
+  bool process_block(bool final, Delta& d);
 
   ParserConfig cfg_;
   Mode mode_;
@@ -78,6 +83,8 @@ class OutputParser {
   std::string tool_ws_;             // whitespace dropped before the current <tool_call>
   std::string tail_marker_;         // TailCalls: the marker that opened it ("[TOOL_CALLS]", …)
   bool llama_decided_ = false;      // Llama3Json: the start of the output was not a call
+  const BlockFormat* block_ = nullptr;  // the block format's table entry (tool_formats.h), or null
+  bool recipient_decided_ = false;  // FunctionaryV32: the first ">>>" header was read
   ParsedMessage msg_;
 };
 

@@ -34,6 +34,16 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::ArgKeyXml: return "arg-key-xml";
     case ToolCallFormat::MistralToolCalls: return "mistral";
     case ToolCallFormat::Llama3Json: return "llama3-json";
+    case ToolCallFormat::DeepseekV31: return "deepseek-v3.1";
+    case ToolCallFormat::DeepseekDsml: return "deepseek-dsml";
+    case ToolCallFormat::KimiK2: return "kimi-k2";
+    case ToolCallFormat::MiniMaxXml: return "minimax-xml";
+    case ToolCallFormat::MiniMaxJson: return "minimax-json";
+    case ToolCallFormat::FunctionaryV31: return "functionary-v3.1";
+    case ToolCallFormat::FunctionaryV32: return "functionary-v3.2";
+    case ToolCallFormat::CommandR7b: return "command-r7b";
+    case ToolCallFormat::CommandRPlus: return "command-r-plus";
+    case ToolCallFormat::Harmony: return "harmony";
   }
   return "?";
 }

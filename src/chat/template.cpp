@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "chat/chat.h"
+#include "chat/tool_formats.h"
 #include "chat/jinja/jinja.h"
 
 namespace kiln::chat {
@@ -67,6 +68,15 @@ kiln::Result<ChatTemplate> ChatTemplate::create(std::string_view source, Templat
   else if (hermes_json_example(src)) c.tool_format = ToolCallFormat::HermesJson;
   else if (contains(src, "[TOOL_CALLS]")) c.tool_format = ToolCallFormat::MistralToolCalls;
   else if (contains(src, "{\"name\": function name, \"parameters\"")) c.tool_format = ToolCallFormat::Llama3Json;
+  if (ToolCallFormat b = detect_block_format(src); b != ToolCallFormat::None) {
+    c.tool_format = b;
+    const BlockFormat* bf = block_format(b);
+    if (!bf->reasoning_start.empty() && contains(src, bf->reasoning_start)) {
+      c.supports_thinking = true;
+      c.reasoning_start = std::string(bf->reasoning_start);
+      c.reasoning_end = std::string(bf->reasoning_end);
+    }
+  }
 
   // Behavioural probes: render small conversations and look for a marker string.
   auto probe = [&](const ojson& ctx, std::string_view needle) {
@@ -95,7 +105,22 @@ kiln::Result<ChatTemplate> ChatTemplate::create(std::string_view source, Templat
     ctx["messages"] = ojson::array({{{"role", "system"}, {"content", kProbeSystem}}, {{"role", "user"}, {"content", "hi"}}});
     c.supports_system_role = probe(ctx, kProbeSystem);
   }
-  if (!c.supports_tools) c.tool_format = ToolCallFormat::None;
+  {
+    // Arguments as a string: a template that writes `'…' + arguments` (Functionary v3.2) fails on an
+    // object and renders the string; every other template gets the object.
+    ojson ctx = base;
+    auto with_args = [&](const ojson& args) {
+      ojson call = {{"id", "call_0"}, {"type", "function"}, {"function", {{"name", kProbeTool}, {"arguments", args}}}};
+      ctx["messages"] = ojson::array({{{"role", "user"}, {"content", "hi"}},
+                                      {{"role", "assistant"}, {"content", ""}, {"tool_calls", ojson::array({call})}}});
+      ctx["add_generation_prompt"] = false;
+      return t.render(ctx).ok();
+    };
+    c.string_arguments = c.tool_format != ToolCallFormat::None && !with_args(ojson{{"a", 1}}) && with_args("{\"a\": 1}");
+  }
+  // A block format stays when the template renders calls but not the tool list (DeepSeek V3.1's
+  // official template): calls are still parsed and tool_choice still constrains them.
+  if (!c.supports_tools && !block_format(c.tool_format)) c.tool_format = ToolCallFormat::None;
   return t;
 }
 
@@ -157,8 +182,10 @@ ojson ChatTemplate::build_context(const ChatRequest& req, const ApplyOptions& op
         ojson call = ojson::object();
         if (!tc.id.empty()) call["id"] = tc.id;
         call["type"] = "function";
-        // Templates iterate arguments|items or print arguments|tojson: give them the object.
-        ojson args = ojson::parse(tc.arguments, nullptr, /*allow_exceptions=*/false);
+        // Templates iterate arguments|items or print arguments|tojson: give them the object (unless
+        // the template concatenates the arguments as a string: caps_.string_arguments).
+        ojson args = caps_.string_arguments ? ojson(ojson::value_t::discarded)
+                                            : ojson::parse(tc.arguments, nullptr, /*allow_exceptions=*/false);
         call["function"] = {{"name", tc.name}, {"arguments", args.is_discarded() ? ojson(tc.arguments) : args}};
         calls.push_back(std::move(call));
       }

@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "chat/output_parser.h"
+#include "chat/tool_formats.h"
 
 namespace kiln::chat {
 
@@ -221,6 +222,10 @@ bool parse_tail_tool_calls(ToolCallFormat format, std::string_view text, const s
     calls.emplace_back(std::string(head), dump_safe(args));
   }
   return !calls.empty();
+}
+
+ojson typed_param_value(const std::string& raw, const Tool* tool, const std::string& param) {
+  return convert_value(raw, param_schema(tool, param));
 }
 
 bool parse_tool_call_body(std::string_view body, const std::vector<Tool>& tools, std::string& name,

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "chat/json_schema.h"
 
@@ -52,6 +53,64 @@ ojson object_schema(const ojson& params) {
   const bool composite = p.contains("anyOf") || p.contains("oneOf") || p.contains("allOf") || p.contains("$ref");
   if (!p.contains("type") && !composite) p["type"] = "object";
   return p;
+}
+
+// Closing markers no argument text of a block format may contain. A marker that is not ASCII
+// (DeepSeek's) is excluded by its first character, '<' (JSON strings can still write it as \u003c).
+std::vector<std::string> block_close_words(ToolCallFormat f) {
+  std::vector<std::string> w;
+  switch (f) {
+    case ToolCallFormat::DeepseekV31: w = {"<｜tool▁call▁end｜>"}; break;
+    case ToolCallFormat::DeepseekDsml: w = {"</｜DSML｜parameter>"}; break;
+    case ToolCallFormat::KimiK2: w = {"<|tool_call_end|>"}; break;
+    case ToolCallFormat::MiniMaxXml: w = {"</parameter>"}; break;
+    case ToolCallFormat::MiniMaxJson: w = {"</tool_calls>"}; break;
+    case ToolCallFormat::FunctionaryV31: w = {"</function>"}; break;
+    case ToolCallFormat::FunctionaryV32: w = {">>>"}; break;
+    case ToolCallFormat::CommandR7b: w = {"<|END_ACTION|>"}; break;
+    case ToolCallFormat::CommandRPlus: w = {"```"}; break;
+    case ToolCallFormat::Harmony: w = {"<|call|>"}; break;
+    default: break;
+  }
+  for (auto& s : w)
+    if (std::any_of(s.begin(), s.end(), [](char c) { return uint8_t(c) >= 0x80; })) s = s.substr(0, 1);
+  return w;
+}
+
+// What surrounds one call's JSON arguments in a block format.
+std::pair<std::string, std::string> block_call_wrap(ToolCallFormat f, const std::string& name) {
+  const std::string q = ojson(name).dump();
+  switch (f) {
+    case ToolCallFormat::DeepseekV31:
+      return {lit("<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>"), lit("<｜tool▁call▁end｜>")};
+    case ToolCallFormat::KimiK2:
+      return {lit("<|tool_call_begin|>functions." + name + ":") + " [0-9]{1,3} " + lit("<|tool_call_argument_begin|>"),
+              lit("<|tool_call_end|>")};
+    case ToolCallFormat::FunctionaryV31: return {lit("<function=" + name + ">"), lit("</function>")};
+    case ToolCallFormat::FunctionaryV32: return {lit(name + "\n"), ""};
+    case ToolCallFormat::CommandR7b:
+      return {lit("{\"tool_call_id\": \"") + " [0-9]{1,3} " + lit("\", \"tool_name\": " + q + ", \"parameters\": "), lit("}")};
+    case ToolCallFormat::CommandRPlus: return {lit("{\"tool_name\": " + q + ", \"parameters\": "), lit("}")};
+    // <|call|> is an end-of-generation token: the call ends where the arguments do.
+    case ToolCallFormat::Harmony: return {lit("<|channel|>commentary to=functions." + name + " <|constrain|>json<|message|>"), ""};
+    default: return {"", ""};
+  }
+}
+
+// A block format's root: OPEN tool-call (SEP tool-call)* CLOSE (GBNF pieces; "" = none).
+std::tuple<std::string, std::string, std::string> block_root_parts(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::DeepseekV31: return {lit("<｜tool▁calls▁begin｜>"), "", lit("<｜tool▁calls▁end｜>")};
+    case ToolCallFormat::DeepseekDsml: return {lit("<｜DSML｜function_calls>\n"), "", lit("</｜DSML｜function_calls>")};
+    case ToolCallFormat::KimiK2: return {lit("<|tool_calls_section_begin|>"), "", lit("<|tool_calls_section_end|>")};
+    case ToolCallFormat::MiniMaxXml: return {lit("<minimax:tool_call>\n"), "", lit("</minimax:tool_call>")};
+    case ToolCallFormat::MiniMaxJson: return {lit("<tool_calls>\n"), "", lit("</tool_calls>")};
+    case ToolCallFormat::FunctionaryV31: return {"", "", ""};
+    case ToolCallFormat::FunctionaryV32: return {"", lit(">>>"), ""};  // the prompt wrote the first ">>>"
+    case ToolCallFormat::CommandR7b: return {lit("<|START_ACTION|>["), lit(", "), lit("]<|END_ACTION|>")};
+    case ToolCallFormat::CommandRPlus: return {lit("Action:\n```json\n["), lit(",\n"), lit("]\n```")};
+    default: return {"", "", ""};
+  }
 }
 
 struct Builder {
@@ -137,20 +196,46 @@ struct Builder {
     if (auto r = params.find("required"); r != params.end() && r->is_array())
       for (const auto& k : *r)
         if (k.is_string()) required.insert(k.get<std::string>());
-    const bool xml = opt.format == ToolCallFormat::QwenXml;
-    std::string body = xml ? lit("<function=" + tool.name + ">\n") : lit(tool.name);
+    const ToolCallFormat f = opt.format;
+    const bool xml = f == ToolCallFormat::QwenXml, dsml = f == ToolCallFormat::DeepseekDsml,
+               minimax = f == ToolCallFormat::MiniMaxXml;
+    const std::string D = "｜DSML｜";
+    std::string body = xml       ? lit("<function=" + tool.name + ">\n")
+                       : dsml    ? lit("<" + D + "invoke name=\"" + tool.name + "\">\n")
+                       : minimax ? lit("<invoke name=\"" + tool.name + "\">\n")
+                                 : lit(tool.name);
     for (auto& [k, v] : props.items()) {
-      if (k.empty() || k.find_first_of("<>\n\r") != std::string::npos || k.front() == ' ' || k.back() == ' ' ||
+      if (k.empty() || k.find_first_of("<>\n\r\"") != std::string::npos || k.front() == ' ' || k.back() == ' ' ||
           k.front() == '\t' || k.back() == '\t')
         return Opt();
-      auto val = xml_value(v, field + ".properties." + k, prefix + "-" + k, params);
+      const std::string pfield = field + ".properties." + k;
+      auto val = xml_value(v, pfield, prefix + "-" + k, params);
       if (!val.ok()) return val.error();
+      bool raw = val->has_value() && v.is_object() && [&] {
+        auto t = schema_types(v);
+        return std::find(t.begin(), t.end(), "string") != t.end();
+      }();
+      if (!*val && dsml) {  // DSML writes any value as JSON with string="false"
+        auto j = b.add_schema(v, pfield, prefix + "-" + k + "-j", &params);
+        if (!j.ok()) return j.error();
+        val = std::optional<std::string>(*j);
+        raw = false;
+      }
+      if (!*val && minimax)
+        return RequestError{pfield, "this string schema (pattern or formats) cannot be enforced on a raw minimax-xml value"};
       if (!*val) return Opt();
-      const std::string item = xml ? lit("<parameter=" + k + ">\n") + " " + **val + " " + lit("\n</parameter>\n")
-                                   : lit("<arg_key>" + k + "</arg_key><arg_value>") + " " + **val + " " + lit("</arg_value>");
+      std::string item;
+      if (xml) item = lit("<parameter=" + k + ">\n") + " " + **val + " " + lit("\n</parameter>\n");
+      else if (dsml)
+        item = lit("<" + D + "parameter name=\"" + k + "\" string=\"" + (raw ? "true" : "false") + "\">") + " " + **val + " " +
+               lit("</" + D + "parameter>\n");
+      else if (minimax) item = lit("<parameter name=\"" + k + "\">") + " " + **val + " " + lit("</parameter>\n");
+      else item = lit("<arg_key>" + k + "</arg_key><arg_value>") + " " + **val + " " + lit("</arg_value>");
       body += " " + (required.count(k) ? item : "(" + item + ")?");
     }
     if (xml) body += " " + lit("</function>");
+    if (dsml) body += " " + lit("</" + D + "invoke>\n");
+    if (minimax) body += " " + lit("</invoke>\n");
     return Opt(body);
   }
 
@@ -208,7 +293,9 @@ RequestResult<std::string> tool_call_gbnf(const ChatRequest& req, const ToolGram
     case ToolCallFormat::MistralToolCalls:
       if (opt.mistral_args) B.words = {"[TOOL_CALLS]"};
       break;
-    default: break;
+    default:
+      if (auto w = block_close_words(opt.format); !w.empty()) B.words = std::move(w);
+      break;
   }
   if (!B.words.empty()) {
     // JSON strings: unbounded ones exclude the words exactly; length-bounded ones (json-char{m,n})
@@ -271,7 +358,28 @@ RequestResult<std::string> tool_call_gbnf(const ChatRequest& req, const ToolGram
         call = *j;
         break;
       }
-      default: break;
+      case ToolCallFormat::DeepseekDsml:
+      case ToolCallFormat::MiniMaxXml: {
+        auto m = B.markup_call(tool, params, field, prefix);
+        if (!m.ok()) return m.error();
+        if (!*m) return RequestError{field, std::string("these parameters cannot be written in the ") +
+                                                tool_call_format_name(opt.format) + " format (an object schema with properties)"};
+        call = **m;
+        break;
+      }
+      case ToolCallFormat::MiniMaxJson: {
+        auto j = B.json_call(tool, params, field, prefix, "arguments");
+        if (!j.ok()) return j.error();
+        call = *j + " " + lit("\n");
+        break;
+      }
+      default: {  // block formats whose arguments are one JSON object
+        auto args = B.b.add_schema(params, field, prefix);
+        if (!args.ok()) return args.error();
+        auto [head, tail] = block_call_wrap(opt.format, tool.name);
+        call = head + " " + *args + (tail.empty() ? "" : " " + tail);
+        break;
+      }
     }
     calls.push_back(std::move(call));
   }
@@ -288,6 +396,25 @@ RequestResult<std::string> tool_call_gbnf(const ChatRequest& req, const ToolGram
         root = lit("[TOOL_CALLS][") + " tool-call" + (opt.parallel ? " (" + lit(", ") + " tool-call)*" : "") + " " + lit("]");
       break;
     case ToolCallFormat::Llama3Json: root = "tool-call"; break;  // Llama 3.x writes one call per turn
+    case ToolCallFormat::DeepseekV31:
+    case ToolCallFormat::DeepseekDsml:
+    case ToolCallFormat::KimiK2:
+    case ToolCallFormat::MiniMaxXml:
+    case ToolCallFormat::MiniMaxJson:
+    case ToolCallFormat::FunctionaryV31:
+    case ToolCallFormat::FunctionaryV32:
+    case ToolCallFormat::CommandR7b:
+    case ToolCallFormat::CommandRPlus:
+    case ToolCallFormat::Harmony: {
+      if (opt.format == ToolCallFormat::Harmony) {  // a call ends the turn (<|call|>): one per answer
+        root = "tool-call";
+        break;
+      }
+      auto [open, sep, close] = block_root_parts(opt.format);
+      root = (open.empty() ? "" : open + " ") + "tool-call" + (opt.parallel ? " (" + (sep.empty() ? "" : sep + " ") + "tool-call)*" : "") +
+             (close.empty() ? "" : " " + close);
+      break;
+    }
     default: {
       const std::string sep = opt.format == ToolCallFormat::ArgKeyXml ? "" : "\n";
       root = "tool-call" + (opt.parallel ? " (" + (sep.empty() ? std::string() : lit(sep) + " ") + "tool-call)*" : "");

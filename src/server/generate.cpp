@@ -7,6 +7,7 @@
 // Threading: each function runs on the HTTP worker thread serving the request (see server.h).
 #include <ctime>
 
+#include "chat/tool_formats.h"
 #include "core/log.h"
 #include "server/client_socket.h"
 #include "server/constraint.h"
@@ -50,6 +51,10 @@ std::optional<ApiError> Server::Impl::prepare_chat(const json& body, const httpl
   // tool_choice "required" / named: the output is constrained to tool calls (server/constraint.h).
   if (auto e = apply_tool_choice(creq, tmpl->caps(), tmpl->source(), g.gp)) return e;
   g.parser = prompt.parser;
+  // Block tool-call formats write their markers as special tokens (DeepSeek, Kimi, Command R,
+  // harmony): they are rendered as text so that the output parser sees them (llama-server's
+  // preserved tokens).
+  if (chat::block_format(prompt.parser.tool_format)) g.gp.req.render_special = true;
   // A reasoning model thinks freely; the constraint applies to the answer after the thinking.
   if (g.gp.req.grammar && prompt.starts_in_reasoning) g.gp.req.grammar_trigger = prompt.parser.reasoning_end;
   g.prompt = tokenize_prompt(prompt.text);

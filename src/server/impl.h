@@ -169,6 +169,9 @@ struct Server::Impl {
   // llama-server's native POST /completion (native.h): the /v1/completions generation, other JSON.
   void h_completion(const httplib::Request& req, httplib::Response& res);
 
+  // llama-server's POST /infill (infill.h): the FIM prompt run as a /completion request.
+  void h_infill(const httplib::Request& req, httplib::Response& res);
+
   void start(std::shared_ptr<Gen> g, httplib::Response& res);
 
   // Anthropic Messages API (server/anthropic.h) and OpenAI Responses API (server/responses.h).

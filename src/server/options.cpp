@@ -230,6 +230,9 @@ const std::vector<Opt>& table() {
     add_bool({"--embedding", "--embeddings"}, env_of("EMBEDDINGS"),
              "enable POST /v1/embeddings and /embedding (the prompt's hidden states after the output norm, pooled)",
              &ServerOptions::embedding);
+    add({"--spm-infill"}, {}, "",
+        "POST /infill: put the suffix before the prefix (Suffix/Prefix/Middle, for models trained that way)",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.spm_infill = true; return {}; });
     add({"--slot-save-path"}, env_of("SLOT_SAVE_PATH"), "DIR",
         "directory of slot files: enables POST /slots/{id}?action=save|restore|erase",
         [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {

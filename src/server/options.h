@@ -37,6 +37,7 @@ struct ServerOptions {
   bool metrics = false;                 // --metrics
   bool embedding = false;               // --embedding / --embeddings: POST /v1/embeddings and /embedding
   std::string pooling;                  // --pooling none|mean|cls|last ("": the GGUF's pooling_type, else none)
+  bool spm_infill = false;              // --spm-infill: /infill writes the suffix before the prefix
   std::string slot_save_path;           // --slot-save-path DIR: enables POST /slots/{id}?action=save|restore|erase
   std::vector<std::string> api_keys;    // --api-key (comma list) + --api-key-file (one per line)
   float slot_prompt_similarity = 0.1f;  // --slot-prompt-similarity: accepted (kiln's prefix cache

@@ -301,6 +301,7 @@ void Server::Impl::setup_routes() {
   http.Post("/v1/completions", wrap(&Impl::h_completions));
   http.Post("/completions", wrap(&Impl::h_completions));
   http.Post("/completion", wrap(&Impl::h_completion));
+  http.Post("/infill", wrap(&Impl::h_infill));
   http.Post("/v1/messages", wrap(&Impl::h_messages));
   http.Post("/v1/messages/count_tokens", wrap(&Impl::h_count_tokens));
   http.Post("/v1/responses", wrap(&Impl::h_responses));
