@@ -226,7 +226,11 @@ void Server::Impl::h_metrics(const httplib::Request&, httplib::Response& res) {
 
 void Server::Impl::h_health(const httplib::Request&, httplib::Response& res) {
   if (ready.load()) return send_json(res, {{"status", "ok"}});
-  send_error(res, error_of(503, "unavailable_error", "Loading model"));
+  // Loading: llama-server's 503 error body, plus the fraction of the weights checked and placed.
+  const ApiError e = error_of(503, "unavailable_error", "Loading model");
+  json j = e.to_json();
+  j["progress"] = eng ? double(eng->load_progress()) : 0.0;
+  send_json(res, j, e.status);
 }
 
 void Server::Impl::h_root(const httplib::Request& req, httplib::Response& res) {

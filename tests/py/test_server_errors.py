@@ -180,7 +180,7 @@ def test_sse_keepalive_comments(srv):
 def test_health_503_while_loading(kiln_bin):
     s = KilnServer(kiln_bin, smollm2_path(), ["--test-load-delay-ms", "2500"], wait=False)
     try:
-        seen = []
+        seen, progress = [], []
         t0 = time.time()
         while time.time() - t0 < 60:
             try:
@@ -191,6 +191,9 @@ def test_health_503_while_loading(kiln_bin):
             seen.append(r.status_code)
             if r.status_code == 503:
                 assert r.json()["error"]["code"] == 503
+                prog = r.json()["progress"]  # the fraction of the weights loaded, 0..1
+                assert 0.0 <= prog <= 1.0, prog
+                progress.append(prog)
                 if seen.count(503) == 1:
                     # Probed once, at the first 503 (seconds before the load ends): a probe at a later
                     # 503 could race the end of loading and meet a ready server.
@@ -200,6 +203,8 @@ def test_health_503_while_loading(kiln_bin):
                 break
             time.sleep(0.05)
         assert 503 in seen and seen[-1] == 200, seen
+        # The load delay holds the 503 after the weights are in: the last 503 reports them all.
+        assert progress == sorted(progress) and progress[-1] == 1.0, progress
         assert requests.post(s.url + "/v1/chat/completions", json={"messages": U, "max_tokens": 1}).status_code == 200
     finally:
         assert s.stop(signal.SIGINT) == 0
