@@ -35,6 +35,7 @@ struct Act {
   Tensor wts;        // [K, T]
   Tensor ye;         // expert outputs: region of E*K*T floats
   Tensor pos, seq;   // I32 [T]: per-token position and sequence slot (uploaded once per decode)
+  Tensor mpos;       // I32 [T, 4]: M-RoPE streams (t, h, w, 0) when the batch has them (Batch::mpos), else empty
 };
 
 // What a block runs with: the stream of the device its layer is on, that device's views.

@@ -91,5 +91,85 @@ TEST(VisionHf, ImageEmbeddingsEqualHf) {
   }
 }
 
+// The prompt: text, <|vision_start|>, image 0's tokens, <|vision_end|>, text, the same for image 1,
+// text; image tokens take kiln's embeddings, every token the M-RoPE positions llama.cpp's mtmd gives
+// (checked against HF's get_rope_index), in chunks of 5 tokens (runs that split images).
+TEST(VisionHf, PromptLogitsEqualHf) {
+  auto vm = model::VisionModel::load(kDir + "mmproj.gguf", {LoadMode::Mmap, false, 0});
+  ASSERT_TRUE(vm.ok()) << vm.error().message;
+  auto lm = model::load_model(kDir + "model.gguf");
+  ASSERT_TRUE(lm.ok()) << lm.error().message;
+  const auto& cfg = (*lm)->config();
+  ThreadPool pool(2);
+  model::VisionEncoder enc(**vm, pool);
+  const auto m = meta();
+  std::vector<model::ImageEmbedding> embs;
+  for (const auto& im : m["images"]) {
+    std::string bytes;
+    ASSERT_TRUE(read_file(kDir + im["file"].get<std::string>(), bytes));
+    auto img = media::decode_image(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+    ASSERT_TRUE(img.ok());
+    const media::Pixels px = media::preprocess(*img, params_of((*vm)->config()));
+    auto e = enc.encode(px.chw.data(), px.w, px.h);
+    ASSERT_TRUE(e.ok());
+    embs.push_back(std::move(*e));
+  }
+  const std::vector<int32_t> ids = m["prompt"].get<std::vector<int32_t>>();
+  const int32_t img_tok = m["image_token"].get<int32_t>();
+  const int64_t T = int64_t(ids.size());
+  // Embedding pointers and llama.cpp's positions: text advances by 1, an image of nx x ny tokens
+  // at p0 gives (p0, p0 + y, p0 + x) and advances by max(nx, ny).
+  std::vector<const float*> embd(size_t(T), nullptr);
+  std::vector<int32_t> mpos(size_t(3 * T));
+  int32_t p = 0;
+  size_t img = 0;
+  for (int64_t t = 0; t < T;) {
+    if (ids[size_t(t)] != img_tok) {
+      for (int k = 0; k < 3; ++k) mpos[size_t(3 * t + k)] = p;
+      ++p, ++t;
+      continue;
+    }
+    const auto& e = embs[img++];
+    for (int y = 0; y < e.ny; ++y)
+      for (int x = 0; x < e.nx; ++x, ++t) {
+        embd[size_t(t)] = e.data.data() + size_t(y * e.nx + x) * size_t(cfg.n_embd);
+        mpos[size_t(3 * t)] = p, mpos[size_t(3 * t + 1)] = p + y, mpos[size_t(3 * t + 2)] = p + x;
+      }
+    p += std::max(e.nx, e.ny);
+  }
+  const auto hf_pos = m["mrope_positions"];
+  for (int64_t t = 0; t < T; ++t)
+    for (int k = 0; k < 3; ++k) ASSERT_EQ(mpos[size_t(3 * t + k)], hf_pos[size_t(k)][size_t(t)].get<int32_t>()) << t;
+
+  model::ContextOptions co;
+  co.n_batch = 8;
+  model::Context ctx(**lm, co);
+  model::MemoryOptions mo;
+  mo.n_ctx = 64;
+  mo.n_seq = 1;
+  mo.type_k = mo.type_v = gguf::GgmlType::F32;  // F32 throughout, as the HF oracle
+  auto mem = model::Memory::create(**lm, mo);
+  ASSERT_TRUE(mem.ok()) << mem.error().message;
+  const auto want = read_f32(kDir + "logits.f32");
+  ASSERT_EQ(int64_t(want.size()), T * cfg.n_vocab);
+  double maxd = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += 5) {
+    model::Batch b;
+    const int64_t n = std::min<int64_t>(5, T - t0);
+    for (int64_t t = t0; t < t0 + n; ++t) {
+      b.add(ids[size_t(t)], int32_t(t), 0, true);
+      b.embd.push_back(embd[size_t(t)]);
+      for (int k = 0; k < 3; ++k) b.mpos.push_back(mpos[size_t(3 * t + k)]);
+    }
+    auto st = ctx.decode(b, **mem);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t v = 0; v < cfg.n_vocab; ++v)
+        maxd = std::max(maxd, double(std::fabs(ctx.logits(i)[v] - want[size_t((t0 + i) * cfg.n_vocab + v)])));
+  }
+  EXPECT_LE(maxd, 1e-3);
+  std::printf("prompt of %lld tokens with 2 images: max |kiln - HF| logit = %.2e\n", (long long)T, maxd);
+}
+
 }  // namespace
 }  // namespace kiln
