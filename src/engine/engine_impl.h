@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/vision.h"
 #include "engine/grammar_matcher.h"
 #include "engine/prefix_cache.h"
 
@@ -93,6 +94,11 @@ struct Active {
   std::string held;       // decoded text not yet emitted (possible beginning of a stop string)
   std::vector<int64_t> cuts;  // hybrid: prompt positions (ascending, > cache_n) to snapshot at
   std::vector<float> embd;    // Request::embed: the pooled (summed, for Mean) or every token's hidden state
+  // Images: M-RoPE positions of every prompt token (3 each) and where generated tokens continue;
+  // each image's embeddings once encoded (model::ImageEmbedding, empty data until then).
+  std::vector<int32_t> mpos;
+  int64_t mpos_end = 0;
+  std::vector<model::ImageEmbedding> img_embd;
   bool finished = false;
   // per-step bookkeeping
   int64_t step_n = 0;
@@ -108,6 +114,11 @@ struct SlotState {
 struct Engine::Impl {
   Engine& eng;
   std::unique_ptr<Runner> runner;
+  // Vision (--mmproj): the projector and its encoder (run on this thread between steps).
+  std::unique_ptr<model::VisionModel> vision;
+  std::unique_ptr<ThreadPool> vision_pool;
+  std::unique_ptr<model::VisionEncoder> vision_enc;
+  uint64_t images_encoded = 0;
   std::unique_ptr<PrefixCache> cache;
   std::unique_ptr<GrammarCache> grammars;
   const tokenizer::Tokenizer* tok = nullptr;
@@ -146,6 +157,10 @@ struct Engine::Impl {
   void prepare(Active& a, int s);
   int pick_slot(const Active& a) const;
   void step();
+  // Images: the M-RoPE positions of a request's prompt (admission), and the embedding rows of
+  // prompt tokens [p0, p0 + n) (encoding images that are not yet). Errors: the encoder's.
+  void image_positions(Active& a);
+  Status image_rows(Active& a, int64_t p0, int64_t n, std::vector<const float*>& out);
   int32_t sample(Active& a, const float* logits);
   bool embed_rows(Active& a);
   bool grammar_step(Active& a, int32_t t, bool& done);
