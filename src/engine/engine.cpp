@@ -227,6 +227,10 @@ void Engine::Impl::prepare(Active& a, int s) {
   if (recurrent && a.req.cache_prompt && cache->enabled()) {
     for (int64_t p : a.req.snapshot_at)
       if (p > reused && p < P) a.cuts.push_back(p);
+    // After each image (and the token closing it): a follow-up question about the same image
+    // resumes there instead of encoding and prefilling it again.
+    for (const ImageInput& im : a.req.images)
+      if (int64_t p = im.pos + int64_t(im.nx) * im.ny + 1; p > reused && p < P) a.cuts.push_back(p);
     if (eng.opt_.snapshot_before_control) {
       // Turn starts: later occurrences of the prompt's first control token ("<|im_start|>",
       // "<|start_header_id|>"). Keep the first two (end of the system message, of the first user

@@ -7,6 +7,7 @@
 #include <webp/decode.h>
 #include <xxhash.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -96,6 +97,17 @@ Result<Image> decode_image(std::span<const uint8_t> b, const Limits& lim) {
     return img;
   }
   if (b.size() > size_t(INT32_MAX)) return err("the image is too large");
+  // Sizes from the headers of PNG / GIF / BMP first: stb_image refuses some huge ones with a
+  // generic error, and the limit should be what the client hears.
+  auto be32 = [&](size_t o) { return int64_t(b[o]) << 24 | int64_t(b[o + 1]) << 16 | int64_t(b[o + 2]) << 8 | b[o + 3]; };
+  auto le16 = [&](size_t o) { return int64_t(b[o]) | int64_t(b[o + 1]) << 8; };
+  auto le32 = [&](size_t o) { return int32_t(uint32_t(b[o]) | uint32_t(b[o + 1]) << 8 | uint32_t(b[o + 2]) << 16 | uint32_t(b[o + 3]) << 24); };
+  int64_t hw = 0, hh = 0;
+  if (fmt == "png" && b.size() >= 24) hw = be32(16), hh = be32(20);
+  if (fmt == "gif" && b.size() >= 10) hw = le16(6), hh = le16(8);
+  if (fmt == "bmp" && b.size() >= 26) hw = std::abs(int64_t(le32(18))), hh = std::abs(int64_t(le32(22)));
+  if (hw > 0 && hh > 0 && (hw > lim.max_side || hh > lim.max_side || hw * hh > lim.max_pixels))
+    return err("{}x{} pixels exceed the limit of {} pixels ({} per side)", hw, hh, lim.max_pixels, lim.max_side);
   int w = 0, h = 0, comp = 0;
   if (!stbi_info_from_memory(b.data(), int(b.size()), &w, &h, &comp))
     return err("truncated or corrupt {} image ({})", fmt, stbi_failure_reason() ? stbi_failure_reason() : "unreadable header");
