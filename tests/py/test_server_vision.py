@@ -121,6 +121,27 @@ def test_image_data_url_and_cache(srv):
     assert r3.json()["usage"]["prompt_tokens"] - t["usage"]["prompt_tokens"] >= 8 + 2
 
 
+def test_anthropic_and_responses_images(srv):
+    b64 = base64.b64encode((FIX / "img0.png").read_bytes()).decode()
+    h = {"Authorization": "Bearer sk-test"}
+    r = requests.post(srv.url + "/v1/messages", headers=h, timeout=60, json={
+        "model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+            {"type": "text", "text": "what is this?"}]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] >= 6 + 2
+    r = requests.post(srv.url + "/v1/responses", headers=h, timeout=60, json={
+        "model": "m", "max_output_tokens": 3, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:image/png;base64," + b64},
+            {"type": "input_text", "text": "what is this?"}]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] >= 6 + 2
+    bad = requests.post(srv.url + "/v1/messages", headers=h, timeout=60, json={
+        "model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": b64}}]}]})
+    assert bad.status_code == 400 and "image/gif" in bad.text, bad.text
+
+
 def test_image_http_url(srv, images_http):
     r = chat(srv.url, images_http + "/img0.png", key="sk-test")
     assert r.status_code == 200, r.text
