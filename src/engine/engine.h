@@ -94,6 +94,7 @@ struct EngineOptions {
   uint64_t device_memory = 0;        // --device-memory / KILN_DEVICE_MEMORY: cap on usable GPU memory (0: none)
   std::string mmproj;                // --mmproj: the vision projector (model/vision.h), counted in the plan
   bool mmproj_offload = true;        // --mmproj-offload / --no-mmproj-offload: the projector on the GPU when one is usable
+  int64_t image_max_tokens = 4096;   // --image-max-tokens: the largest image batch the memory plan counts
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -173,6 +173,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.flash_attn = opt_.flash_attn;
   o.n_gpu_layers = opt_.n_gpu_layers;
   o.cache_ram_bytes = opt_.cache_ram_bytes;
+  o.image_max_tokens = opt_.image_max_tokens;
   model::FitOptions fo;
   fo.fit = opt_.fit;
   fo.fit_ctx = opt_.fit_ctx;

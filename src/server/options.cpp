@@ -325,7 +325,7 @@ const std::vector<Opt>& table() {
         [](ServerOptions& so, int64_t x) { so.image_min_tokens = x; });
     add_int({"--image-max-tokens"}, env_of("IMAGE_MAX_TOKENS"), "N",
         "each image is resized to give at most N tokens (default 4096)", 1, 1 << 20,
-        [](ServerOptions& so, int64_t x) { so.image_max_tokens = x; });
+        [](ServerOptions& so, int64_t x) { so.image_max_tokens = so.engine.image_max_tokens = x; });
     add_int({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
         "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)", -1, int64_t(1) << 32,
         [](ServerOptions& so, int64_t x) { so.cache_ram_mib = x; so.engine.cache_ram_bytes = x < 0 ? -1 : (x << 20); });

@@ -129,7 +129,7 @@ TEST(Ops, RopeMulti) {
     RopeParams p{64, true, 1e7f, 1.f};
     p.multi = RopeParams::Multi::Imrope;
     p.sections[0] = 11, p.sections[1] = 11, p.sections[2] = 10;
-    std::vector<int32_t> same(size_t(4 * T)), one(size_t(T));
+    std::vector<int32_t> same(size_t(4 * T), 0), one(size_t(T), 0);
     for (int64_t t = 0; t < T; ++t) {
       one[size_t(t)] = int32_t(t * 1000 + 3);
       for (int s = 0; s < 4; ++s) same[size_t(s * T + t)] = one[size_t(t)];
