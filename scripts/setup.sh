@@ -11,6 +11,7 @@ DEB_PKGS=(
   build-essential cmake pkg-config git
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
+  libstb-dev libwebp-dev libexif-dev  # images in (src/media): stb_image, WebP, EXIF orientation
   clang libclang-rt-14-dev python3-venv
   r-cran-janeaustenr fortunes-zh  # tokenizer oracle corpus: English prose (via Rscript), Chinese text
   libjs-markdown-it libjs-highlight.js libjs-katex  # web UI libraries, embedded at build time (webui/)

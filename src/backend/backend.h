@@ -69,7 +69,7 @@ struct Tensor {
   T* host_as() const { return static_cast<T*>(host()); }
 };
 
-enum class Unary { Silu, Sigmoid, Softplus };
+enum class Unary { Silu, Sigmoid, Softplus, Gelu /* tanh form */, GeluErf };
 enum class Binary { Add, Mul, SwiGlu /* silu(a) * b */, SigmoidMul /* a * sigmoid(b) */ };
 
 // Attention as the model states it (device-neutral). flash = false asks for llama.cpp's
@@ -142,6 +142,9 @@ class Stream : public WorkspaceSizes {
   virtual void l2_norm(const Tensor& x, const Tensor& y, float eps) = 0;
   // x rows [head_dim, n_head, n_tok] in place; pos I32 [n_tok].
   virtual void rope(const Tensor& x, const Tensor& pos, const RopeParams& p) = 0;
+  // Multi-section rope (RopeParams::multi, kernels/ops.h): x rows [head_dim, n_head, n_tok] in
+  // place; pos I32 [n_tok, 4] (stream s of token t at s * n_tok + t, ggml_rope_multi's layout).
+  virtual void rope_multi(const Tensor& x, const Tensor& pos, const RopeParams& p) = 0;
   virtual void softmax(const Tensor& x, float scale) = 0;  // rows, in place
   // Rows: x, y same shape (y may be x).
   virtual void unary(Unary op, const Tensor& x, const Tensor& y) = 0;

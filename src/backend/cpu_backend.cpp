@@ -216,6 +216,10 @@ class CpuStream final : public Stream {
     check_i32(pos, x.ne[2], "rope pos");
     K::rope(rows_of(x, "rope x"), pos.host_as<const int32_t>(), p, pool_);
   }
+  void rope_multi(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
+    check_i32(pos, x.ne[2] * 4, "rope_multi pos");
+    K::rope_multi(rows_of(x, "rope_multi x"), pos.host_as<const int32_t>(), p, pool_);
+  }
   void softmax(const Tensor& x, float scale) override { K::softmax(rows_of(x, "softmax x"), scale, pool_); }
   // Unary / binary / scale: one kernel call per row of ne0 floats (the kernels' vector tails fall
   // where the caller's rows end), on the calling thread.
@@ -230,6 +234,8 @@ class CpuStream final : public Stream {
           case Unary::Silu: K::silu(a, o, xr.ne0); break;
           case Unary::Sigmoid: K::sigmoid(a, o, xr.ne0); break;
           case Unary::Softplus: K::softplus(a, o, xr.ne0); break;
+          case Unary::Gelu: K::gelu(a, o, xr.ne0); break;
+          case Unary::GeluErf: K::gelu_erf(a, o, xr.ne0); break;
         }
       }
   }

@@ -379,6 +379,13 @@ class CudaStream final : public Stream {
     auto pf = prof([&] { return "rope " + shape(x); });
     C::rope(launch(), rows(x, "rope x"), iptr(pos, "rope pos"), p);
   }
+  void rope_multi(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
+    flush();
+    check_i32(pos, x.ne[2] * 4, "rope_multi pos");
+    DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "rope_multi " + shape(x); });
+    C::rope_multi(launch(), rows(x, "rope_multi x"), iptr(pos, "rope_multi pos"), p);
+  }
   void softmax(const Tensor& x, float scale) override {
     flush();
     DeviceScope ds(dev_.ordinal());
@@ -776,6 +783,8 @@ class CudaStream final : public Stream {
       case Unary::Silu: return C::Unary::Silu;
       case Unary::Sigmoid: return C::Unary::Sigmoid;
       case Unary::Softplus: return C::Unary::Softplus;
+      case Unary::Gelu: return C::Unary::Gelu;
+      case Unary::GeluErf: return C::Unary::GeluErf;
     }
     __builtin_unreachable();
   }

@@ -216,6 +216,7 @@ void Engine::Impl::prepare(Active& a, int s) {
   st.tokens.assign(prompt.begin(), prompt.begin() + reused);
   a.n_past = reused;
   a.cache_n = reused;
+  if (!a.req.images.empty()) image_positions(a);
   a.sampler = std::make_unique<Sampler>(a.req.sampling, runner->n_vocab());
   spec_start(a);
   a.sampler->accept(std::span<const int32_t>(prompt));
@@ -227,6 +228,10 @@ void Engine::Impl::prepare(Active& a, int s) {
   if (recurrent && a.req.cache_prompt && cache->enabled()) {
     for (int64_t p : a.req.snapshot_at)
       if (p > reused && p < P) a.cuts.push_back(p);
+    // After each image (and the token closing it): a follow-up question about the same image
+    // resumes there instead of encoding and prefilling it again.
+    for (const ImageInput& im : a.req.images)
+      if (int64_t p = im.pos + int64_t(im.nx) * im.ny + 1; p > reused && p < P) a.cuts.push_back(p);
     if (eng.opt_.snapshot_before_control) {
       // Turn starts: later occurrences of the prompt's first control token ("<|im_start|>",
       // "<|start_header_id|>"). Keep the first two (end of the system message, of the first user
@@ -264,12 +269,82 @@ void Engine::Impl::cache_insert(const Active& a, bool end_of_turn) {
                 end_of_turn);
 }
 
+// M-RoPE positions of the prompt (llama.cpp's mtmd): text tokens advance by one; an image of
+// nx x ny tokens at text position p0 gives (p0, p0 + y, p0 + x) and the text continues at
+// p0 + max(nx, ny). Generated tokens continue from mpos_end.
+void Engine::Impl::image_positions(Active& a) {
+  const auto& imgs = a.req.images;
+  const int64_t P = int64_t(a.req.prompt.size());
+  a.mpos.assign(size_t(3 * P), 0);
+  a.img_embd.assign(imgs.size(), model::ImageEmbedding{});
+  int32_t p = 0;
+  size_t k = 0;
+  for (int64_t i = 0; i < P;) {
+    if (k < imgs.size() && i == imgs[k].pos) {
+      const ImageInput& im = imgs[k++];
+      for (int y = 0; y < im.ny; ++y)
+        for (int x = 0; x < im.nx; ++x, ++i) {
+          a.mpos[size_t(3 * i)] = p;
+          a.mpos[size_t(3 * i + 1)] = p + y;
+          a.mpos[size_t(3 * i + 2)] = p + x;
+        }
+      p += std::max(im.nx, im.ny);
+      continue;
+    }
+    for (int c = 0; c < 3; ++c) a.mpos[size_t(3 * i + c)] = p;
+    ++p, ++i;
+  }
+  a.mpos_end = p;
+}
+
+// Embedding rows for prompt tokens [p0, p0 + n): nullptr for text, the image's row for image tokens
+// (the image encoded here, on the engine thread, the first time one of its tokens is prefilled).
+Status Engine::Impl::image_rows(Active& a, int64_t p0, int64_t n, std::vector<const float*>& out) {
+  const auto& imgs = a.req.images;
+  for (int64_t i = p0; i < p0 + n; ++i) {
+    const float* row = nullptr;
+    for (size_t k = 0; k < imgs.size(); ++k) {
+      const ImageInput& im = imgs[k];
+      const int64_t nt = int64_t(im.nx) * im.ny;
+      if (i < im.pos || i >= im.pos + nt) continue;
+      model::ImageEmbedding& e = a.img_embd[k];
+      if (e.data.empty()) {
+        const auto t0 = Clock::now();
+        auto r = vision_enc->encode(im.chw->data(), im.w, im.h);
+        if (!r.ok()) return err("image {}: {}", k, r.error().message);
+        if (r->nx != im.nx || r->ny != im.ny) return err("image {}: {}x{} tokens, expected {}x{}", k, r->nx, r->ny, im.nx, im.ny);
+        e = std::move(*r);
+        ++images_encoded;
+        KILN_LOG_INFO("slot {} | image {} ({}x{} px, {} tokens) encoded in {:.1f} ms", a.slot, k, im.w, im.h, nt,
+                      ms_between(t0, Clock::now()));
+      }
+      row = e.data.data() + size_t(i - im.pos) * size_t(vision->config().n_out);
+      break;
+    }
+    out.push_back(row);
+  }
+  return {};
+}
+
 void Engine::Impl::step() {
   batch.clear();
   int64_t budget = step_tokens;
   int64_t row = 0;
   int64_t generating = 0;
   for (auto& a : active) generating += a->prompt_done ? 1 : 0;
+  bool images = false;  // a request with images takes part: every token gets embd / mpos entries
+  for (auto& a : active)
+    if (!a->req.images.empty() && (a->prompt_done || budget > 0)) images = true;
+  auto add_mpos = [&](const Active& a, int64_t i) {  // prompt index i, or a generated position when >= P
+    const int64_t P = int64_t(a.req.prompt.size());
+    if (a.req.images.empty()) {
+      for (int c = 0; c < 3; ++c) batch.mpos.push_back(int32_t(i));
+    } else if (i < P) {
+      for (int c = 0; c < 3; ++c) batch.mpos.push_back(a.mpos[size_t(3 * i + c)]);
+    } else {
+      for (int c = 0; c < 3; ++c) batch.mpos.push_back(int32_t(a.mpos_end + (i - P)));
+    }
+  };
   for (auto& a : active) {
     a->step_n = 0;
     a->out_row = -1;
@@ -277,11 +352,17 @@ void Engine::Impl::step() {
     --generating;
     // Speculative decoding (engine_spec.cpp): the run [next_token, draft...], every token an output
     // row, the recurrent state kept after each but the last; drafts leave a token for every other
-    // generating request.
-    make_draft(*a, std::min(budget, kSpecStepMax - row) - 1 - generating);
+    // generating request. (Requests with images do not draft: their positions are M-RoPE streams.)
+    if (a->req.images.empty()) make_draft(*a, std::min(budget, kSpecStepMax - row) - 1 - generating);
+    else a->draft.clear();
     const int64_t k = int64_t(a->draft.size());
     batch.add(a->next_token, int32_t(a->n_past), a->slot, true, k > 0);
     for (int64_t i = 0; i < k; ++i) batch.add(a->draft[size_t(i)], int32_t(a->n_past + 1 + i), a->slot, true, i + 1 < k);
+    if (images)
+      for (int64_t i = 0; i <= k; ++i) {
+        batch.embd.push_back(nullptr);
+        add_mpos(*a, a->n_past + i);
+      }
     a->step_n = 1 + k;
     a->out_row = row;
     row += 1 + k;
@@ -302,6 +383,19 @@ void Engine::Impl::step() {
       auto it = std::upper_bound(a->cuts.begin(), a->cuts.end(), a->n_past);
       if (it != a->cuts.end()) n = std::min(n, *it - a->n_past);
     }
+    if (images) {
+      const size_t before = batch.embd.size();
+      if (Status is = image_rows(*a, a->n_past, n, batch.embd); !is.ok()) {
+        batch.embd.resize(before);
+        runner->seq_clear(a->slot);
+        slots[size_t(a->slot)].tokens.clear();
+        a->n_past = 0;
+        a->req.cache_prompt = false;
+        finish(*a, FinishReason::Error, Event{}, is.error().message);
+        continue;
+      }
+      for (int64_t i = a->n_past; i < a->n_past + n; ++i) add_mpos(*a, i);
+    }
     const bool last = a->n_past + n == P;
     batch.add_run(std::span<const int32_t>(prompt).subspan(size_t(a->n_past), size_t(n)), int32_t(a->n_past),
                   a->slot, a->req.embed, last);
@@ -310,7 +404,10 @@ void Engine::Impl::step() {
     else if (last) a->out_row = row++;
     budget -= n;
   }
-  if (batch.size() == 0) return;
+  if (batch.size() == 0) {
+    drop_finished();
+    return;
+  }
 
   Status st = runner->decode(batch);
   {

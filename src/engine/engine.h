@@ -93,7 +93,9 @@ struct EngineOptions {
   uint64_t fit_target = uint64_t(1024) << 20;  // --fit-target (bytes; the GPU used)
   int64_t fit_ctx = 4096;            // --fit-ctx: the smallest context fitting may choose
   uint64_t device_memory = 0;        // --device-memory / KILN_DEVICE_MEMORY: cap on usable GPU memory (0: none)
-  std::string mmproj;                // --mmproj: counted in the plan (its weights and an image batch)
+  std::string mmproj;                // --mmproj: the vision projector (model/vision.h), counted in the plan
+  bool mmproj_offload = true;        // --mmproj-offload / --no-mmproj-offload: the projector on the GPU when one is usable
+  int64_t image_max_tokens = 4096;   // --image-max-tokens: the largest image batch the memory plan counts
   // Speculative decoding (--spec-type and its flags; engine/speculative.h, docs/engine.md).
   SpecOptions spec;
 };
@@ -105,6 +107,25 @@ struct EngineOptions {
 // llama.cpp's pooling types: None keeps every token's, Mean averages them, Cls takes the first
 // token's, Last the last token's.
 enum class Pooling { None, Mean, Cls, Last };
+
+// An image in a prompt (vision, --mmproj): its preprocessed pixels (media::preprocess) and where its
+// tokens are. The prompt holds nx * ny image tokens at [pos, pos + nx * ny): ids that only name the
+// image for the prefix cache (image_token_id(hash, i), outside the vocabulary); the engine encodes
+// the image on its thread when the first of its tokens is prefilled (not at all when the prefix
+// cache holds them) and gives the text model their embeddings with M-RoPE positions
+// (p0, p0 + y, p0 + x); the text after an image continues at p0 + max(nx, ny) (llama.cpp's mtmd).
+struct ImageInput {
+  std::shared_ptr<const std::vector<float>> chw;  // planar [3][h][w], normalised
+  int w = 0, h = 0;
+  int nx = 0, ny = 0;      // token grid (w / (patch * merge), h / (patch * merge))
+  uint64_t hash = 0;       // content hash (media::image_hash)
+  int64_t pos = 0;         // index in Request::prompt of the image's first token
+};
+// The prompt id of image token i of the image with this content hash: >= 2^30, so never a
+// vocabulary id; equal for equal images at equal offsets (the prefix cache matches on ids).
+inline int32_t image_token_id(uint64_t hash, int64_t i) {
+  return int32_t((1u << 30) | (uint32_t((hash ^ (hash >> 32)) + uint64_t(i) * 0x9E3779B1u) & 0x3fffffffu));
+}
 
 struct Request {
   std::vector<int32_t> prompt;     // token ids (already templated and tokenized; BOS included if wanted)
@@ -134,6 +155,8 @@ struct Request {
   // Event carries Event::embedding, reduced by `pooling` (no normalization: the server's choice).
   bool embed = false;
   Pooling pooling = Pooling::Mean;
+  // Images (needs a projector: EngineOptions::mmproj), ordered by pos, not overlapping.
+  std::vector<ImageInput> images;
 };
 
 enum class FinishReason { None, Stop, Length, Cancelled, Error };
@@ -214,6 +237,11 @@ struct ModelInfo {
   bool add_bos = false;
   std::vector<int32_t> eog_ids;
   std::string bos_text, eos_text;  // token texts ("" if none)
+  // Vision (--mmproj loaded): the projector's preprocessing (patch, merge, mean, std) and its path.
+  bool vision = false;
+  std::string mmproj;
+  int vision_patch = 0, vision_merge = 0;
+  float vision_mean[3] = {0, 0, 0}, vision_std[3] = {1, 1, 1};
 };
 
 struct Metrics {
@@ -315,6 +343,7 @@ class Engine {
   void start_thread(std::string path);
   Status init_serving(std::unique_ptr<Runner> runner);
 
+  Status load_vision();
   EngineOptions opt_;
   std::atomic<EngineState> state_{EngineState::Loading};
   std::atomic<float> progress_{0};

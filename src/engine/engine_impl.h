@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/vision.h"
 #include "engine/grammar_matcher.h"
 #include "engine/prefix_cache.h"
 
@@ -101,6 +102,11 @@ struct Active {
     int64_t n_pos = 0;
     int kept = -1;
   } pend;
+  // Images: M-RoPE positions of every prompt token (3 each) and where generated tokens continue;
+  // each image's embeddings once encoded (model::ImageEmbedding, empty data until then).
+  std::vector<int32_t> mpos;
+  int64_t mpos_end = 0;
+  std::vector<model::ImageEmbedding> img_embd;
   bool finished = false;
   // per-step bookkeeping
   int64_t step_n = 0;
@@ -116,6 +122,11 @@ struct SlotState {
 struct Engine::Impl {
   Engine& eng;
   std::unique_ptr<Runner> runner;
+  // Vision (--mmproj): the projector and its encoder (run on this thread between steps).
+  std::unique_ptr<model::VisionModel> vision;
+  std::unique_ptr<ThreadPool> vision_pool;
+  std::unique_ptr<model::VisionEncoder> vision_enc;
+  uint64_t images_encoded = 0;
   std::unique_ptr<PrefixCache> cache;
   std::unique_ptr<GrammarCache> grammars;
   const tokenizer::Tokenizer* tok = nullptr;
@@ -155,6 +166,10 @@ struct Engine::Impl {
   void prepare(Active& a, int s);
   int pick_slot(const Active& a) const;
   void step();
+  // Images: the M-RoPE positions of a request's prompt (admission), and the embedding rows of
+  // prompt tokens [p0, p0 + n) (encoding images that are not yet). Errors: the encoder's.
+  void image_positions(Active& a);
+  Status image_rows(Active& a, int64_t p0, int64_t n, std::vector<const float*>& out);
   int32_t sample(Active& a, const float* logits);
   bool embed_rows(Active& a);
   bool grammar_step(Active& a, int32_t t, bool& done);

@@ -143,6 +143,37 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   return {};
 }
 
+// The projector (--mmproj): loaded after the model, on the GPU with --mmproj-offload when the model
+// has layers there (llama-server's rule), its preprocessing published in ModelInfo.
+Status Engine::load_vision() {
+  if (opt_.mmproj.empty()) return {};
+  if (!model::arch_is_hybrid(model_->config().arch))
+    return err("--mmproj {}: images need a Qwen3.5 text model (qwen35 / qwen35moe), not {}", opt_.mmproj,
+               model_->config().arch_str);
+  model::VisionLoadOptions vo;
+  vo.load_mode = opt_.load_mode;
+  vo.offload = opt_.mmproj_offload && model_->info().n_gpu_layers > 0;
+  vo.main_gpu = opt_.main_gpu;
+  auto vm = model::VisionModel::load(opt_.mmproj, vo);
+  KILN_TRY(vm);
+  const auto& vc = (*vm)->config();
+  if (vc.n_out != model_->config().n_embd)
+    return err("--mmproj {}: the projector gives {} floats per image token, the model's n_embd is {}", opt_.mmproj,
+               vc.n_out, model_->config().n_embd);
+  if (!vc.deepstack.empty())
+    return err("--mmproj {}: DeepStack layers (Qwen3-VL) are not supported with a {} text model", opt_.mmproj,
+               model_->config().arch_str);
+  impl_->vision = std::move(*vm);
+  impl_->vision_pool = std::make_unique<ThreadPool>(opt_.n_threads);
+  impl_->vision_enc = std::make_unique<model::VisionEncoder>(*impl_->vision, *impl_->vision_pool);
+  info_.vision = true;
+  info_.mmproj = opt_.mmproj;
+  info_.vision_patch = int(vc.patch);
+  info_.vision_merge = int(vc.merge);
+  for (int i = 0; i < 3; ++i) info_.vision_mean[i] = vc.mean[i], info_.vision_std[i] = vc.std[i];
+  return {};
+}
+
 Result<int> Engine::fit_memory(const gguf::File& f) {
   auto shape = model::ModelShape::from_file(f);
   KILN_TRY(shape);
@@ -174,6 +205,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.flash_attn = opt_.flash_attn;
   o.n_gpu_layers = opt_.n_gpu_layers;
   o.cache_ram_bytes = opt_.cache_ram_bytes;
+  o.image_max_tokens = opt_.image_max_tokens;
   model::FitOptions fo;
   fo.fit = opt_.fit;
   fo.fit_ctx = opt_.fit_ctx;
@@ -225,6 +257,7 @@ void Engine::thread_main(std::string path) {
     if (!t.ok()) return fail(t.error().message);
     tok_ = std::move(*t);
     info_ = info_from_model(*model_, *tok_, path);
+    if (Status vs = load_vision(); !vs.ok()) return fail(vs.error().message);
     auto r = make_runner(*model_, opt_);
     if (!r.ok()) return fail(path + ": " + r.error().message);
     Status s = init_serving(std::move(*r));
@@ -331,10 +364,32 @@ RequestHandle Engine::submit(Request req) {
   if (P == 0) return fail("prompt: empty (at least one token is needed)");
   if (P >= impl_->n_ctx_slot)
     return fail(fmt::format("prompt: {} tokens do not fit the context of {} tokens per slot", P, impl_->n_ctx_slot));
-  for (size_t i = 0; i < req.prompt.size(); ++i)
-    if (req.prompt[i] < 0 || req.prompt[i] >= info_.n_vocab)
-      return fail(fmt::format("prompt: token {} at index {} is outside the vocabulary [0, {})", req.prompt[i], i,
-                              info_.n_vocab));
+  if (!req.images.empty() && !impl_->vision) return fail("images: the server has no vision projector (--mmproj)");
+  if (!req.images.empty() && req.embed) return fail("images: embeddings of prompts with images are not supported");
+  {
+    size_t k = 0;  // the image whose tokens come next
+    for (size_t i = 0; i < req.prompt.size(); ++i) {
+      while (k < req.images.size() && int64_t(i) >= req.images[k].pos + int64_t(req.images[k].nx) * req.images[k].ny) ++k;
+      const bool in_img = k < req.images.size() && int64_t(i) >= req.images[k].pos;
+      if (in_img) {
+        const ImageInput& im = req.images[k];
+        if (req.prompt[i] != image_token_id(im.hash, int64_t(i) - im.pos))
+          return fail(fmt::format("prompt: token {} at index {} is not image {}'s token", req.prompt[i], i, k));
+        continue;
+      }
+      if (req.prompt[i] < 0 || req.prompt[i] >= info_.n_vocab)
+        return fail(fmt::format("prompt: token {} at index {} is outside the vocabulary [0, {})", req.prompt[i], i,
+                                info_.n_vocab));
+    }
+    for (size_t j = 0; j < req.images.size(); ++j) {
+      const ImageInput& im = req.images[j];
+      const int unit = info_.vision_patch * info_.vision_merge;
+      if (!im.chw || im.nx <= 0 || im.ny <= 0 || im.w != im.nx * unit || im.h != im.ny * unit ||
+          im.chw->size() != size_t(3) * size_t(im.w) * size_t(im.h) || im.pos < 0 ||
+          im.pos + int64_t(im.nx) * im.ny > P || (j > 0 && im.pos < req.images[j - 1].pos + int64_t(req.images[j - 1].nx) * req.images[j - 1].ny))
+        return fail(fmt::format("images[{}]: inconsistent size or position", j));
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(impl_->inbox->mu);
     impl_->inbox->pending.push_back({ch, std::move(req), Clock::now()});

@@ -74,7 +74,36 @@ struct RopeParams {
   bool neox = true;
   float freq_base = 10000.f;
   float freq_scale = 1.f;
+  // rope_multi only (ggml_rope_multi): each pair takes one of four position streams pos[s*T + t].
+  //   Imrope (Qwen3-VL / Qwen3.5 text, GGML_ROPE_TYPE_IMROPE): NeoX pairs over n_rot dims; pair i
+  //     with sector = i % sum(sections) uses stream 1 when sector % 3 == 1 && sector < 3*sections[1],
+  //     2 when sector % 3 == 2 && sector < 3*sections[2], 0 when sector % 3 == 0 && sector <
+  //     3*sections[0], else 3; theta = pos_s * freq_base^(-2i/n_rot).
+  //   Vision (GGML_ROPE_TYPE_VISION, the Qwen-VL ViT): NeoX pairs (i, i + n_rot/2) over n_rot dims;
+  //     pair i uses the stream of the section its sector falls in (sections laid end to end) and
+  //     the exponent restarts in each section: theta = pos_s * freq_base^(-2(i - start_s)/(n_rot/2)).
+  // As rope(): angles by repeated float multiplication (ggml's), pos * freq_scale, fma rotation.
+  enum class Multi { None, Imrope, Vision };
+  Multi multi = Multi::None;
+  int sections[4] = {0, 0, 0, 0};
 };
+// rope_multi's choice for pair i: the position stream (0..3) and the exponent index (see RopeParams).
+inline void rope_multi_pair(const RopeParams& p, int i, int& stream, int& expo) {
+  const int sect = p.sections[0] + p.sections[1] + p.sections[2] + p.sections[3];
+  const int sector = sect > 0 ? i % sect : 0;
+  if (p.multi == RopeParams::Multi::Vision) {
+    int start = 0, s = 0;
+    while (s < 3 && sector >= start + p.sections[s]) start += p.sections[s++];
+    stream = s;
+    expo = sector - start;
+    return;
+  }
+  expo = i;
+  if (sector % 3 == 1 && sector < 3 * p.sections[1]) stream = 1;
+  else if (sector % 3 == 2 && sector < 3 * p.sections[2]) stream = 2;
+  else if (sector % 3 == 0 && sector < 3 * p.sections[0]) stream = 0;
+  else stream = 3;
+}
 
 // ---- attention -------------------------------------------------------------------------------
 // One sequence's KV cache: n_kv positions of n_head_kv heads of head_dim elements of `type`
@@ -156,6 +185,8 @@ void rms_norm(CRows x, const float* w, Rows y, float eps, ThreadPool& pool);
 // then times 1/sqrt(n); squares summed in double). y may alias x.
 void l2_norm(CRows x, Rows y, float eps, ThreadPool& pool);
 void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool);
+// Multi-section rope (RopeParams::multi): row (h, t) uses positions pos[s * n2 + t], s = 0..3.
+void rope_multi(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool);
 // Row-wise softmax of scale * x, in place.
 void softmax(Rows x, float scale, ThreadPool& pool);
 
@@ -165,6 +196,8 @@ void swiglu(const float* gate, const float* up, float* y, int64_t n);    // y = 
 void sigmoid_mul(const float* x, const float* g, float* y, int64_t n);  // y = x * sigmoid(g)
 void sigmoid(const float* x, float* y, int64_t n);
 void softplus(const float* x, float* y, int64_t n);                     // ggml's logf(1 + expf(x)); x > 20: x
+void gelu(const float* x, float* y, int64_t n);      // tanh form: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+void gelu_erf(const float* x, float* y, int64_t n);  // exact: 0.5x(1 + erf(x/sqrt(2)))
 void add(const float* a, const float* b, float* y, int64_t n);
 void mul(const float* a, const float* b, float* y, int64_t n);
 void scale(const float* x, float s, float* y, int64_t n);

@@ -37,6 +37,7 @@ struct Act {
   Tensor pos, seq;   // I32 [T]: per-token position and sequence slot (uploaded once per decode)
   Tensor rseq, keep; // hybrid, I32 [T]: the recurrent state slot of each token and where its state is kept
                      // (-1: not kept) for speculative verification (Memory::rec_slot / rec_keep_slot)
+  Tensor mpos;       // I32 [T, 4]: M-RoPE streams (t, h, w, 0) when the batch has them (Batch::mpos), else empty
 };
 
 // What a block runs with: the stream of the device its layer is on, that device's views.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "core/log.h"
 #include "model/blocks.h"
@@ -53,13 +54,15 @@ struct Context::Impl {
   std::vector<int> layer_dev;             // [n_layer]: index into devs
   int out_dev = 0;
   bool graph_step = false;  // every layer and the output on devs[1]
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out) -> step
+  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
   const Memory* graph_mem = nullptr;  // the Memory the graphs write
   bool graphs_unsupported = false;
   int64_t n_kv_reserved = 0;
 
   // Per-batch host state.
   std::vector<Run> runs;
+  std::vector<int32_t> tok_ids;   // Batch::token with image tokens' ids replaced by 0
+  std::vector<int32_t> mpos;      // [4, T] M-RoPE streams from Batch::mpos
   std::vector<int32_t> out_idx;
   std::vector<int32_t> rseq, keep;          // hybrid: per token, Memory::rec_slot / rec_keep_slot (-1)
   std::vector<float> logits;                // [V, n_out_max]
@@ -168,6 +171,7 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
   a.seq = i32(p.seq, T);
   a.rseq = i32(p.rseq, T);
   a.keep = i32(p.keep, T);
+  a.mpos = Tensor{};
   d.tok = i32(p.tok, T);
   d.out_idx = i32(p.out_idx, std::max<int64_t>(n_out, 1));
   d.hidden = p.hidden == Plan::kNone ? Tensor{} : A.tensor(p.hidden, gguf::GgmlType::F32, {E, n_out, 1, 1});
@@ -267,8 +271,14 @@ Status Context::decode(const Batch& b, Memory& mem) {
     return err("batch arrays have different lengths");
   // Split into runs and validate.
   s.runs.clear();
+  const bool has_embd = !b.embd.empty();
+  if (has_embd && int64_t(b.embd.size()) != T) return err("batch embd has {} entries for {} tokens", b.embd.size(), T);
+  const bool mrope = !b.mpos.empty();
+  if (mrope && int64_t(b.mpos.size()) != 3 * T) return err("batch mpos has {} entries for {} tokens", b.mpos.size(), T);
+  if (mrope && s.devs[size_t(s.layer_dev.empty() ? 0 : s.layer_dev[0])].plan.mpos == ScratchPlan::kNone)
+    return err("batch has M-RoPE positions but the model has no rope sections ({})", c.arch_str);
   for (int64_t t = 0; t < T; ++t) {
-    if (b.token[size_t(t)] < 0 || b.token[size_t(t)] >= c.n_vocab)
+    if (!(has_embd && b.embd[size_t(t)]) && (b.token[size_t(t)] < 0 || b.token[size_t(t)] >= c.n_vocab))
       return err("batch token {}: id {} outside the vocabulary [0, {})", t, b.token[size_t(t)], c.n_vocab);
     const int32_t sq = b.seq[size_t(t)];
     if (sq < 0 || sq >= mem.n_seq()) return err("batch token {}: sequence {} outside [0, {})", t, sq, mem.n_seq());
@@ -332,7 +342,19 @@ Status Context::decode(const Batch& b, Memory& mem) {
   for (Impl::Dev& d : s.devs) s.bind(d, T, n_out);
   Impl::Dev& h = s.devs[0];
   Impl::Dev& o = s.devs[size_t(s.out_dev)];
-  h.st->upload(h.tok, b.token.data(), size_t(T) * 4);
+  const int32_t* ids = b.token.data();
+  if (has_embd) {
+    s.tok_ids.assign(b.token.begin(), b.token.end());
+    for (int64_t t = 0; t < T; ++t)
+      if (b.embd[size_t(t)]) s.tok_ids[size_t(t)] = 0;
+    ids = s.tok_ids.data();
+  }
+  if (mrope) {
+    s.mpos.assign(size_t(4 * T), 0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int k = 0; k < 3; ++k) s.mpos[size_t(k * T + t)] = b.mpos[size_t(3 * t + k)];
+  }
+  h.st->upload(h.tok, ids, size_t(T) * 4);
   for (Impl::Dev& d : s.devs)
     if (d.layers) {
       d.st->upload(d.a.pos, b.pos.data(), size_t(T) * 4);
@@ -341,9 +363,20 @@ Status Context::decode(const Batch& b, Memory& mem) {
         d.st->upload(d.a.rseq, s.rseq.data(), size_t(T) * 4);
         d.st->upload(d.a.keep, s.keep.data(), size_t(T) * 4);
       }
+      if (mrope) {
+        d.a.mpos = d.arena.tensor(d.plan.mpos, gguf::GgmlType::I32, {T, 4, 1, 1});
+        d.st->upload(d.a.mpos, s.mpos.data(), size_t(4 * T) * 4);
+      }
     }
   if (n_out > 0) o.st->upload(o.out_idx, s.out_idx.data(), size_t(n_out) * 4);
   h.st->get_rows(model_.token_embd.t, h.tok, h.a.x);
+  if (has_embd) {
+    // Image tokens: their embeddings replace the looked-up rows (the host stream ran get_rows already).
+    h.st->synchronize();
+    float* x = h.a.x.host_as<float>();
+    for (int64_t t = 0; t < T; ++t)
+      if (b.embd[size_t(t)]) std::memcpy(x + t * c.n_embd, b.embd[size_t(t)], size_t(c.n_embd) * 4);
+  }
 
   if (s.graph_step) {
     Impl::Dev& g = s.devs[1];
@@ -361,7 +394,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
     if (s.graphs_unsupported || T > kGraphMaxTokens) {
       step();
     } else {
-      auto it = s.graphs.find({T, n_out});
+      auto it = s.graphs.find({T, n_out, mrope});
       if (it == s.graphs.end()) {
         auto gr = g.st->capture(step);
         if (!gr) {
@@ -369,7 +402,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
           KILN_LOG_INFO("{}: no graph capture; the step runs op by op", g.dev->name());
           step();
         } else {
-          it = s.graphs.emplace(std::pair{T, n_out}, std::move(gr)).first;
+          it = s.graphs.emplace(std::tuple{T, n_out, mrope}, std::move(gr)).first;
         }
       }
       if (it != s.graphs.end()) g.st->replay(*it->second);

@@ -38,7 +38,15 @@ struct Batch {
   std::vector<int32_t> seq;
   std::vector<uint8_t> output;  // 1: compute this token's logits
   std::vector<uint8_t> keep;    // 1: keep the recurrent state after this token (Memory::rec_keep_slot)
-  void clear() { token.clear(); pos.clear(); seq.clear(); output.clear(); keep.clear(); }
+  // Images (vision, --mmproj): empty, or one entry per token: nullptr = the token's own embedding,
+  // else n_embd floats used instead (an image token; its id is then not looked up and may be any
+  // value). The pointed-to floats must stay valid until decode() returns.
+  std::vector<const float*> embd;
+  // M-RoPE positions (models with rope sections, qwen35*): empty (every section at `pos`), or 3 per
+  // token (t, h, w) at mpos[3*i..]: image tokens at (p0, p0 + y, p0 + x), text after an image at
+  // positions that advance by max(nx, ny) per image (llama.cpp's mtmd). `pos` stays the KV row.
+  std::vector<int32_t> mpos;
+  void clear() { token.clear(); pos.clear(); seq.clear(); output.clear(); keep.clear(); embd.clear(); mpos.clear(); }
   void add(int32_t tok, int32_t p, int32_t s, bool out, bool kp = false) {
     token.push_back(tok); pos.push_back(p); seq.push_back(s); output.push_back(out ? 1 : 0); keep.push_back(kp ? 1 : 0);
   }

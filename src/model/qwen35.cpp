@@ -38,8 +38,16 @@ void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& m
   rp.neox = true;
   rp.freq_base = c.rope_freq_base;
   rp.freq_scale = c.rope_freq_scale;
-  s.st.rope(q, s.a.pos, rp);
-  s.st.rope(k, s.a.pos, rp);
+  if (s.a.mpos.buf) {
+    // M-RoPE (IMROPE) for batches with image positions; with every stream equal it is rope().
+    rp.multi = kernels::RopeParams::Multi::Imrope;
+    for (int i = 0; i < 4; ++i) rp.sections[i] = c.rope_sections[size_t(i)];
+    s.st.rope_multi(q, s.a.mpos, rp);
+    s.st.rope_multi(k, s.a.mpos, rp);
+  } else {
+    s.st.rope(q, s.a.pos, rp);
+    s.st.rope(k, s.a.pos, rp);
+  }
   attend(s, il, mem, q);
   const Tensor att = dense_view(s.a.att, D, Hq, T);
   s.st.binary(Binary::SigmoidMul, att, gate, att);

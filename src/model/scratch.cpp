@@ -40,6 +40,8 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
     }
     p.pos = i32(B);                                      // [B]
     p.seq = i32(B);                                      // [B]
+    if (c.rope_sections[0] + c.rope_sections[1] + c.rope_sections[2] + c.rope_sections[3] > 0)
+      p.mpos = i32(4 * B);                               // [B, 4] M-RoPE streams (images)
   }
   if (role.output) {
     p.out_idx = i32(n_out_max);                          // [n_out_max]

@@ -26,7 +26,7 @@ struct ScratchPlan {
   size_t x = kNone, cur = kNone, tmp = kNone, q = kNone, k = kNone, v = kNone, att = kNone, fa = kNone, fb = kNone;
   size_t mixed = kNone, z = kNone, beta = kNone, g = kNone, dout = kNone;
   size_t router = kNone, ids = kNone, wts = kNone, ye = kNone;
-  size_t pos = kNone, seq = kNone, tok = kNone;
+  size_t pos = kNone, seq = kNone, tok = kNone, mpos = kNone;
   size_t rseq = kNone, keep = kNone;  // hybrid: recurrent state slot and keep slot per token (Memory::rec_slot)
   size_t out_idx = kNone, hidden = kNone, logits = kNone;
 };

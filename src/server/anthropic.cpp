@@ -27,8 +27,8 @@ std::optional<ApiError> want(const json& v, bool ok, const std::string& field, c
     if (auto e_ = (expr)) return e_; \
   } while (0)
 
-// An image block's source → an OpenAI image_url part (the chat pipeline answers the 400 until the
-// vision issue lands, so that images are refused in one place).
+// An image block's source → an OpenAI image_url part (the chat pipeline fetches, decodes and
+// checks it: server/images.cpp, so that images are handled in one place).
 std::optional<ApiError> image_part(const json& blk, const std::string& f, json& part) {
   auto src = blk.find("source");
   if (src == blk.end() || !src->is_object()) return bad_request(f + ".source", "expected an object");

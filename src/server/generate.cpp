@@ -44,10 +44,8 @@ std::optional<ApiError> Server::Impl::prepare_chat(const json& body, const httpl
   chat::ChatRequest creq;
   chat::Prompt prompt;
   if (auto e = render_chat(body, creq, prompt)) return e;
-  if (!prompt.image_urls.empty()) {
-    std::string why = opt.mmproj.empty() ? "start the server with --mmproj" : "image input arrives with the vision issue";
-    return bad_request("messages", "image input is not supported yet (" + why + ")");
-  }
+  if (!prompt.image_urls.empty() && !info().vision)
+    return bad_request("messages", "image input needs a vision projector: start the server with --mmproj");
   // tool_choice "required" / named: the output is constrained to tool calls (server/constraint.h).
   if (auto e = apply_tool_choice(creq, tmpl->caps(), tmpl->source(), g.gp)) return e;
   g.parser = prompt.parser;
@@ -57,7 +55,8 @@ std::optional<ApiError> Server::Impl::prepare_chat(const json& body, const httpl
   if (chat::block_format(prompt.parser.tool_format)) g.gp.req.render_special = true;
   // A reasoning model thinks freely; the constraint applies to the answer after the thinking.
   if (g.gp.req.grammar && prompt.starts_in_reasoning) g.gp.req.grammar_trigger = prompt.parser.reasoning_end;
-  g.prompt = tokenize_prompt(prompt.text);
+  if (prompt.image_urls.empty()) g.prompt = tokenize_prompt(prompt.text);
+  else if (auto e = image_prompt(prompt, g)) return e;
   if (auto e = check_context(g.prompt.size())) return e;
   if (!g.gp.stream) g.client_fd = find_client_socket(req);
   if (creq_out) *creq_out = std::move(creq);

@@ -84,6 +84,10 @@ struct Server::Impl {
 
   // The body's chat request (validated) rendered by the template.
   std::optional<ApiError> render_chat(const json& body, chat::ChatRequest& creq, chat::Prompt& prompt);
+  struct Gen;
+  // A prompt with images (server/images.cpp): fetch, decode and preprocess each image, tokenize the
+  // text around the media markers into g.prompt and fill g.gp.req.images. 400s name the image.
+  std::optional<ApiError> image_prompt(const chat::Prompt& prompt, Gen& g);
 
   // ----------------------------------------------------------------------------------------------
   // Generation (shared by chat and completions)

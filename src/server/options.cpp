@@ -294,12 +294,41 @@ const std::vector<Opt>& table() {
           return {};
         });
     add({"-mm", "--mmproj"}, env_of("MMPROJ"), "FNAME",
-        "vision projector: counted in the memory plan (weights + one image batch); image input comes with the vision issue",
+        "vision projector GGUF (clip.projector_type qwen3vl_merger, as llama.cpp's converter writes it for Qwen3.5 / "
+        "Qwen3-VL): images in chat requests",
         [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
           so.mmproj = v;
           so.engine.mmproj = v;
           return {};
         });
+    add({"--no-mmproj"}, env_of("NO_MMPROJ"), "", "do not load a projector (overrides --mmproj)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = to_bool(v, src);
+          KILN_TRY(b);
+          if (*b) so.mmproj.clear(), so.engine.mmproj.clear();
+          return {};
+        });
+    o.back().boolean = true;
+    add({"--mmproj-offload"}, env_of("MMPROJ_OFFLOAD"), "",
+        "run the projector on the GPU when the model has layers there (default: on; --no-mmproj-offload: the CPU)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = to_bool(v, src);
+          KILN_TRY(b);
+          so.engine.mmproj_offload = *b;
+          return {};
+        });
+    o.back().boolean = true;
+    add({"--no-mmproj-offload"}, {}, "", "run the projector on the CPU",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status {
+          so.engine.mmproj_offload = false;
+          return {};
+        });
+    add_int({"--image-min-tokens"}, env_of("IMAGE_MIN_TOKENS"), "N",
+        "each image is resized to give at least N tokens (default 8)", 1, 1 << 20,
+        [](ServerOptions& so, int64_t x) { so.image_min_tokens = x; });
+    add_int({"--image-max-tokens"}, env_of("IMAGE_MAX_TOKENS"), "N",
+        "each image is resized to give at most N tokens (default 4096)", 1, 1 << 20,
+        [](ServerOptions& so, int64_t x) { so.image_max_tokens = so.engine.image_max_tokens = x; });
     add_int({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
         "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)", -1, int64_t(1) << 32,
         [](ServerOptions& so, int64_t x) { so.cache_ram_mib = x; so.engine.cache_ram_bytes = x < 0 ? -1 : (x << 20); });

@@ -28,7 +28,11 @@ struct ServerOptions {
   std::string n_gpu_layers = "auto";    // -ngl as given (parsed into engine.n_gpu_layers)
   std::string flash_attn = "auto";      // -fa on|off|auto: off = llama.cpp's non-flash attention arithmetic
   std::string fit = "on";               // --fit on|off (engine.fit; --fit-target, --fit-ctx, --device-memory: engine.*)
-  std::string mmproj;                   // --mmproj: counted in the memory plan (engine.mmproj); image input: the vision issue
+  std::string mmproj;                   // -mm/--mmproj: the vision projector (engine.mmproj); --no-mmproj clears it
+  int64_t image_min_tokens = 8;         // --image-min-tokens: each image gives at least this many tokens (llama.cpp's Qwen-VL default)
+  int64_t image_max_tokens = 4096;      // --image-max-tokens: and at most this many
+  size_t image_max_bytes = size_t(20) << 20;  // encoded image size limit (data: URLs and fetched http(s) images)
+  int image_fetch_timeout_ms = 10000;   // http(s) image URLs: connect + read timeout
   bool jinja = true;                    // --jinja / --no-jinja
   chat::ReasoningFormat reasoning_format = chat::ReasoningFormat::Auto;  // --reasoning-format
   bool reasoning_preserve = true;       // --reasoning-preserve / --no-reasoning-preserve

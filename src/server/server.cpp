@@ -203,7 +203,7 @@ void Server::Impl::h_props(const httplib::Request&, httplib::Response& res) {
                   {"chat_template", tmpl->source()},
                   {"bos_token", valid_utf8(mi.bos_text)},
                   {"eos_token", valid_utf8(mi.eos_text)},
-                  {"modalities", {{"vision", false}, {"audio", false}}},
+                  {"modalities", {{"vision", mi.vision}, {"audio", false}}},
                   {"build_info", "kiln " KILN_SERVER_VERSION},
                   {"is_sleeping", false}});
 }
@@ -368,7 +368,6 @@ void Server::stop() {
 int Server::run(const std::atomic<bool>* external_stop) {
   Impl& I = *impl_;
   const auto& o = I.opt;
-  if (!o.mmproj.empty()) KILN_LOG_INFO("--mmproj {}: accepted; image input comes with the vision issue", o.mmproj);
   if (o.engine.n_parallel > 1) KILN_LOG_INFO("{} slots; prefixes are shared across slots", o.engine.n_parallel);
 
   const auto t_start = Clock::now();

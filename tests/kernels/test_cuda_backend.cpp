@@ -227,7 +227,7 @@ TEST_F(CudaBackend, StridedCopyAndFillZero) {
 
 TEST_F(CudaOps, Unary) {
   for (const Shape& s : kShapes)
-    for (Unary op : {Unary::Silu, Unary::Sigmoid, Unary::Softplus})
+    for (Unary op : {Unary::Silu, Unary::Sigmoid, Unary::Softplus, Unary::Gelu, Unary::GeluErf})
       for (bool in_place : {false, true}) {
         View x = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad1, s.pad2, 10, -30.f, 30.f);
         View y = make_view(*dev_, s.ne0, s.n1, s.n2, s.pad2, s.pad1, 11);
@@ -245,6 +245,8 @@ TEST_F(CudaOps, Unary) {
             if (op == Unary::Silu) ref::silu(xi, yo, s.ne0);
             if (op == Unary::Sigmoid) ref::sigmoid(xi, yo, s.ne0);
             if (op == Unary::Softplus) ref::softplus(xi, yo, s.ne0);
+            if (op == Unary::Gelu) ref::gelu(xi, yo, s.ne0);
+            if (op == Unary::GeluErf) ref::gelu_erf(xi, yo, s.ne0);
           }
         expect_close(pull(*st_, out), want, 1e-6, 4e-6,
                      fmt::format("unary {} [{} {} {}]{}", int(op), s.ne0, s.n1, s.n2, in_place ? " in place" : ""));
@@ -370,6 +372,35 @@ TEST_F(CudaOps, RopeNeoxAndNormalPartial) {
     expect_close(pull(*st_, x), want, 1e-6, 1e-6,
                  fmt::format("rope {} d{} rot{} [{} {}]", c.neox ? "neox" : "normal", c.head_dim, c.n_rot, c.n_head,
                              c.n_tok));
+  }
+}
+
+TEST_F(CudaOps, RopeMulti) {
+  struct Case {
+    RopeParams::Multi m;
+    int64_t head_dim, n_head, n_tok;
+    int n_rot, s0, s1, s2, s3;
+  };
+  const Case cases[] = {{RopeParams::Multi::Imrope, 256, 4, 9, 64, 11, 11, 10, 0},
+                        {RopeParams::Multi::Imrope, 128, 3, 5, 128, 24, 20, 20, 0},
+                        {RopeParams::Multi::Vision, 72, 16, 33, 72, 18, 18, 18, 18},
+                        {RopeParams::Multi::Vision, 64, 2, 4, 64, 16, 16, 16, 16}};
+  for (const Case& c : cases) {
+    View x = make_view(*dev_, c.head_dim, c.n_head, c.n_tok, 3, 5, 52);
+    std::vector<int32_t> pos(size_t(4 * c.n_tok));
+    std::mt19937 rng(53);
+    for (auto& p : pos) p = int32_t(rng() % 4096);
+    auto [pb, pt] = dev_vec(*dev_, *st_, pos, GgmlType::I32, {c.n_tok, 4, 1, 1});
+    push(*st_, x);
+    RopeParams p{c.n_rot, true, 10000.f, 1.f};
+    p.multi = c.m;
+    p.sections[0] = c.s0, p.sections[1] = c.s1, p.sections[2] = c.s2, p.sections[3] = c.s3;
+    st_->rope_multi(x.t, pt, p);
+    std::vector<float> want = x.h;
+    K::Rows wr = x.r;
+    wr.p = want.data() + (x.r.p - x.h.data());
+    ref::rope_multi(wr, pos.data(), p);
+    expect_close(pull(*st_, x), want, 1e-6, 1e-6, fmt::format("rope_multi {} d{} [{} {}]", int(c.m), c.head_dim, c.n_head, c.n_tok));
   }
 }
 

@@ -87,6 +87,79 @@ TEST(Ops, RopeNeoxNormalPartial) {
   EXPECT_NEAR(v[1], std::sin(1.0), 1e-6);
 }
 
+// rope_multi: Qwen3.5's IMROPE (text sections interleaved t/h/w) and the Qwen-VL ViT's vision mode
+// against the double reference; with every stream at one position IMROPE is rope() bit for bit.
+TEST(Ops, RopeMulti) {
+  ThreadPool pool(2);
+  const int64_t H = 3, T = 7;
+  std::vector<int32_t> pos(size_t(4 * T));
+  for (int64_t i = 0; i < 4 * T; ++i) pos[size_t(i)] = int32_t((i * 37 + 5) % 300);
+  struct Case { RopeParams::Multi m; int64_t D; int n_rot; int s0, s1, s2, s3; };
+  const Case cases[] = {{RopeParams::Multi::Imrope, 256, 64, 11, 11, 10, 0}, {RopeParams::Multi::Imrope, 128, 128, 24, 20, 20, 0},
+                        {RopeParams::Multi::Vision, 72, 72, 18, 18, 18, 18}, {RopeParams::Multi::Vision, 64, 64, 16, 16, 16, 16}};
+  for (const Case& c : cases) {
+    RopeParams p{c.n_rot, true, 10000.f, 1.f};
+    p.multi = c.m;
+    p.sections[0] = c.s0, p.sections[1] = c.s1, p.sections[2] = c.s2, p.sections[3] = c.s3;
+    const auto x = randv(size_t(c.D * H * T), 9);
+    std::vector<float> want = x, got = x;
+    ref::rope_multi(rows3(want.data(), c.D, H, T), pos.data(), p);
+    rope_multi(rows3(got.data(), c.D, H, T), pos.data(), p, pool);
+    EXPECT_LE(nmse(got, want), 1e-9) << "multi " << int(c.m) << " D " << c.D;
+    EXPECT_GT(nmse(got, x), 1e-3) << "rotated";
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = c.n_rot; i < c.D; ++i) ASSERT_EQ(got[size_t(t * H * c.D + i)], x[size_t(t * H * c.D + i)]);
+  }
+  // Vision: pair 0 uses stream 0 (y), the first pair of section 1 uses stream 1 (x) at exponent 0.
+  {
+    RopeParams p{8, true, 10000.f, 1.f};
+    p.multi = RopeParams::Multi::Vision;
+    p.sections[0] = p.sections[1] = p.sections[2] = p.sections[3] = 2;
+    std::vector<float> v(8, 0.f);
+    v[0] = 1.f, v[2] = 1.f;  // pairs 0 (0,4) and 2 (2,6)
+    const int32_t ps[4] = {1, 2, 0, 0};
+    rope_multi(rows3(v.data(), 8), ps, p, pool);
+    EXPECT_NEAR(v[0], std::cos(1.0), 1e-6);
+    EXPECT_NEAR(v[4], std::sin(1.0), 1e-6);
+    EXPECT_NEAR(v[2], std::cos(2.0), 1e-6);
+    EXPECT_NEAR(v[6], std::sin(2.0), 1e-6);
+  }
+  // IMROPE with t = h = w = e is NeoX rope, bit for bit.
+  {
+    RopeParams p{64, true, 1e7f, 1.f};
+    p.multi = RopeParams::Multi::Imrope;
+    p.sections[0] = 11, p.sections[1] = 11, p.sections[2] = 10;
+    std::vector<int32_t> same(size_t(4 * T), 0), one(size_t(T), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      one[size_t(t)] = int32_t(t * 1000 + 3);
+      for (int s = 0; s < 4; ++s) same[size_t(s * T + t)] = one[size_t(t)];
+    }
+    const auto x = randv(size_t(256 * H * T), 10);
+    std::vector<float> a = x, b = x;
+    rope_multi(rows3(a.data(), 256, H, T), same.data(), p, pool);
+    rope(rows3(b.data(), 256, H, T), one.data(), RopeParams{64, true, 1e7f, 1.f}, pool);
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST(Ops, Gelu) {
+  const auto x = randv(4099, 13, -9, 9);
+  std::vector<float> a(x.size()), b(x.size());
+  gelu(x.data(), a.data(), int64_t(x.size()));
+  ref::gelu(x.data(), b.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(a[i], b[i], 2e-6f * std::fabs(b[i]) + 1e-6f) << x[i];
+  gelu_erf(x.data(), a.data(), int64_t(x.size()));
+  ref::gelu_erf(x.data(), b.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(a[i], b[i], 2e-6f * std::fabs(b[i]) + 1e-6f) << x[i];
+  // Known values: gelu_erf(1) = 0.8413447, the tanh form 0.8411920.
+  const float one = 1.f;
+  float y = 0;
+  gelu_erf(&one, &y, 1);
+  EXPECT_NEAR(y, 0.8413447f, 1e-6f);
+  gelu(&one, &y, 1);
+  EXPECT_NEAR(y, 0.8411920f, 1e-6f);
+}
+
 TEST(Ops, SoftmaxAndElementwise) {
   ThreadPool pool(2);
   const int64_t n = 1031;

@@ -211,7 +211,7 @@ def test_error_shapes(smol, kiln_bin):
         ({"max_tokens": 5, "messages": U, "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {
             "a": {"type": "array", "uniqueItems": True}}}}], "tool_choice": {"type": "any"}}, 400, "tools[0].input_schema.properties.a.uniqueItems"),
         ({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {
-            "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, 400, "messages"),  # until the vision issue
+            "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, 400, "messages"),  # no --mmproj here
         ({"max_tokens": 5, "messages": U + [{"role": "assistant", "content": "Sure"}]}, 400, "messages[1].role"),
         ({"max_tokens": 5, "messages": U, "output_config": {"format": {"type": "json_schema", "schema": {"type": "number", "maximum": 1}}}},
          400, "output_config.format.schema.maximum"),

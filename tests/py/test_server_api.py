@@ -238,10 +238,6 @@ def test_user_request_3_health(url):
     assert r.status_code == 200
 
 
-def test_user_request_2_image():
-    pytest.skip("image input (users-and-peers.md request 2) needs the vision issue; kiln answers 400 until then")
-
-
 def test_sdk_error_type(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="x", messages=[], max_tokens=2)

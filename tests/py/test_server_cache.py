@@ -6,6 +6,7 @@ Oracles: cached_tokens / timings against the prompt's own token counts (from /to
 rendered prompt); the reasoning split against the raw greedy completion of the same prompt."""
 import concurrent.futures as cf
 import os
+import pathlib
 import subprocess
 
 import openai
@@ -155,7 +156,7 @@ def test_users_command_lines(kiln_bin, work_dir):
         assert ("layers and the output on CUDA" in log) != ("running on the CPU" in log), log
     model = gen_model(kiln_bin, work_dir, "tiny-qwen35")
     mmproj = work_dir / "mmproj-F16.gguf"
-    write_tiny_projector(mmproj)  # counted in the memory plan, so it must be a projector GGUF
+    write_tiny_projector(mmproj)  # loaded and counted in the memory plan: a complete projector GGUF
     port = free_port()
     args = ["--metrics", "--alias", "Qwen3.8-27B", "--model", model, "--mmproj", mmproj, "--reasoning-preserve", "--jinja",
             "--host", "0.0.0.0", "--port", port, "--ctx-size", "262144", "-ngl", "100", "--fit", "off",
@@ -171,17 +172,60 @@ def test_users_command_lines(kiln_bin, work_dir):
         assert r.status_code == 200, r.text
         assert requests.get(desk.url + "/props", headers=h).json()["n_ctx"] == 262144
         assert requests.get(desk.url + "/metrics", headers=h).status_code == 200
+        # Their image request (users-and-peers.md request 2): a PNG data URL, a description and the
+        # text asked for; usage counts the image tokens; a second question reports cached tokens.
+        import base64
+        png = (pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "vision" / "img1.png").read_bytes()
+        body = {"model": "Qwen3.8-27B", "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}},
+            {"type": "text", "text": "Describe this picture and transcribe any text in it."}]}]}
+        r = requests.post(desk.url + "/v1/chat/completions", headers=h, json=body)
+        assert r.status_code == 200, r.text
+        n_text = requests.post(desk.url + "/v1/chat/completions", headers=h, json={
+            "model": "Qwen3.8-27B", "max_tokens": 1, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "Describe this picture and transcribe any text in it."}]}]}).json()["usage"]["prompt_tokens"]
+        assert r.json()["usage"]["prompt_tokens"] >= n_text + 8, r.json()["usage"]  # 64x128 px: 2x4 image tokens
+        body["messages"][0]["content"][1]["text"] = "What colour is the top left corner?"
+        r2 = requests.post(desk.url + "/v1/chat/completions", headers=h, json=body)
+        assert r2.status_code == 200, r2.text
+        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 8, r2.json()["usage"]
 
 
-def write_tiny_projector(path):
-    """A small vision-projector GGUF (clip.vision.* keys and one F16 tensor), written by gguf-py."""
+def write_tiny_projector(path, n_out=256):
+    """A small but complete qwen3vl_merger projector (one ViT block, F16 matrices) whose output
+    width n_out matches the tiny-qwen35 model's n_embd, written by gguf-py."""
     gguf = pytest.importorskip("gguf")
     import numpy as np
+    rng = np.random.default_rng(3)
+    E, F, Fm, H = 32, 64, 64, 2
+
+    def r(*shape, f16=False):
+        a = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        return a.astype(np.float16) if f16 else a
     w = gguf.GGUFWriter(str(path), "clip")
-    w.add_uint32("clip.vision.embedding_length", 64)
-    w.add_uint32("clip.vision.feed_forward_length", 128)
-    w.add_uint32("clip.vision.patch_size", 16)
-    w.add_tensor("v.patch_embd.weight", np.zeros((64, 16 * 16 * 3), dtype=np.float16))
+    w.add_string("clip.projector_type", "qwen3vl_merger")
+    w.add_bool("clip.has_vision_encoder", True)
+    for k, v in (("embedding_length", E), ("feed_forward_length", F), ("attention.head_count", H),
+                 ("block_count", 1), ("patch_size", 16), ("spatial_merge_size", 2)):
+        w.add_uint32("clip.vision." + k, v)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_tensor("v.patch_embd.weight", r(E, 3, 16, 16, f16=True))
+    w.add_tensor("v.patch_embd.weight.1", r(E, 3, 16, 16, f16=True))
+    w.add_tensor("v.patch_embd.bias", r(E))
+    w.add_tensor("v.position_embd.weight", r(16, E))
+    for n, a in (("ln1.weight", np.ones(E, np.float32)), ("ln1.bias", r(E)), ("attn_qkv.weight", r(3 * E, E, f16=True)),
+                 ("attn_qkv.bias", r(3 * E)), ("attn_out.weight", r(E, E, f16=True)), ("attn_out.bias", r(E)),
+                 ("ln2.weight", np.ones(E, np.float32)), ("ln2.bias", r(E)), ("ffn_up.weight", r(F, E, f16=True)),
+                 ("ffn_up.bias", r(F)), ("ffn_down.weight", r(E, F, f16=True)), ("ffn_down.bias", r(E))):
+        w.add_tensor("v.blk.0." + n, a)
+    w.add_tensor("v.post_ln.weight", np.ones(E, np.float32))
+    w.add_tensor("v.post_ln.bias", r(E))
+    w.add_tensor("mm.0.weight", r(Fm, 4 * E, f16=True))
+    w.add_tensor("mm.0.bias", r(Fm))
+    w.add_tensor("mm.2.weight", r(n_out, Fm, f16=True))
+    w.add_tensor("mm.2.bias", r(n_out))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -233,6 +233,46 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
   });
 }
 
+void rope_multi(Rows x, const int32_t* pos, const RopeParams& p, ThreadPool& pool) {
+  KILN_CHECK(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= x.ne0 && p.n_rot <= 1024,
+             "rope_multi: n_rot {} vs head_dim {}", p.n_rot, x.ne0);
+  KILN_CHECK(p.multi != RopeParams::Multi::None, "rope_multi: RopeParams::multi is None");
+  const int half = p.n_rot / 2;
+  const bool vision = p.multi == RopeParams::Multi::Vision;
+  // ggml_mrope_cache_init: one running theta per stream, all multiplied by theta_scale every pair;
+  // vision restarts a stream's theta at its section's first pair. With equal positions in every
+  // stream (text tokens) the angles are rope()'s bit for bit.
+  const float theta_scale = std::pow(p.freq_base, -2.0f / float(vision ? half : p.n_rot));
+  int stream[512], start[512];
+  for (int i = 0; i < half; ++i) {
+    int e = 0;
+    rope_multi_pair(p, i, stream[i], e);
+    start[i] = vision && e == 0;
+  }
+  pool.parallel_for(x.n2, [&](int64_t t0, int64_t t1, int) {
+    float cs[512], sn[512];
+    for (int64_t t = t0; t < t1; ++t) {
+      float th[4];
+      for (int s = 0; s < 4; ++s) th[s] = float(pos[s * x.n2 + t]);
+      for (int i = 0; i < half; ++i) {
+        if (start[i]) th[stream[i]] = float(pos[stream[i] * x.n2 + t]);
+        const float a = p.freq_scale * th[stream[i]];
+        cs[i] = std::cos(a);
+        sn[i] = std::sin(a);
+        for (float& v : th) v *= theta_scale;
+      }
+      for (int64_t h = 0; h < x.n1; ++h) {
+        float* r = x.row(h, t);
+        for (int i = 0; i < half; ++i) {
+          const float x0 = r[i], x1 = r[i + half];
+          r[i] = std::fma(x0, cs[i], -(x1 * sn[i]));
+          r[i + half] = std::fma(x0, sn[i], x1 * cs[i]);
+        }
+      }
+    }
+  });
+}
+
 void softmax(Rows x, float scale, ThreadPool& pool) {
   const int64_t n = x.ne0;
   for_rows(x, x, pool, [&](const float* xr, float* yr) {
@@ -249,6 +289,16 @@ void silu(const float* x, float* y, int64_t n) { cpu::table().silu(x, y, n); }
 void swiglu(const float* gate, const float* up, float* y, int64_t n) { cpu::table().swiglu(gate, up, y, n); }
 void sigmoid_mul(const float* x, const float* g, float* y, int64_t n) { cpu::table().sigmoid_mul(x, g, y, n); }
 void sigmoid(const float* x, float* y, int64_t n) { cpu::table().sigmoid(x, y, n); }
+void gelu(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+  }
+}
+void gelu_erf(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * 0.70710678f));
+}
+
 void softplus(const float* x, float* y, int64_t n) {
   // ggml's softplus: logf(1 + expf(x)), x above 20 passed through.
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 20.f ? x[i] : std::log(1.0f + std::exp(x[i]));

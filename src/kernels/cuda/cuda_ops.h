@@ -102,7 +102,7 @@ void get_rows(const Launch& L, GgmlType t, const void* table, size_t row_stride,
               int64_t n, float* out, int64_t out_stride);
 
 // ---- elementwise, norms, rope (elementwise.cu) -----------------------------------------------
-enum class Unary { Silu, Sigmoid, Softplus };
+enum class Unary { Silu, Sigmoid, Softplus, Gelu, GeluErf };
 enum class Binary { Add, Mul, SwiGlu, SigmoidMul };
 void unary(const Launch& L, Unary op, Rows x, Rows y);
 // b: same shape as a (b_mode 0), one row broadcast (1: b.ne0 == a.ne0, b.n1 = b.n2 = 1), or one
@@ -112,6 +112,8 @@ void scale(const Launch& L, Rows x, float s, Rows y);
 void rms_norm(const Launch& L, Rows x, const float* w, Rows y, float eps);  // w may be nullptr
 void l2_norm(const Launch& L, Rows x, Rows y, float eps);
 void rope(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams& p);  // pos [n2]
+// RopeParams::multi (kernels/ops.h): pos [4 * n2], stream s of token t at s * n2 + t.
+void rope_multi(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams& p);
 void softmax(const Launch& L, Rows x, float scale);
 void hadamard(const Launch& L, Rows x, int64_t n);
 // logits [n_expert, n_tok] contiguous; ids, weights [k, n_tok] (kernels::topk_route semantics).

@@ -45,7 +45,11 @@ __global__ void unary_kernel(Rows x, Rows y) {
     float* yr = row_mut(y, r);
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < x.ne0; i += int64_t(gridDim.x) * blockDim.x) {
       const float v = xr[i];
-      yr[i] = OP == Unary::Silu ? siluf_(v) : OP == Unary::Sigmoid ? sigmoidf_(v) : softplusf_(v);
+      if constexpr (OP == Unary::Silu) yr[i] = siluf_(v);
+      else if constexpr (OP == Unary::Sigmoid) yr[i] = sigmoidf_(v);
+      else if constexpr (OP == Unary::Softplus) yr[i] = softplusf_(v);
+      else if constexpr (OP == Unary::Gelu) yr[i] = 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+      else yr[i] = 0.5f * v * (1.f + erff(v * 0.70710678f));
     }
   }
 }
@@ -169,6 +173,37 @@ __global__ void rope_kernel(Rows x, const int32_t* __restrict__ pos, int n_rot, 
   }
 }
 
+// rope_multi: the pair -> (stream, exponent) table from kernels::rope_multi_pair, passed by value.
+struct RopeMultiTab {
+  int16_t stream[256], expo[256];
+};
+__global__ void rope_multi_kernel(Rows x, const int32_t* __restrict__ pos, int n_rot, double nd, float freq_base,
+                                  float freq_scale, RopeMultiTab tab) {
+  extern __shared__ float cs[];  // [half] cos, then [half] sin
+  const int half = n_rot / 2;
+  float* sn = cs + half;
+  const int64_t t = blockIdx.x;
+  const double lb = log2(double(freq_base));
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double p = double(pos[int64_t(tab.stream[i]) * x.n2 + t]) * double(freq_scale);
+    const double theta = p * exp2(-2.0 * double(tab.expo[i]) / nd * lb);
+    double s, c;
+    sincos(theta, &s, &c);
+    cs[i] = float(c);
+    sn[i] = float(s);
+  }
+  __syncthreads();
+  const int64_t n = x.n1 * half;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    const int64_t h = e / half;
+    const int i = int(e - h * half);
+    float* r = x.p + h * x.s1 + t * x.s2 + i;
+    const float x0 = r[0], x1 = r[half];
+    r[0] = fmaf(x0, cs[i], -x1 * sn[i]);
+    r[half] = fmaf(x0, sn[i], x1 * cs[i]);
+  }
+}
+
 // ---- hadamard --------------------------------------------------------------------------------
 // One block per n-chunk: load scaled by 1/sqrt(n) into shared memory, butterflies with spans 1, 2,
 // 4, ... (the CPU's order), store.
@@ -272,6 +307,8 @@ void unary(const Launch& L, Unary op, Rows x, Rows y) {
     case Unary::Silu: unary_kernel<Unary::Silu><<<g, 256, 0, L.stream>>>(x, y); break;
     case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, 256, 0, L.stream>>>(x, y); break;
     case Unary::Softplus: unary_kernel<Unary::Softplus><<<g, 256, 0, L.stream>>>(x, y); break;
+    case Unary::Gelu: unary_kernel<Unary::Gelu><<<g, 256, 0, L.stream>>>(x, y); break;
+    case Unary::GeluErf: unary_kernel<Unary::GeluErf><<<g, 256, 0, L.stream>>>(x, y); break;
   }
   KILN_CUDA_LAUNCHED("unary");
 }
@@ -324,6 +361,28 @@ void l2_norm(const Launch& L, Rows x, Rows y, float eps) {
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   KILN_LAUNCH_ROWS(L, x.ne0, n_rows(x), norm_kernel, x, static_cast<const float*>(nullptr), y, eps, 1.0f);
   KILN_CUDA_LAUNCHED("l2_norm");
+}
+
+void rope_multi(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams& p) {
+  check_rows(x, "rope_multi x");
+  KILN_CHECK(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= x.ne0 && p.n_rot <= 512, "rope_multi: n_rot {} vs head_dim {}",
+             p.n_rot, x.ne0);
+  KILN_CHECK(p.multi != kernels::RopeParams::Multi::None, "rope_multi: RopeParams::multi is None");
+  KILN_CHECK(pos != nullptr, "rope_multi: pos is null");
+  if (n_rows(x) == 0) return;
+  RopeMultiTab tab{};
+  for (int i = 0; i < p.n_rot / 2; ++i) {
+    int s = 0, e = 0;
+    kernels::rope_multi_pair(p, i, s, e);
+    tab.stream[i] = int16_t(s);
+    tab.expo[i] = int16_t(e);
+  }
+  const double nd = p.multi == kernels::RopeParams::Multi::Vision ? p.n_rot / 2 : p.n_rot;
+  const int64_t work = x.n1 * (p.n_rot / 2);
+  const int threads = work >= 256 ? 256 : work > 64 ? 128 : 64;
+  rope_multi_kernel<<<unsigned(x.n2), threads, size_t(p.n_rot) * sizeof(float), L.stream>>>(
+      x, pos, p.n_rot, nd, p.freq_base, p.freq_scale, tab);
+  KILN_CUDA_LAUNCHED("rope_multi");
 }
 
 void rope(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams& p) {

@@ -93,6 +93,26 @@ void rope(Rows x, const int32_t* pos, const RopeParams& p) {
     }
 }
 
+void rope_multi(Rows x, const int32_t* pos, const RopeParams& p) {
+  KILN_CHECK(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= x.ne0, "rope_multi: n_rot {} vs head_dim {}", p.n_rot, x.ne0);
+  KILN_CHECK(p.multi != RopeParams::Multi::None, "rope_multi: RopeParams::multi is None");
+  const int half = p.n_rot / 2;
+  const double nd = p.multi == RopeParams::Multi::Vision ? half : p.n_rot;
+  for (int64_t t = 0; t < x.n2; ++t)
+    for (int64_t h = 0; h < x.n1; ++h) {
+      float* r = x.row(h, t);
+      for (int i = 0; i < half; ++i) {
+        int s = 0, e = 0;
+        rope_multi_pair(p, i, s, e);
+        const double theta = double(pos[s * x.n2 + t]) * p.freq_scale * std::pow(double(p.freq_base), -2.0 * e / nd);
+        const double c = std::cos(theta), sn = std::sin(theta);
+        const double x0 = r[i], x1 = r[i + half];
+        r[i] = float(x0 * c - x1 * sn);
+        r[i + half] = float(x0 * sn + x1 * c);
+      }
+    }
+}
+
 void softmax(Rows x, float scale) {
   each_row(x, x, [&](const float*, float* r) {
     double mx = -INFINITY;
@@ -114,6 +134,19 @@ void sigmoid_mul(const float* x, const float* g, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = float(x[i] * sigmoid_d(g[i]));
 }
 void sigmoid(const float* x, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = float(sigmoid_d(x[i])); }
+void gelu(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    y[i] = float(0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+  }
+}
+void gelu_erf(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i];
+    y[i] = float(0.5 * v * (1.0 + std::erf(v * 0.7071067811865476)));
+  }
+}
+
 void softplus(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const double v = x[i];

@@ -15,12 +15,15 @@ void get_rows(GgmlType t, const void* table, size_t row_stride, int64_t n_rows, 
 void rms_norm(CRows x, const float* w, Rows y, float eps);
 void l2_norm(CRows x, Rows y, float eps);
 void rope(Rows x, const int32_t* pos, const RopeParams& p);
+void rope_multi(Rows x, const int32_t* pos, const RopeParams& p);
 void softmax(Rows x, float scale);
 void silu(const float* x, float* y, int64_t n);
 void swiglu(const float* gate, const float* up, float* y, int64_t n);
 void sigmoid_mul(const float* x, const float* g, float* y, int64_t n);
 void sigmoid(const float* x, float* y, int64_t n);
 void softplus(const float* x, float* y, int64_t n);
+void gelu(const float* x, float* y, int64_t n);
+void gelu_erf(const float* x, float* y, int64_t n);
 void add(const float* a, const float* b, float* y, int64_t n);
 void mul(const float* a, const float* b, float* y, int64_t n);
 void scale(const float* x, float s, float* y, int64_t n);
