@@ -270,15 +270,14 @@ void Engine::Impl::step() {
   int64_t row = 0;
   int64_t generating = 0;
   for (auto& a : active) generating += a->prompt_done ? 1 : 0;
+  // Speculative decoding (engine_spec.cpp): the run [next_token, draft...], every token an output
+  // row, the recurrent state kept after each but the last; drafts leave a token for every other
+  // generating request.
+  make_drafts(budget, generating);
   for (auto& a : active) {
     a->step_n = 0;
     a->out_row = -1;
     if (!a->prompt_done) continue;
-    --generating;
-    // Speculative decoding (engine_spec.cpp): the run [next_token, draft...], every token an output
-    // row, the recurrent state kept after each but the last; drafts leave a token for every other
-    // generating request.
-    make_draft(*a, budget - 1 - generating);
     const int64_t k = int64_t(a->draft.size());
     batch.add(a->next_token, int32_t(a->n_past), a->slot, true, k > 0);
     for (int64_t i = 0; i < k; ++i) batch.add(a->draft[size_t(i)], int32_t(a->n_past + 1 + i), a->slot, true, i + 1 < k);

@@ -78,6 +78,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.flash_attn = o.flash_attn;
   ro.embeddings = o.embeddings;
   ro.n_spec = o.spec.on() ? o.spec.n_max : 0;
+  ro.mtp = o.spec.type == SpecType::DraftMtp;
   return ModelRunner::create(m, ro);
 }
 
@@ -114,9 +115,9 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
     if (so.type == SpecType::DraftSimple)
       return err("--spec-type draft-simple (-md/--model-draft {}): a separate draft model is not supported yet; use "
                  "ngram-simple or draft-mtp", so.model_draft);
-    if (so.type == SpecType::DraftMtp)
-      return err("--spec-type draft-mtp: the MTP drafter is not implemented yet (the rollback and verification it needs "
-                 "are); use ngram-simple");
+    if (so.type == SpecType::DraftMtp && !I.runner->has_mtp())
+      return err("--spec-type draft-mtp: the model has no MTP block (blk.<n_layer>.nextn.*, qwen35/qwen35moe) or the "
+                 "runner does not run it");
     if (so.n_max < 1 || so.n_max > 16) return err("--spec-draft-n-max {}: must be within [1, 16]", so.n_max);
     if (so.n_min < 0 || so.n_min > so.n_max)
       return err("--spec-draft-n-min {}: must be within [0, --spec-draft-n-max {}]", so.n_min, so.n_max);
@@ -210,6 +211,7 @@ void Engine::thread_main(std::string path) {
     lo.load_mode = opt_.load_mode;
     lo.n_gpu_layers = opt_.n_gpu_layers;
     lo.main_gpu = opt_.main_gpu;
+    lo.mtp = opt_.spec.type == SpecType::DraftMtp;
     lo.progress = [this](size_t done, size_t total) { progress_.store(total ? float(done) / float(total) : 1.f); };
     gguf::OpenOptions oo;
     oo.load_mode = opt_.load_mode;
