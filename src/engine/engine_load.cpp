@@ -112,9 +112,8 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   I.snap_interval = std::max<int64_t>(B, (std::max<int64_t>(opt_.cache_snapshot_interval, 1) + B - 1) / B * B);
   const SpecOptions& so = opt_.spec;
   if (so.on()) {
-    if (so.type == SpecType::DraftSimple)
-      return err("--spec-type draft-simple (-md/--model-draft {}): a separate draft model is not supported yet; use "
-                 "ngram-simple or draft-mtp", so.model_draft);
+    if (so.type == SpecType::DraftSimple && !I.drafter)
+      return err("--spec-type draft-simple needs a draft model (-md/--model-draft FILE)");
     if (so.type == SpecType::DraftMtp && !I.runner->has_mtp())
       return err("--spec-type draft-mtp: the model has no MTP block (blk.<n_layer>.nextn.*, qwen35/qwen35moe) or the "
                  "runner does not run it");
@@ -142,6 +141,48 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   for (int s = 0; s < I.runner->n_slots(); ++s) I.runner->seq_clear(s);
   I.publish();
   return {};
+}
+
+// --spec-type draft-simple: the draft model (-md) with its own memory (the target runner's slots and
+// context, -ctkd/-ctvd, -ngld), after checking that it shares the target's vocabulary.
+Result<std::unique_ptr<DraftModel>> Engine::load_draft_model(const Runner& target) {
+  const SpecOptions& so = opt_.spec;
+  if (so.model_draft.empty()) return err("--spec-type draft-simple needs a draft model (-md/--model-draft FILE)");
+  model::LoadOptions lo;
+  lo.load_mode = opt_.load_mode;
+  lo.n_gpu_layers = so.n_gpu_layers_draft < 0 ? model::kGpuLayersAuto : so.n_gpu_layers_draft;
+  lo.main_gpu = opt_.main_gpu;
+  auto m = model::load_model(so.model_draft, lo);
+  if (!m.ok()) return err("-md/--model-draft: {}", m.error().message);
+  auto t = model::load_tokenizer((*m)->file());
+  if (!t.ok()) return err("-md/--model-draft {}: {}", so.model_draft, t.error().message);
+  // The same vocabulary (llama.cpp's rule: the same token texts; sizes within 128 of each other).
+  const auto &tv = tok_->vocab().tokens, &dv = (*t)->vocab().tokens;
+  if (tv.size() > dv.size() + 128 || dv.size() > tv.size() + 128)
+    return err("-md/--model-draft {}: its vocabulary has {} tokens, the target's {}", so.model_draft, dv.size(), tv.size());
+  for (size_t i = 0; i < std::min(tv.size(), dv.size()); ++i)
+    if (tv[i] != dv[i]) return err("-md/--model-draft {}: token {} is '{}', the target's '{}': not the same vocabulary",
+                                   so.model_draft, i, dv[i], tv[i]);
+  DraftModelOptions o;
+  o.n_slots = target.n_slots();
+  o.n_ctx_slot = target.n_ctx();
+  o.n_batch = target.n_batch();
+  o.n_max = so.n_max;
+  o.n_threads = opt_.n_threads;
+  o.type_k = opt_.type_k;
+  o.type_v = opt_.type_v;
+  for (auto [s, t] : {std::pair{&so.type_k_draft, &o.type_k}, std::pair{&so.type_v_draft, &o.type_v}})
+    if (!s->empty()) {
+      auto ty = gguf::type_from_name(*s);
+      if (!ty) return err("-ctkd/-ctvd {}: unknown cache type", *s);
+      *t = *ty;
+    }
+  auto d = DraftModel::create(**m, o);
+  KILN_TRY(d);
+  KILN_LOG_INFO("draft model {}: {} layers, {} vocabulary", so.model_draft, (*m)->config().n_layer,
+                (*m)->config().n_vocab);
+  draft_model_ = std::move(*m);
+  return std::move(*d);
 }
 
 Result<int> Engine::fit_memory(const gguf::File& f) {
@@ -229,6 +270,11 @@ void Engine::thread_main(std::string path) {
     info_ = info_from_model(*model_, *tok_, path);
     auto r = make_runner(*model_, opt_);
     if (!r.ok()) return fail(path + ": " + r.error().message);
+    if (opt_.spec.type == SpecType::DraftSimple) {
+      auto d = load_draft_model(*r.value());
+      if (!d.ok()) return fail(d.error().message);
+      impl_->drafter = std::move(*d);
+    }
     Status s = init_serving(std::move(*r));
     if (!s.ok()) return fail(path + ": " + s.error().message);
     progress_.store(1.f);

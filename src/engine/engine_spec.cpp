@@ -28,10 +28,11 @@ void Engine::Impl::spec_start(Active& a) {
 
 // Every generating request's draft for this step (a.draft), in admission order: request i's at most
 // budget - 1 - (the generating requests after it) tokens, less what the drafts before it took. The
-// MTP drafter runs once for all of them (one batched pass per draft position).
+// MTP drafter and the draft model run once for all of them (one batched pass per draft position).
 void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
   const SpecOptions& so = eng.opt_.spec;
   std::vector<model::Context::MtpRow> rows;
+  std::vector<DraftModel::Row> drows;
   std::vector<Active*> who;
   for (auto& ap : active) {
     Active& a = *ap;
@@ -48,14 +49,18 @@ void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
     } else if (so.type == SpecType::DraftMtp && k > 0) {
       rows.push_back({int32_t(a.slot), a.next_token, int(k)});
       who.push_back(&a);
+    } else if (so.type == SpecType::DraftSimple && k > 0) {
+      drows.push_back({a.slot, slots[size_t(a.slot)].tokens, a.next_token, int(k)});
+      who.push_back(&a);
     }
-    budget -= 1 + (so.type == SpecType::DraftMtp ? k : int64_t(a.draft.size()));
+    budget -= 1 + (so.type == SpecType::NgramSimple ? int64_t(a.draft.size()) : k);
   }
-  if (rows.empty()) return;
+  if (who.empty()) return;
   std::vector<std::vector<int32_t>> out;
-  Status s = runner->draft_mtp(rows, so.p_min, out);
+  Status s = so.type == SpecType::DraftMtp ? runner->draft_mtp(rows, so.p_min, out)
+                                           : drafter->draft(drows, so.p_min, runner->n_vocab(), out);
   if (!s.ok()) {
-    KILN_LOG_ERROR("MTP draft: {}", s.error().message);
+    KILN_LOG_ERROR("{} draft: {}", spec_type_name(so.type), s.error().message);
     return;  // the step decodes without drafts
   }
   for (size_t i = 0; i < who.size(); ++i) {
