@@ -153,7 +153,7 @@ Result<std::unique_ptr<DraftModel>> Engine::load_draft_model(const Runner& targe
   lo.n_gpu_layers = so.n_gpu_layers_draft < 0 ? model::kGpuLayersAuto : so.n_gpu_layers_draft;
   lo.main_gpu = opt_.main_gpu;
   auto m = model::load_model(so.model_draft, lo);
-  if (!m.ok()) return err("-md/--model-draft: {}", m.error().message);
+  if (!m.ok()) return err("--spec-type draft-simple: -md/--model-draft: {}", m.error().message);
   auto t = model::load_tokenizer((*m)->file());
   if (!t.ok()) return err("-md/--model-draft {}: {}", so.model_draft, t.error().message);
   // The same vocabulary (llama.cpp's rule: the same token texts; sizes within 128 of each other).
