@@ -129,6 +129,8 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
     d.hshift = i32(p.hshift, T);
     d.hdst = i32(p.hdst, T);
     d.hzero = i32(p.hzero, T);
+    d.dids = p.dids == Plan::kNone ? Tensor{} : A.tensor(p.dids, gguf::GgmlType::I32, {1, std::max<int64_t>(n_out, 1), 1, 1});
+    d.dprob = p.dprob == Plan::kNone ? Tensor{} : A.tensor(p.dprob, gguf::GgmlType::F32, {1, std::max<int64_t>(n_out, 1), 1, 1});
   }
   if (d.output)
     d.logits = p.logits != Plan::kNone ? A.tensor(p.logits, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1})

@@ -108,14 +108,15 @@ class Context {
   // MTP drafts (ContextOptions::mtp): for each row, a sequence (its memory as the last decode left
   // it) and the token sampled after it; up to n_max tokens drafted greedily by the MTP block, a row
   // stopping at a token whose probability is below p_min. The block's KV rows past each sequence's
-  // position are written (the next decode overwrites them); positions are unchanged. Afterwards
-  // logits() holds the last draft step's rows (the rows still drafting then, in row order).
-  // Errors: bad rows, no MTP.
+  // position are written (the next decode overwrites them); positions are unchanged. With
+  // keep_logits, logits() then holds the last draft step's rows (the rows still drafting then, in
+  // row order; a download per step on a GPU), else it is empty. Errors: bad rows, no MTP.
   struct MtpRow {
     int32_t seq = 0, token = 0;
     int n_max = 0;
   };
-  Status mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem, std::vector<std::vector<int32_t>>& out);
+  Status mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem, std::vector<std::vector<int32_t>>& out,
+                   bool keep_logits = false);
 
   struct Impl;
 

@@ -40,6 +40,7 @@ struct Context::Impl {
     // MTP (model/mtp.cpp): the step's token embeddings, the trunk's normed hidden states, each
     // token's previous hidden state (+ a scratch column), the eh_proj input, and I32 [T] indices.
     Tensor emb, hall, hprev, cat, hsrc, hshift, hdst, hzero;
+    Tensor dids, dprob;  // draft steps: I32 [1, n_out] argmax and F32 [1, n_out] its probability
   };
 
   const Model& m;

@@ -18,9 +18,10 @@
 //   token). Prefix-cache snapshots and slot files carry it as part of the recurrent state.
 // Drafts: rows [sampled token, stored h] at the sequence's next position, then each drafted token
 //   with the block's own h', k times; the KV rows written past seq_pos are overwritten by the next
-//   decode's catch-up. Only Stream ops on the output's device; between draft steps the host reads the
-//   draft logits (argmax and its probability for --spec-draft-p-min) and gathers the next token's
-//   embedding (token_embd stays on the host).
+//   decode's catch-up. Only Stream ops on the output's device; between draft steps the host reads
+//   each row's drafted id and its probability (the argmax on the device: topk_route with k = 1; the
+//   probability for --spec-draft-p-min) and gathers the next token's embedding (token_embd stays
+//   on the host).
 // Must not: sample with the request's sampler or touch seq_pos. Threading: as Context.
 #include <algorithm>
 #include <cmath>
@@ -93,7 +94,7 @@ void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
 }
 
 Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem,
-                          std::vector<std::vector<int32_t>>& out) {
+                          std::vector<std::vector<int32_t>>& out, bool keep_logits) {
   Impl& s = *impl_;
   const ModelConfig& c = model_.config();
   const int64_t E = c.n_embd, V = c.n_vocab, n = int64_t(rows.size());
@@ -149,20 +150,23 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
     mtp_block(st, L, c.n_layer, mem, o.emb, o.hprev, o.cat, o.a.x);
     o.st->rms_norm(o.a.x, &head_norm, o.hidden, c.rms_eps);
     o.st->matmul(head, o.hidden, o.logits);
-    if (o.dev->type() != DeviceType::Cpu)
+    // Greedy on the device: each row's argmax and its probability under the full softmax
+    // (topk_route with k = 1); the host reads those two numbers per row.
+    o.st->topk_route(o.logits, 1, false, 1.0f, o.dids, o.dprob);
+    std::vector<int32_t> best_id(static_cast<size_t>(T));
+    std::vector<float> best_p(static_cast<size_t>(T));
+    o.st->download(best_id.data(), o.dids, size_t(T) * 4);
+    o.st->download(best_p.data(), o.dprob, size_t(T) * 4);
+    if (keep_logits && o.dev->type() != DeviceType::Cpu)
       o.st->download(s.logits.data(), o.logits, size_t(V * T) * sizeof(float));
     for (Impl::Dev& d : s.devs) d.st->synchronize();
-    n_out_ = T;  // logits(i): this step's row i (the last step's rows remain readable)
-    // Greedy: the argmax and its probability under the full softmax.
+    n_out_ = keep_logits ? T : 0;  // logits(i): this step's row i (the last step's rows remain readable)
     prev = act;
     std::vector<int> next;
     for (size_t a = 0; a < act.size(); ++a) {
-      const float* lg = s.logits.data() + a * size_t(V);
-      const int64_t best = std::max_element(lg, lg + V) - lg;
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(lg[v]) - double(lg[best]));
+      const int32_t best = best_id[a];
       const int r = act[a];
-      if (1.0 / sum < double(p_min)) continue;
+      if (best_p[a] < p_min) continue;
       out[size_t(r)].push_back(int32_t(best));
       tok[size_t(r)] = int32_t(best);
       if (int(out[size_t(r)].size()) < rows[size_t(r)].n_max) next.push_back(r);

@@ -33,6 +33,7 @@ struct ScratchPlan {
   // previous hidden states [E, B + 1], the eh_proj input [2E, B], I32 [B] indices.
   size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hsrc = kNone, hshift = kNone, hdst = kNone,
          hzero = kNone;
+  size_t dids = kNone, dprob = kNone;  // MTP drafts: each row's argmax and its probability [n_out_max]
 };
 
 // What runs on a device: the host (token ids, embeddings), trunk layers, the output (norm + matrix).

@@ -55,7 +55,7 @@ struct MtpRun {
   std::pair<std::vector<int32_t>, Row> draft(int seq, int32_t tok, int n) {
     std::vector<Context::MtpRow> rows{{seq, tok, n}};
     std::vector<std::vector<int32_t>> out;
-    Status s = cx->mtp_draft(rows, 0.f, *mem, out);
+    Status s = cx->mtp_draft(rows, 0.f, *mem, out, /*keep_logits=*/true);
     EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
     if (!s.ok() || cx->n_outputs() != 1) return {};
     return {out[0], Row(cx->logits(0), cx->logits(0) + m->config().n_vocab)};

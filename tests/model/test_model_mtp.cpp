@@ -201,7 +201,7 @@ struct Draft {
 Draft draft(Context& cx, Memory& mem, int seq, int32_t tok, int n) {
   std::vector<Context::MtpRow> rows{{seq, tok, n}};
   std::vector<std::vector<int32_t>> out;
-  Status s = cx.mtp_draft(rows, 0.f, mem, out);
+  Status s = cx.mtp_draft(rows, 0.f, mem, out, /*keep_logits=*/true);
   EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
   Draft d;
   if (!s.ok()) return d;

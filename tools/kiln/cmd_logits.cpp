@@ -132,7 +132,7 @@ int cmd_logits(int argc, char** argv) {
     for (size_t p = 0; p < seqs[i].size(); ++p) {
       const model::Context::MtpRow r{int32_t(i), seqs[i][p], 1};
       std::vector<std::vector<int32_t>> drafted;
-      auto st = cx.mtp_draft(std::span(&r, 1), 0.f, **mem, drafted);
+      auto st = cx.mtp_draft(std::span(&r, 1), 0.f, **mem, drafted, /*keep_logits=*/true);
       if (!st) return fail(st.error());
       std::copy_n(cx.logits(0), V, out.data() + (row0[i] + int64_t(p)) * V);
       b.clear();
