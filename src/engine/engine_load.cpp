@@ -174,7 +174,9 @@ Result<std::unique_ptr<DraftModel>> Engine::load_draft_model(const Runner& targe
   for (auto [s, t] : {std::pair{&so.type_k_draft, &o.type_k}, std::pair{&so.type_v_draft, &o.type_v}})
     if (!s->empty()) {
       auto ty = gguf::type_from_name(*s);
-      if (!ty) return err("-ctkd/-ctvd {}: unknown cache type", *s);
+      if (!ty || (*ty != model::GgmlType::F32 && *ty != model::GgmlType::F16 && *ty != model::GgmlType::Q8_0 &&
+                  *ty != model::GgmlType::Q4_0))
+        return err("-ctkd/-ctvd {}: the draft model's KV cache types are f32, f16, q8_0, q4_0", *s);
       *t = *ty;
     }
   auto d = DraftModel::create(**m, o);
