@@ -345,16 +345,14 @@ void Engine::Impl::step() {
       for (int c = 0; c < 3; ++c) batch.mpos.push_back(int32_t(a.mpos_end + (i - P)));
     }
   };
+  // Speculative decoding (engine_spec.cpp): the run [next_token, draft...], every token an output
+  // row, the recurrent state kept after each but the last; drafts leave a token for every other
+  // generating request.
+  make_drafts(budget, generating);
   for (auto& a : active) {
     a->step_n = 0;
     a->out_row = -1;
     if (!a->prompt_done) continue;
-    --generating;
-    // Speculative decoding (engine_spec.cpp): the run [next_token, draft...], every token an output
-    // row, the recurrent state kept after each but the last; drafts leave a token for every other
-    // generating request. (Requests with images do not draft: their positions are M-RoPE streams.)
-    if (a->req.images.empty()) make_draft(*a, std::min(budget, kSpecStepMax - row) - 1 - generating);
-    else a->draft.clear();
     const int64_t k = int64_t(a->draft.size());
     batch.add(a->next_token, int32_t(a->n_past), a->slot, true, k > 0);
     for (int64_t i = 0; i < k; ++i) batch.add(a->draft[size_t(i)], int32_t(a->n_past + 1 + i), a->slot, true, i + 1 < k);

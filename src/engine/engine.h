@@ -194,6 +194,7 @@ struct Event {
 };
 
 class Engine;
+class DraftModel;
 struct Channel;
 
 // The consumer's end of a request. Movable; destroying it before the final event cancels the request.
@@ -342,12 +343,14 @@ class Engine {
   Result<int> fit_memory(const gguf::File& f);
   void start_thread(std::string path);
   Status init_serving(std::unique_ptr<Runner> runner);
+  Result<std::unique_ptr<DraftModel>> load_draft_model(const Runner& target);  // --spec-type draft-simple
 
   Status load_vision();
   EngineOptions opt_;
   std::atomic<EngineState> state_{EngineState::Loading};
   std::atomic<float> progress_{0};
   std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Model> draft_model_;  // -md (used by Impl::drafter, destroyed after it)
   std::unique_ptr<tokenizer::Tokenizer> tok_;
   ModelInfo info_;
   std::string load_error_;  // guarded by Impl::pub_mu

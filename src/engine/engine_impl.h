@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/draft_model.h"
 #include "engine/engine.h"
 #include "model/vision.h"
 #include "engine/grammar_matcher.h"
@@ -179,8 +180,11 @@ struct Engine::Impl {
   void publish();
   // speculative decoding (engine_spec.cpp)
   std::vector<double> synth;  // conditional synthetic acceptance probabilities (empty: real verification)
+  std::unique_ptr<DraftModel> drafter;  // --spec-type draft-simple (its Model: Engine::draft_model_)
   void spec_start(Active& a);
-  void make_draft(Active& a, int64_t cap);
+  void make_drafts(int64_t budget, int64_t generating);
+  int64_t draft_len(Active& a, int64_t cap);
+  void finish_draft(Active& a);
   void verify(Active& a);
   void settle(Active& a);
   bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }

@@ -78,6 +78,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.flash_attn = o.flash_attn;
   ro.embeddings = o.embeddings;
   ro.n_spec = o.spec.on() ? o.spec.n_max : 0;
+  ro.mtp = o.spec.type == SpecType::DraftMtp;
   return ModelRunner::create(m, ro);
 }
 
@@ -111,12 +112,11 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   I.snap_interval = std::max<int64_t>(B, (std::max<int64_t>(opt_.cache_snapshot_interval, 1) + B - 1) / B * B);
   const SpecOptions& so = opt_.spec;
   if (so.on()) {
-    if (so.type == SpecType::DraftSimple)
-      return err("--spec-type draft-simple (-md/--model-draft {}): a separate draft model is not supported yet; use "
-                 "ngram-simple or draft-mtp", so.model_draft);
-    if (so.type == SpecType::DraftMtp)
-      return err("--spec-type draft-mtp: the MTP drafter is not implemented yet (the rollback and verification it needs "
-                 "are); use ngram-simple");
+    if (so.type == SpecType::DraftSimple && !I.drafter)
+      return err("--spec-type draft-simple needs a draft model (-md/--model-draft FILE)");
+    if (so.type == SpecType::DraftMtp && !I.runner->has_mtp())
+      return err("--spec-type draft-mtp: the model has no MTP block (blk.<n_layer>.nextn.*, qwen35/qwen35moe) or the "
+                 "runner does not run it");
     if (so.n_max < 1 || so.n_max > 16) return err("--spec-draft-n-max {}: must be within [1, 16]", so.n_max);
     if (so.n_min < 0 || so.n_min > so.n_max)
       return err("--spec-draft-n-min {}: must be within [0, --spec-draft-n-max {}]", so.n_min, so.n_max);
@@ -172,6 +172,50 @@ Status Engine::load_vision() {
   info_.vision_merge = int(vc.merge);
   for (int i = 0; i < 3; ++i) info_.vision_mean[i] = vc.mean[i], info_.vision_std[i] = vc.std[i];
   return {};
+}
+
+// --spec-type draft-simple: the draft model (-md) with its own memory (the target runner's slots and
+// context, -ctkd/-ctvd, -ngld), after checking that it shares the target's vocabulary.
+Result<std::unique_ptr<DraftModel>> Engine::load_draft_model(const Runner& target) {
+  const SpecOptions& so = opt_.spec;
+  if (so.model_draft.empty()) return err("--spec-type draft-simple needs a draft model (-md/--model-draft FILE)");
+  model::LoadOptions lo;
+  lo.load_mode = opt_.load_mode;
+  lo.n_gpu_layers = so.n_gpu_layers_draft < 0 ? model::kGpuLayersAuto : so.n_gpu_layers_draft;
+  lo.main_gpu = opt_.main_gpu;
+  auto m = model::load_model(so.model_draft, lo);
+  if (!m.ok()) return err("--spec-type draft-simple: -md/--model-draft: {}", m.error().message);
+  auto t = model::load_tokenizer((*m)->file());
+  if (!t.ok()) return err("-md/--model-draft {}: {}", so.model_draft, t.error().message);
+  // The same vocabulary (llama.cpp's rule: the same token texts; sizes within 128 of each other).
+  const auto &tv = tok_->vocab().tokens, &dv = (*t)->vocab().tokens;
+  if (tv.size() > dv.size() + 128 || dv.size() > tv.size() + 128)
+    return err("-md/--model-draft {}: its vocabulary has {} tokens, the target's {}", so.model_draft, dv.size(), tv.size());
+  for (size_t i = 0; i < std::min(tv.size(), dv.size()); ++i)
+    if (tv[i] != dv[i]) return err("-md/--model-draft {}: token {} is '{}', the target's '{}': not the same vocabulary",
+                                   so.model_draft, i, dv[i], tv[i]);
+  DraftModelOptions o;
+  o.n_slots = target.n_slots();
+  o.n_ctx_slot = target.n_ctx();
+  o.n_batch = target.n_batch();
+  o.n_max = so.n_max;
+  o.n_threads = opt_.n_threads;
+  o.type_k = opt_.type_k;
+  o.type_v = opt_.type_v;
+  for (auto [s, t] : {std::pair{&so.type_k_draft, &o.type_k}, std::pair{&so.type_v_draft, &o.type_v}})
+    if (!s->empty()) {
+      auto ty = gguf::type_from_name(*s);
+      if (!ty || (*ty != model::GgmlType::F32 && *ty != model::GgmlType::F16 && *ty != model::GgmlType::Q8_0 &&
+                  *ty != model::GgmlType::Q4_0))
+        return err("-ctkd/-ctvd {}: the draft model's KV cache types are f32, f16, q8_0, q4_0", *s);
+      *t = *ty;
+    }
+  auto d = DraftModel::create(**m, o);
+  KILN_TRY(d);
+  KILN_LOG_INFO("draft model {}: {} layers, {} vocabulary", so.model_draft, (*m)->config().n_layer,
+                (*m)->config().n_vocab);
+  draft_model_ = std::move(*m);
+  return std::move(*d);
 }
 
 Result<int> Engine::fit_memory(const gguf::File& f) {
@@ -242,6 +286,7 @@ void Engine::thread_main(std::string path) {
     lo.load_mode = opt_.load_mode;
     lo.n_gpu_layers = opt_.n_gpu_layers;
     lo.main_gpu = opt_.main_gpu;
+    lo.mtp = opt_.spec.type == SpecType::DraftMtp;
     lo.progress = [this](size_t done, size_t total) { progress_.store(total ? float(done) / float(total) : 1.f); };
     gguf::OpenOptions oo;
     oo.load_mode = opt_.load_mode;
@@ -260,6 +305,11 @@ void Engine::thread_main(std::string path) {
     if (Status vs = load_vision(); !vs.ok()) return fail(vs.error().message);
     auto r = make_runner(*model_, opt_);
     if (!r.ok()) return fail(path + ": " + r.error().message);
+    if (opt_.spec.type == SpecType::DraftSimple) {
+      auto d = load_draft_model(*r.value());
+      if (!d.ok()) return fail(d.error().message);
+      impl_->drafter = std::move(*d);
+    }
     Status s = init_serving(std::move(*r));
     if (!s.ok()) return fail(path + ": " + s.error().message);
     progress_.store(1.f);

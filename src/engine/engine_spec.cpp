@@ -26,25 +26,71 @@ void Engine::Impl::spec_start(Active& a) {
   a.spec.start(so.n_max, seed ^ 0x5bd1e995u);
 }
 
-// The draft for this step (a.draft), at most `cap` tokens.
-void Engine::Impl::make_draft(Active& a, int64_t cap) {
-  a.draft.clear();
+// Every generating request's draft for this step (a.draft), in admission order: request i's at most
+// budget - 1 - (the generating requests after it) tokens, less what the drafts before it took. The
+// MTP drafter and the draft model run once for all of them (one batched pass per draft position).
+void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
   const SpecOptions& so = eng.opt_.spec;
-  if (!so.on() || a.req.embed) return;
+  std::vector<model::Context::MtpRow> rows;
+  std::vector<DraftModel::Row> drows;
+  std::vector<Active*> who;
+  int64_t used = 0;  // tokens of the generating requests before this one
+  for (auto& ap : active) {
+    Active& a = *ap;
+    a.draft.clear();
+    if (!a.prompt_done) continue;
+    --generating;
+    // At most kSpecStepMax tokens in a step that verifies (engine.cpp); requests with images do not
+    // draft (their positions are M-RoPE streams the drafters do not follow).
+    const int64_t cap = std::min(budget, kSpecStepMax - used) - 1 - generating;
+    const int64_t k = a.req.images.empty() ? draft_len(a, cap) : 0;
+    if (so.type == SpecType::NgramSimple && k > 0) {
+      std::vector<int32_t>& h = slots[size_t(a.slot)].tokens;
+      h.push_back(a.next_token);
+      a.draft = ngram_draft(h, so.ngram_n, int(k));
+      h.pop_back();
+      finish_draft(a);
+    } else if (so.type == SpecType::DraftMtp && k > 0) {
+      rows.push_back({int32_t(a.slot), a.next_token, int(k)});
+      who.push_back(&a);
+    } else if (so.type == SpecType::DraftSimple && k > 0) {
+      drows.push_back({a.slot, slots[size_t(a.slot)].tokens, a.next_token, int(k)});
+      who.push_back(&a);
+    }
+    const int64_t fed = 1 + (so.type == SpecType::NgramSimple ? int64_t(a.draft.size()) : k);
+    budget -= fed;
+    used += fed;
+  }
+  if (who.empty()) return;
+  std::vector<std::vector<int32_t>> out;
+  Status s = so.type == SpecType::DraftMtp ? runner->draft_mtp(rows, so.p_min, out)
+                                           : drafter->draft(drows, so.p_min, runner->n_vocab(), out);
+  if (!s.ok()) {
+    KILN_LOG_ERROR("{} draft: {}", spec_type_name(so.type), s.error().message);
+    return;  // the step decodes without drafts
+  }
+  for (size_t i = 0; i < who.size(); ++i) {
+    who[i]->draft = std::move(out[i]);
+    finish_draft(*who[i]);
+  }
+}
+
+// The most draft tokens request a may verify this step (0: none), at most `cap`.
+int64_t Engine::Impl::draft_len(Active& a, int64_t cap) {
+  const SpecOptions& so = eng.opt_.spec;
+  if (!so.on() || a.req.embed) return 0;
   if (a.spec.pause > 0) {
     --a.spec.pause;
-    return;
+    return 0;
   }
   int64_t k = std::min<int64_t>(synth.empty() ? a.spec.k : so.n_max, cap);
   k = std::min<int64_t>(k, n_ctx_slot - a.n_past - 1);  // every fed position must fit the slot
   if (a.req.max_tokens >= 0) k = std::min<int64_t>(k, a.req.max_tokens - a.n_decoded - 1);
-  if (k <= 0) return;
-  if (so.type == SpecType::NgramSimple) {
-    std::vector<int32_t>& h = slots[size_t(a.slot)].tokens;
-    h.push_back(a.next_token);
-    a.draft = ngram_draft(h, so.ngram_n, int(k));
-    h.pop_back();
-  }
+  return std::max<int64_t>(k, 0);
+}
+
+void Engine::Impl::finish_draft(Active& a) {
+  const SpecOptions& so = eng.opt_.spec;
   // Drafts end at an end-of-generation token, and where the request's grammar rejects a token
   // (they could never be accepted).
   for (size_t i = 0; i < a.draft.size(); ++i)

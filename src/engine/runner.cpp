@@ -11,6 +11,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   mo.type_k = opt.type_k;
   mo.type_v = opt.type_v;
   mo.n_spec = opt.n_spec;
+  mo.mtp = opt.mtp;
   auto mem = model::Memory::create(m, mo);
   KILN_TRY(mem);
   r->mem_ = std::move(*mem);
@@ -21,6 +22,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.delta_chunk_min = opt.delta_chunk_min;
   co.flash_attn = opt.flash_attn;
   co.embeddings = opt.embeddings;
+  co.mtp = opt.mtp;
   co.n_outputs_max = runner_outputs_max(opt.n_slots, opt.embeddings, opt.n_spec);
   r->ctx_ = std::make_unique<model::Context>(m, co);
   return r;

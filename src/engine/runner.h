@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/result.h"
@@ -40,6 +41,13 @@ class Runner {
   // After a speculative verify run: keep positions [0, n) and the recurrent state kept after the
   // run's token `kept` (-1: the run's final state); model::Memory::seq_accept.
   virtual Status seq_accept(int slot, int64_t n, int kept) { return err("speculative decoding: unsupported runner"); }
+  // The model's MTP drafter (--spec-type draft-mtp; model::Context::mtp_draft): whether the runner
+  // runs it, and greedy drafts for rows (slot, the token sampled after its memory, most tokens).
+  virtual bool has_mtp() const { return false; }
+  virtual Status draft_mtp(std::span<const model::Context::MtpRow> rows, float p_min,
+                           std::vector<std::vector<int32_t>>& out) {
+    return err("--spec-type draft-mtp: the runner has no MTP drafter");
+  }
 
   // KV payload of n positions: kv_bytes_per_pos() * n bytes, layout private to the runner
   // (for ModelRunner: per attention layer, K rows then V rows). 0 when there are no attention layers.
@@ -72,6 +80,7 @@ struct ModelRunnerOptions {
   bool flash_attn = true;   // model::ContextOptions::flash_attn
   bool embeddings = false;  // model::ContextOptions::embeddings
   int n_spec = 0;           // speculative decoding: draft tokens per verify run (model::MemoryOptions::n_spec)
+  bool mtp = false;         // --spec-type draft-mtp: run the MTP block (Memory/ContextOptions::mtp)
 };
 
 class ModelRunner final : public Runner {
@@ -92,6 +101,11 @@ class ModelRunner final : public Runner {
   Status seq_keep(int slot, int64_t n) override { return mem_->seq_keep(slot, n); }
   void set_seq_pos(int slot, int64_t n) override { mem_->set_seq_pos(slot, n); }
   Status seq_accept(int slot, int64_t n, int kept) override { return mem_->seq_accept(slot, n, kept); }
+  bool has_mtp() const override { return mem_->has_mtp(); }
+  Status draft_mtp(std::span<const model::Context::MtpRow> rows, float p_min,
+                   std::vector<std::vector<int32_t>>& out) override {
+    return ctx_->mtp_draft(rows, p_min, *mem_, out);
+  }
   size_t kv_bytes_per_pos() const override;
   void read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const override;
   void write_kv(int slot, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1) override;

@@ -204,7 +204,8 @@ void scale(const float* x, float s, float* y, int64_t n);
 
 // MoE routing: logits [n_expert, n_tok]; ids, weights: [k, n_tok]. Softmax over all experts, the
 // k largest (ties: lower id first) in descending order; renorm divides the k weights by their
-// sum; then every weight is multiplied by w_scale.
+// sum; then every weight is multiplied by w_scale. n_expert > 4096 (a vocabulary: the MTP drafter's
+// argmax) only with k = 1.
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights);
 

@@ -71,6 +71,10 @@ void dense_ffn(const Step& s, const LayerWeights& L);                           
 void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);  // qwen35.cpp
 void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);        // qwen35.cpp
 void moe_ffn(const Step& s, const LayerWeights& L);                                    // qwen35moe.cpp
+// The MTP block (mtp.cpp): u = eh_proj · [enorm(emb); hnorm(hprev)] ([E, T] each; cat [2E, T] scratch),
+// then gated attention (layer il's KV) and the FFN on u, in place.
+void mtp_block(const Step& s, const LayerWeights& L, int64_t il, Memory& mem, const Tensor& emb, const Tensor& hprev,
+               const Tensor& cat, const Tensor& u);
 
 // Shared attention core: q rows [D, Hq, T] (any strides), k/v [D*Hkv, T] already normed and roped;
 // stores k/v into the layer's caches and writes s.a.att [D*Hq, T].

@@ -7,78 +7,12 @@
 #include <tuple>
 
 #include "core/log.h"
-#include "model/blocks.h"
-#include "model/scratch.h"
+#include "model/context_impl.h"
 
 namespace kiln::model {
 
 using backend::Binary;
 using backend::DeviceType;
-
-namespace {
-
-constexpr int64_t kGraphMaxTokens = 64;  // steps of at most this many tokens are recorded as graphs
-
-struct Run {  // validation only: consecutive tokens of one sequence
-  int32_t seq = 0;
-  int64_t t0 = 0, n = 0;
-  int32_t pos0 = 0;
-};
-
-using Plan = ScratchPlan;
-
-}  // namespace
-
-struct Context::Impl {
-  struct Dev {
-    backend::Device* dev = nullptr;  // the host: Impl::host
-    std::unique_ptr<backend::Stream> st;
-    backend::Arena arena;
-    Plan plan;
-    bool layers = false, output = false;
-    size_t ws = 0;  // workspace reserved
-    // Views for the current batch.
-    Act a;
-    Tensor tok;                   // I32 [T] (host only)
-    Tensor out_idx;               // I32 [n_out]: batch index of each output row
-    Tensor hidden;                // [E, n_out]
-    Tensor logits;                // [V, n_out]
-  };
-
-  const Model& m;
-  const ModelConfig& c;
-  const ContextOptions& opt;
-  int64_t n_out_max = 0;
-  std::unique_ptr<backend::Device> host;  // on the Context's pool
-  std::vector<Dev> devs;                  // [0]: the host
-  std::vector<int> layer_dev;             // [n_layer]: index into devs
-  int out_dev = 0;
-  bool graph_step = false;  // every layer and the output on devs[1]
-  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
-  const Memory* graph_mem = nullptr;  // the Memory the graphs write
-  bool graphs_unsupported = false;
-  int64_t n_kv_reserved = 0;
-
-  // Per-batch host state.
-  std::vector<Run> runs;
-  std::vector<int32_t> tok_ids;   // Batch::token with image tokens' ids replaced by 0
-  std::vector<int32_t> mpos;      // [4, T] M-RoPE streams from Batch::mpos
-  std::vector<int32_t> out_idx;
-  std::vector<int32_t> rseq, keep;          // hybrid: per token, Memory::rec_slot / rec_keep_slot (-1)
-  std::vector<float> logits;                // [V, n_out_max]
-  std::vector<float> embd;                  // [E, n_out_max] with ContextOptions::embeddings
-  std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
-
-  Impl(const Model& model, ThreadPool& pool, const ContextOptions& o);
-  int dev_index(backend::Device& d);
-  void plan(Dev& d);
-  void reserve(Dev& d);
-  void bind(Dev& d, int64_t T, int64_t n_out);
-  bool fused_with_next(int64_t il) const;
-  void run_layer(Dev& d, int64_t il, Memory& mem, int64_t T);
-  void run_output(Dev& d, int64_t T, int64_t n_out);
-  void move_x(Dev& from, Dev& to, int64_t T);
-};
 
 int Context::Impl::dev_index(backend::Device& d) {
   if (d.type() == DeviceType::Cpu) return 0;
@@ -100,6 +34,11 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   out_dev = dev_index(model.output_device());
   for (int i : layer_dev) devs[size_t(i)].layers = true;
   devs[size_t(out_dev)].output = true;
+  if (opt.mtp) {
+    KILN_CHECK(!m.mtp.empty(), "ContextOptions::mtp: {} has no MTP block", m.file().path());
+    devs[size_t(out_dev)].mtp = true;
+    devs[0].mtp = true;  // the host gathers the block's token embeddings
+  }
   graph_step = devs.size() == 2 && !devs[0].layers && out_dev == 1;
   runs.reserve(size_t(B));
   out_idx.reserve(size_t(B));
@@ -116,7 +55,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
 
 // Scratch of one device (model/scratch.h, the layout the memory planner counts).
 void Context::Impl::plan(Dev& d) {
-  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output};
+  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp};
   plan_scratch(c, opt.n_batch, n_out_max, role, d.arena, d.plan);
 }
 
@@ -131,6 +70,13 @@ void Context::Impl::reserve(Dev& d) {
     if (&devs[size_t(layer_dev[size_t(il)])] != &d) continue;
     for (const MatShape& ms : layer_mats(find, il)) mats.push_back(ms);
     n_rec += c.is_recurrent(il) ? 1 : 0;
+  }
+  if (d.mtp && d.output) {  // the MTP block: its layer's mat-muls, eh_proj and its own head
+    const LayerWeights& L = m.mtp[0];
+    for (const MatShape& ms : layer_mats(find, c.n_layer)) mats.push_back(ms);
+    mats.push_back({L.nextn_eh_proj.type, L.nextn_eh_proj.ne[0], L.nextn_eh_proj.ne[1], false});
+    if (L.nextn_shared_head_head.present())
+      mats.push_back({L.nextn_shared_head_head.type, L.nextn_shared_head_head.ne[0], L.nextn_shared_head_head.ne[1], false});
   }
   const MatShape out{m.output.type, m.output.ne[0], m.output.ne[1], false};
   d.ws = step_workspace(*d.st, c, mats, n_rec, d.output ? &out : nullptr, opt.n_batch, n_out_max, opt.delta_chunk_min);
@@ -175,6 +121,19 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
   d.tok = i32(p.tok, T);
   d.out_idx = i32(p.out_idx, std::max<int64_t>(n_out, 1));
   d.hidden = p.hidden == Plan::kNone ? Tensor{} : A.tensor(p.hidden, gguf::GgmlType::F32, {E, n_out, 1, 1});
+  if (d.mtp) {
+    const int64_t E = c.n_embd;
+    d.emb = act(p.emb, E);
+    d.hall = act(p.hall, E);
+    d.hprev = p.hprev == Plan::kNone ? Tensor{} : A.tensor(p.hprev, gguf::GgmlType::F32, {E, T + 1, 1, 1});
+    d.cat = act(p.cat, 2 * E);
+    d.hsrc = i32(p.hsrc, T);
+    d.hshift = i32(p.hshift, T);
+    d.hdst = i32(p.hdst, T);
+    d.hzero = i32(p.hzero, T);
+    d.dids = p.dids == Plan::kNone ? Tensor{} : A.tensor(p.dids, gguf::GgmlType::I32, {1, std::max<int64_t>(n_out, 1), 1, 1});
+    d.dprob = p.dprob == Plan::kNone ? Tensor{} : A.tensor(p.dprob, gguf::GgmlType::F32, {1, std::max<int64_t>(n_out, 1), 1, 1});
+  }
   if (d.output)
     d.logits = p.logits != Plan::kNone ? A.tensor(p.logits, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1})
                                        : Tensor::make(logits_buf.get(), 0, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1});
@@ -225,6 +184,16 @@ void Context::Impl::move_x(Dev& from, Dev& to, int64_t T) {
     from.st->download(to.a.x.host(), from.a.x, bytes);
     from.st->synchronize();
   }
+}
+
+void Context::Impl::reserve_attention(const Memory& mem) {
+  if (mem.n_ctx() <= n_kv_reserved) return;
+  n_kv_reserved = mem.n_ctx();
+  for (Dev& d : devs)
+    if ((d.layers && c.n_attn_layers() > 0) || (d.mtp && d.output)) {
+      d.ws = std::max(d.ws, attention_step_workspace(*d.st, c, opt.n_batch, n_kv_reserved, opt.flash_attn));
+      d.st->reserve_workspace(d.ws);
+    }
 }
 
 Context::Context(const Model& model, const ContextOptions& opt) : model_(model), opt_(opt) {
@@ -328,15 +297,9 @@ Status Context::decode(const Batch& b, Memory& mem) {
       return err("layer {} runs on {} but its memory is on {} (create the Memory from the Model)", il, ld.name(),
                  md.name());
   }
+  if (opt_.mtp) KILN_TRY(s.mtp_prepare(b, mem));
   // Attention workspaces for this memory's context length (once per longer n_ctx).
-  if (mem.n_ctx() > s.n_kv_reserved) {
-    s.n_kv_reserved = mem.n_ctx();
-    for (Impl::Dev& d : s.devs)
-      if (d.layers && c.n_attn_layers() > 0) {
-        d.ws = std::max(d.ws, attention_step_workspace(*d.st, c, opt_.n_batch, s.n_kv_reserved, opt_.flash_attn));
-        d.st->reserve_workspace(d.ws);
-      }
-  }
+  s.reserve_attention(mem);
 
   // Per-batch inputs, uploaded once; the embeddings on the host.
   for (Impl::Dev& d : s.devs) s.bind(d, T, n_out);
@@ -356,7 +319,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
   }
   h.st->upload(h.tok, ids, size_t(T) * 4);
   for (Impl::Dev& d : s.devs)
-    if (d.layers) {
+    if (d.layers || (d.mtp && d.output)) {
       d.st->upload(d.a.pos, b.pos.data(), size_t(T) * 4);
       d.st->upload(d.a.seq, b.seq.data(), size_t(T) * 4);
       if (d.a.rseq.buf && !s.rseq.empty()) {
@@ -377,6 +340,16 @@ Status Context::decode(const Batch& b, Memory& mem) {
     for (int64_t t = 0; t < T; ++t)
       if (b.embd[size_t(t)]) std::memcpy(x + t * c.n_embd, b.embd[size_t(t)], size_t(c.n_embd) * 4);
   }
+  const bool mtp = opt_.mtp;
+  if (mtp) {  // the MTP block's embeddings and per-token indices, on the output's device
+    const LayerWeights& L = model_.mtp[0];
+    h.st->get_rows(L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t, h.tok, h.emb);
+    if (&o != &h) o.st->upload(o.emb, h.emb.host(), size_t(c.n_embd * T) * sizeof(float));
+    o.st->upload(o.hsrc, s.hsrc.data(), size_t(T) * 4);
+    o.st->upload(o.hshift, s.hshift.data(), size_t(T) * 4);
+    o.st->upload(o.hdst, s.hdst.data(), size_t(T) * 4);
+    o.st->upload(o.hzero, s.hzero.data(), size_t(T) * 4);
+  }
 
   if (s.graph_step) {
     Impl::Dev& g = s.devs[1];
@@ -384,6 +357,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
     auto step = [&] {
       for (int64_t il = 0; il < c.n_layer; ++il) s.run_layer(g, il, mem, T);
       s.run_output(g, T, n_out);
+      if (mtp) s.mtp_catchup(g, mem, T);
     };
     if (s.graph_mem != &mem) {
       s.graphs.clear();
@@ -415,9 +389,10 @@ Status Context::decode(const Batch& b, Memory& mem) {
       cur = d;
       s.run_layer(s.devs[size_t(d)], il, mem, T);
     }
-    if (n_out > 0) {
+    if (n_out > 0 || mtp) {
       if (s.out_dev != cur) s.move_x(s.devs[size_t(cur)], o, T);
       s.run_output(o, T, n_out);
+      if (mtp) s.mtp_catchup(o, mem, T);
     }
   }
   if (n_out > 0 && o.dev->type() != DeviceType::Cpu)

@@ -75,6 +75,10 @@ struct ContextOptions {
   // Also keep each output row's hidden state after the output norm (the embedding llama.cpp pools):
   // n_embd x n_outputs_max floats of host memory, one more download per step on a GPU.
   bool embeddings = false;
+  // Run the model's MTP block (qwen35*: Model::mtp, --spec-type draft-mtp; model/mtp.cpp): every
+  // decode also computes the block's KV rows of its tokens (the Memory needs MemoryOptions::mtp),
+  // and mtp_draft() drafts with it. The block runs on the output's device.
+  bool mtp = false;
 };
 
 class Context {
@@ -108,6 +112,19 @@ class Context {
   // With ContextOptions::embeddings: output row i's hidden state after the output norm (n_embd floats).
   bool has_embeddings() const { return opt_.embeddings; }
   const float* embedding(int64_t i) const;
+
+  // MTP drafts (ContextOptions::mtp): for each row, a sequence (its memory as the last decode left
+  // it) and the token sampled after it; up to n_max tokens drafted greedily by the MTP block, a row
+  // stopping at a token whose probability is below p_min. The block's KV rows past each sequence's
+  // position are written (the next decode overwrites them); positions are unchanged. With
+  // keep_logits, logits() then holds the last draft step's rows (the rows still drafting then, in
+  // row order; a download per step on a GPU), else it is empty. Errors: bad rows, no MTP.
+  struct MtpRow {
+    int32_t seq = 0, token = 0;
+    int n_max = 0;
+  };
+  Status mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem, std::vector<std::vector<int32_t>>& out,
+                   bool keep_logits = false);
 
   struct Impl;
 

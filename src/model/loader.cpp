@@ -173,6 +173,14 @@ Status place_model(Model& m, const LoadOptions& opt) {
     m.info_.gpu_bytes += upload_weights(gpu, *st, {&m.output_norm, &m.output}, m.bufs_);
     m.out_dev_ = &gpu;
     m.info_.output_on_gpu = true;
+    if (opt.mtp)  // the MTP block runs where the output does (model/mtp.cpp); embeddings are gathered on the host
+      for (LayerWeights& L : m.mtp) {
+        std::vector<Weight*> ws;
+        for_each_weight(L, [&](Weight& w) {
+          if (w.present() && &w != &L.nextn_embed_tokens) ws.push_back(&w);
+        });
+        m.info_.gpu_bytes += upload_weights(gpu, *st, ws, m.bufs_);
+      }
   }
   st->synchronize();
   KILN_LOG_INFO("{}: {} of {} layers{} on {} ({:.1f} MiB)", m.file().path(), m.info_.n_gpu_layers, c.n_layer,

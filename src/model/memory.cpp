@@ -14,15 +14,17 @@ using backend::Tensor;
 Memory::~Memory() = default;
 
 Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const MemoryOptions& opt) {
-  return create(cfg, opt, std::vector<backend::Device*>(size_t(cfg.n_layer), nullptr));
+  return create(cfg, opt, std::vector<backend::Device*>(size_t(cfg.n_layer + 1), nullptr));
 }
 
 Result<std::unique_ptr<Memory>> Memory::create(const Model& m, const MemoryOptions& opt) {
-  std::vector<backend::Device*> devs(size_t(m.config().n_layer), nullptr);
+  std::vector<backend::Device*> devs(size_t(m.config().n_layer + 1), nullptr);
   for (int64_t il = 0; il < m.config().n_layer; ++il) {
     backend::Device& d = m.layer_device(il);
     if (d.type() != backend::DeviceType::Cpu) devs[size_t(il)] = &d;
   }
+  // The MTP block runs where the output does (model/mtp.cpp).
+  if (m.output_device().type() != backend::DeviceType::Cpu) devs.back() = &m.output_device();
   return create(m.config(), opt, devs);
 }
 
@@ -37,6 +39,9 @@ Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions&
       return err("{} {}: head size {} is not a multiple of the block size {}", what, gguf::type_name(t), cfg.head_dim,
                  gguf::type_info(t).block_size);
   }
+  if (opt.mtp && (cfg.n_nextn < 1 || cfg.n_recurrent_layers() == 0))
+    return err("--spec-type draft-mtp: the model has no MTP block ('{}.nextn_predict_layers' is 0 or missing, or "
+               "the architecture is not qwen35/qwen35moe)", cfg.arch_str);
   MemoryLayout l;
   l.k_row = tensor::row_size(opt.type_k, cfg.head_dim);
   l.v_row = tensor::row_size(opt.type_v, cfg.head_dim);
@@ -55,6 +60,10 @@ Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions&
   const size_t rec_slots = size_t(opt.n_seq) * size_t(1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0));
   l.rec_layer_bytes = at(l.conv_floats * rec_slots * sizeof(float)) + l.ssm_floats * rec_slots * sizeof(float);
   for (int64_t il = 0; il < cfg.n_layer; ++il) ++(cfg.is_recurrent(il) ? l.n_rec : l.n_attn);
+  if (opt.mtp) {
+    ++l.n_attn;
+    l.mtp_h_bytes = size_t(cfg.n_embd) * (rec_slots + 1) * sizeof(float);
+  }
   l.kv_bytes_per_pos = size_t(l.n_attn) * (l.k_row + l.v_row) * size_t(Hkv);
   return l;
 }
@@ -74,7 +83,9 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   const int64_t per_seq = 1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0), NR = N * per_seq;
   m->conv_floats_ = lay->conv_floats;
   m->ssm_floats_ = lay->ssm_floats;
-  m->layers_.resize(size_t(cfg.n_layer));
+  m->n_embd_ = cfg.n_embd;
+  const int64_t n_layers = cfg.n_layer + (opt.mtp ? 1 : 0);
+  m->layers_.resize(size_t(n_layers));
   auto stream_of = [&](backend::Device* d) {
     for (auto& [dev, st] : m->streams_)
       if (dev == d) return st.get();
@@ -82,7 +93,7 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
     return m->streams_.back().second.get();
   };
   auto at = [](size_t off) { return (off + 255) / 256 * 256; };
-  for (int64_t il = 0; il < cfg.n_layer; ++il) {
+  for (int64_t il = 0; il < n_layers; ++il) {
     Layer& L = m->layers_[size_t(il)];
     L.dev = devs[size_t(il)];
     if (!L.dev) {
@@ -110,6 +121,13 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
     L.st->fill_zero(L.a);
     L.st->fill_zero(L.b);
   }
+  if (opt.mtp) {
+    const Layer& L = m->layers_[size_t(cfg.n_layer)];
+    m->mtp_buf_ = L.dev->alloc(lay->mtp_h_bytes);
+    m->mtp_h_ = Tensor::make(m->mtp_buf_.get(), 0, GgmlType::F32, {cfg.n_embd, NR + 1, 1, 1});
+    m->total_bytes_ += lay->mtp_h_bytes;
+    L.st->fill_zero(m->mtp_h_);
+  }
   m->sync();
   m->pos_.assign(size_t(opt.n_seq), 0);
   m->rec_phys_.resize(size_t(N));
@@ -122,6 +140,10 @@ size_t Memory::allocated_bytes(const backend::Device* dev) const {
   size_t n = 0;
   for (const Layer& L : layers_)
     if (L.buf && (dev ? L.dev == dev : L.dev == host_.get())) n += L.buf->size();
+  if (mtp_buf_) {
+    const Layer& L = layers_.back();
+    if (dev ? L.dev == dev : L.dev == host_.get()) n += mtp_buf_->size();
+  }
   return n;
 }
 
@@ -143,6 +165,9 @@ backend::Device& Memory::layer_device(int64_t il) const { return *layers_[size_t
 Tensor Memory::kv_rows(const Tensor& cache, int seq, int64_t p0, int64_t n) {
   return Tensor::make(cache.buf, cache.offset + size_t(seq) * cache.nb[3] + size_t(p0) * cache.nb[2], cache.type,
                       {cache.ne[0], cache.ne[1], n, 1});
+}
+Tensor Memory::mtp_col(int slot) const {
+  return Tensor::make(mtp_h_.buf, mtp_h_.offset + size_t(slot) * mtp_h_.nb[1], GgmlType::F32, {mtp_h_.ne[0], 1, 1, 1});
 }
 Tensor Memory::slot(const Tensor& state, int seq) {
   return Tensor::make(state.buf, state.offset + size_t(seq) * state.nb[3], state.type,
@@ -183,6 +208,7 @@ void Memory::seq_clear(int seq) {
     L.st->fill_zero(slot(L.a, rec_slot(seq)));
     L.st->fill_zero(slot(L.b, rec_slot(seq)));
   }
+  if (opt_.mtp) layers_.back().st->fill_zero(mtp_col(rec_slot(seq)));
   sync();
 }
 
@@ -215,6 +241,7 @@ void Memory::seq_copy(int src, int dst) {
     L.st->copy(slot(L.a, rec_slot(dst)), slot(L.a, rec_slot(src)));
     L.st->copy(slot(L.b, rec_slot(dst)), slot(L.b, rec_slot(src)));
   }
+  if (opt_.mtp) layers_.back().st->copy(mtp_col(rec_slot(dst)), mtp_col(rec_slot(src)));
   sync();
   pos_[size_t(dst)] = n;
 }
@@ -257,6 +284,7 @@ void Memory::read_rec(int seq, float* out) const {
     L.st->download(out + conv_floats_, slot(L.b, rec_slot(seq)), ssm_floats_ * sizeof(float));
     out += conv_floats_ + ssm_floats_;
   }
+  if (opt_.mtp) layers_.back().st->download(out, mtp_col(rec_slot(seq)), size_t(n_embd_) * sizeof(float));
   sync();
 }
 
@@ -268,6 +296,7 @@ void Memory::write_rec(int seq, const float* in) {
     L.st->upload(slot(L.b, rec_slot(seq)), in + conv_floats_, ssm_floats_ * sizeof(float));
     in += conv_floats_ + ssm_floats_;
   }
+  if (opt_.mtp) layers_.back().st->upload(mtp_col(rec_slot(seq)), in, size_t(n_embd_) * sizeof(float));
   sync();
 }
 

@@ -17,6 +17,12 @@
 //   slots: its current one (rec_slot) and n_spec keep slots. A verify run asks (Batch::keep) for the
 //   state after each of its first tokens to be kept; seq_accept(seq, n, i) then makes keep slot i the
 //   current one by swapping slot indices (no state is copied) and truncates the attention KV to n.
+// MTP (MemoryOptions::mtp, --spec-type draft-mtp): the model's MTP block is one more attention
+//   layer (index n_layer: its KV, read/written/snapshotted/copied with the trunk's) and each recurrent
+//   state slot also holds the trunk's hidden state (after the output norm) of the sequence's last
+//   token, which the MTP pairs with the next token (mtp_h: [E, n_slots + 1], the last column a scratch
+//   column the forward pass writes rows it does not keep to). It moves with the recurrent state
+//   (read_rec/write_rec/snapshots: rec_floats() counts its E floats; seq_accept's slot swap).
 // Must not: know about tokens, requests or scheduling; run kernels other than copies.
 // Threading: one thread at a time (the one running Context::decode on it). Every method has
 //   synchronized its streams when it returns.
@@ -42,6 +48,8 @@ struct MemoryOptions {
   GgmlType type_v = GgmlType::F16;      // -ctv: F32, F16, Q8_0, Q4_0
   int n_spec = 0;                       // extra recurrent state slots per sequence (speculative verify:
                                         // the most tokens of a verify run whose state is kept)
+  bool mtp = false;                     // the MTP block's KV layer and per-slot hidden state (qwen35*
+                                        // with nextn_predict_layers >= 1)
 };
 
 // A sequence's complete state at position `n_pos`: the first n_pos KV rows of each attention layer
@@ -63,8 +71,9 @@ struct MemoryLayout {
   size_t rec_layer_bytes = 0;            // one recurrent layer's buffer (all slots, keep slots included)
   size_t kv_bytes_per_pos = 0;           // K + V payload of one position of one sequence, all attention layers
   size_t conv_floats = 0, ssm_floats = 0;  // one sequence's recurrent state per recurrent layer
-  int64_t n_attn = 0, n_rec = 0;         // layers of each kind
-  size_t total() const { return size_t(n_attn) * attn_layer_bytes + size_t(n_rec) * rec_layer_bytes; }
+  int64_t n_attn = 0, n_rec = 0;         // layers of each kind (n_attn counts the MTP layer)
+  size_t mtp_h_bytes = 0;                // MemoryOptions::mtp: the per-slot hidden states [E, n_slots + 1]
+  size_t total() const { return size_t(n_attn) * attn_layer_bytes + size_t(n_rec) * rec_layer_bytes + mtp_h_bytes; }
 };
 
 class Memory {
@@ -75,7 +84,7 @@ class Memory {
   // Every layer's state on the host. Errors (cache type unsupported, head_dim not a multiple of the
   // block size, sizes) name the option.
   static Result<std::unique_ptr<Memory>> create(const ModelConfig& cfg, const MemoryOptions& opt);
-  // Each layer's state on the device the model runs that layer on.
+  // Each layer's state on the device the model runs that layer on (the MTP layer: the output's).
   static Result<std::unique_ptr<Memory>> create(const Model& m, const MemoryOptions& opt);
   ~Memory();
 
@@ -84,6 +93,7 @@ class Memory {
   int n_seq() const { return opt_.n_seq; }
   int n_spec() const { return opt_.n_spec; }
   bool has_recurrent() const { return !rec_layers_.empty(); }
+  bool has_mtp() const { return opt_.mtp; }
   size_t total_bytes() const { return total_bytes_; }  // state payload (K, V, conv, SSM tensors)
   // Bytes of the layers' Buffers on device `dev` (the host when nullptr): what create() allocated there.
   size_t allocated_bytes(const backend::Device* dev = nullptr) const;
@@ -117,7 +127,11 @@ class Memory {
   // [S, S, Hv, n_slots], F32; n_slots = n_seq * (1 + n_spec), sequence seq's state at rec_slot(seq).
   const backend::Tensor& conv_state(int64_t il) const;
   const backend::Tensor& ssm_state(int64_t il) const;
-  // The device holding layer il's state.
+  // MTP: the hidden state per recurrent slot [E, n_slots + 1] F32 (column rec_slot(seq): the trunk's
+  // normed hidden state of seq's last token; the last column is scratch), on layer_device(n_layer).
+  const backend::Tensor& mtp_h() const { return mtp_h_; }
+  int mtp_h_scratch() const { return int(mtp_h_.ne[1] - 1); }
+  // The device holding layer il's state (il = n_layer: the MTP layer).
   backend::Device& layer_device(int64_t il) const;
   void set_seq_pos(int seq, int64_t n) { pos_[size_t(seq)] = n; }
 
@@ -131,8 +145,8 @@ class Memory {
   // Writes rows [r0, r1) of a payload of `rows` positions that starts at position pos0.
   void write_kv(int seq, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1);
   // The recurrent state of one sequence, all recurrent layers (each: conv state then SSM state):
-  // rec_floats() floats (0 without recurrent layers).
-  size_t rec_floats() const { return rec_layers_.size() * (conv_floats_ + ssm_floats_); }
+  // rec_floats() floats (0 without recurrent layers), then with MTP the slot's hidden state (E floats).
+  size_t rec_floats() const { return rec_layers_.size() * (conv_floats_ + ssm_floats_) + size_t(opt_.mtp ? n_embd_ : 0); }
   void read_rec(int seq, float* out) const;
   void write_rec(int seq, const float* in);
 
@@ -149,6 +163,7 @@ class Memory {
   // Contiguous view of positions [p0, p0 + n) of slot seq of a K/V cache.
   static backend::Tensor kv_rows(const backend::Tensor& cache, int seq, int64_t p0, int64_t n);
   static backend::Tensor slot(const backend::Tensor& state, int seq);  // contiguous view of one slot
+  backend::Tensor mtp_col(int slot) const;                              // column of mtp_h_
   void sync() const;
 
   MemoryOptions opt_;
@@ -159,7 +174,10 @@ class Memory {
   std::vector<int64_t> attn_layers_, rec_layers_;
   std::unique_ptr<backend::Device> host_;  // for host layers (created lazily in create())
   std::vector<std::pair<backend::Device*, std::unique_ptr<backend::Stream>>> streams_;
-  std::vector<Layer> layers_;              // [n_layer] (empty dev for none)
+  std::vector<Layer> layers_;              // [n_layer (+ 1 with MTP)] (empty dev for none)
+  int64_t n_embd_ = 0;
+  std::unique_ptr<backend::Buffer> mtp_buf_;  // MTP: mtp_h_ on layers_[n_layer]'s device
+  backend::Tensor mtp_h_;
   std::vector<int64_t> pos_;
   std::vector<std::vector<int>> rec_phys_;  // [n_seq][1 + n_spec]: [0] the current slot, then the keep slots
 };

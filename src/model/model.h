@@ -6,7 +6,8 @@
 //   GPU layers (uploaded once in load_model()).
 // Placement (LoadOptions::n_gpu_layers, llama.cpp's -ngl): the last n_gpu_layers trunk layers run
 //   on the GPU, the output norm and matrix too when n_gpu_layers > n_layer; token_embd (get_rows on
-//   the token ids) and the MTP blocks stay on the host.
+//   the token ids) stays on the host; the MTP blocks go where the output does with LoadOptions::mtp
+//   (nextn.embed_tokens stays on the host), else they stay on the host.
 // Must not: hold per-sequence state (model/memory.h) or scratch (model/context.h); see requests.
 // Loading: every tensor the architecture needs is checked for name, type and shape; errors name
 //   the file and the tensor. An MTP block (qwen35*) is bound into `mtp`, not run. Tensors the
@@ -90,6 +91,7 @@ struct LoadOptions {
   // loads on the CPU (one log line says why, unless auto).
   int n_gpu_layers = 0;
   int main_gpu = 0;  // the CUDA device (ordinal) of the GPU layers
+  bool mtp = false;  // the MTP block will run (--spec-type draft-mtp): placed with the output
   // Called with (tensors checked, total) while validating; optional.
   std::function<void(size_t, size_t)> progress;
 };

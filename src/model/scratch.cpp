@@ -13,7 +13,7 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
   auto i32 = [&](int64_t n) { return A.reserve_tensor(gguf::GgmlType::I32, {std::max<int64_t>(n, 1), 1, 1, 1}); };
   p.x = f32(E);                                          // [E, B]
   if (role.host) p.tok = i32(B);                         // [B]
-  if (role.layers) {
+  if (role.layers || role.mtp) {
     p.cur = f32(E);                                      // [E, B]
     p.tmp = f32(E);                                      // [E, B]
     p.q = f32((hybrid ? 2 : 1) * D * c.n_head);          // [(2)*D*Hq, B]
@@ -48,6 +48,18 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
     p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});  // [E, n_out_max]
     if (!role.host)                                      // [V, n_out_max] (host: Context's `logits`)
       p.logits = A.reserve_tensor(gguf::GgmlType::F32, {c.n_vocab, n_out_max, 1, 1});
+  }
+  if (role.mtp) {
+    p.emb = f32(E);                                      // [E, B]
+    p.hall = f32(E);                                     // [E, B]
+    p.hprev = A.reserve_tensor(gguf::GgmlType::F32, {E, B + 1, 1, 1});  // [E, B + 1]
+    p.cat = f32(2 * E);                                  // [2E, B]
+    p.hsrc = i32(B);
+    p.hshift = i32(B);
+    p.hdst = i32(B);
+    p.hzero = i32(B);
+    p.dids = i32(n_out_max);
+    p.dprob = A.reserve_tensor(gguf::GgmlType::F32, {std::max<int64_t>(n_out_max, 1), 1, 1, 1});
   }
 }
 

@@ -29,11 +29,17 @@ struct ScratchPlan {
   size_t pos = kNone, seq = kNone, tok = kNone, mpos = kNone;
   size_t rseq = kNone, keep = kNone;  // hybrid: recurrent state slot and keep slot per token (Memory::rec_slot)
   size_t out_idx = kNone, hidden = kNone, logits = kNone;
+  // MTP (ContextOptions::mtp, on the output's device): embeddings [E, B], normed hidden states [E, B],
+  // previous hidden states [E, B + 1], the eh_proj input [2E, B], I32 [B] indices.
+  size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hsrc = kNone, hshift = kNone, hdst = kNone,
+         hzero = kNone;
+  size_t dids = kNone, dprob = kNone;  // MTP drafts: each row's argmax and its probability [n_out_max]
 };
 
 // What runs on a device: the host (token ids, embeddings), trunk layers, the output (norm + matrix).
 struct ScratchRole {
   bool host = false, layers = false, output = false;
+  bool mtp = false;  // the MTP block runs here (with `output`): a layer's activations and its own inputs
 };
 
 // Reserves one device's scratch in A (the residual stream always; block activations and per-token

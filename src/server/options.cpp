@@ -356,7 +356,7 @@ const std::vector<Opt>& table() {
     add_int({"--spec-ngram-size-n"}, env_of("SPEC_NGRAM_SIZE_N"), "N", "ngram-simple: the n-gram length matched (default 3)", 1,
             64, [](ServerOptions& so, int64_t x) { so.engine.spec.ngram_n = int(x); });
     add({"-md", "--model-draft", "--spec-draft-model"}, env_of("SPEC_DRAFT_MODEL"), "FNAME",
-        "draft model for --spec-type draft-simple (not supported yet: the server refuses it at load)",
+        "draft model for --spec-type draft-simple (the target's vocabulary)",
         [](ServerOptions& so, const std::string& v, const std::string&) -> Status {
           so.engine.spec.model_draft = v;
           return {};

@@ -247,6 +247,26 @@ TEST(Ops, TopkRouting) {
   EXPECT_FLOAT_EQ(w[0], 0.5f);
 }
 
+// k = 1 over a vocabulary-sized row (> 4096 entries: the MTP drafter's argmax): the first maximum
+// and its softmax probability.
+TEST(Ops, TopkRouteArgmaxOverAVocabulary) {
+  const int64_t V = 50000, T = 3;
+  auto l = randv(size_t(V * T), 22, -6, 6);
+  l[size_t(V + 777)] = 9.f, l[size_t(V + 901)] = 9.f;  // row 1: a tie, the lower id wins
+  std::vector<int32_t> id(static_cast<size_t>(T));
+  std::vector<float> w(static_cast<size_t>(T));
+  topk_route(l.data(), V, T, 1, false, 1.f, id.data(), w.data());
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = l.data() + t * V;
+    const int64_t best = std::max_element(r, r + V) - r;
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(r[v]) - double(r[best]));
+    EXPECT_EQ(id[size_t(t)], int32_t(best)) << t;
+    EXPECT_NEAR(w[size_t(t)], 1.0 / sum, 1e-7) << t;
+  }
+  EXPECT_EQ(id[1], 777);
+}
+
 namespace {
 struct Cache {
   std::vector<uint8_t> k, v;

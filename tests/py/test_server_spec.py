@@ -1,8 +1,10 @@
 """Speculative decoding through `kiln serve` (issue 16): `--spec-type ngram-simple` on a generated
 hybrid model (tiny-qwen35) gives the same greedy text as a server without it, and reports the drafts
 in `timings` (draft_n, draft_n_accepted), `/slots` and `/metrics` (llama-server's names); the
-synthetic-acceptance flags warn at startup and accept what the rates say; the not-implemented spec
-types and bad values are refused with the flag named."""
+synthetic-acceptance flags warn at startup and accept what the rates say; `--spec-type draft-mtp` on a
+model with an MTP block (tiny-qwen35-mtp) and `--spec-type draft-simple -md` (the target's own file)
+give the plain text too; draft-mtp without an MTP block, draft-simple with a missing draft file and bad
+values are refused with the flag named."""
 import subprocess
 
 import pytest
@@ -48,6 +50,22 @@ def test_ngram_simple_equals_plain_and_reports_drafts(kiln_bin, model):
         assert "speculative decoding: ngram-simple" in s.log_text()
 
 
+@pytest.mark.parametrize("kind", ["draft-mtp", "draft-simple"])
+def test_model_drafters_equal_plain(kiln_bin, work_dir, kind):
+    target = gen_model(kiln_bin, work_dir, "tiny-qwen35-mtp")
+    with KilnServer(kiln_bin, target, ["-c", "4096"]) as s:
+        plain = complete(s.url, prompt="a b c d e f g")
+    extra = ["-md", str(target)] if kind == "draft-simple" else []
+    args = ["-c", "4096", "--spec-type", kind, "--spec-draft-p-min", "0", *extra]
+    with KilnServer(kiln_bin, target, args) as s:
+        out = complete(s.url, prompt="a b c d e f g")
+        assert out["content"] == plain["content"]
+        assert out["timings"]["draft_n"] > 0, out["timings"]
+        if kind == "draft-simple":  # the target's own greedy drafts
+            assert out["timings"]["draft_n_accepted"] > 0, out["timings"]
+        assert f"speculative decoding: {kind}" in s.log_text()
+
+
 def test_synthetic_rates_warn_and_accept_nothing(kiln_bin, model):
     # Rates of zero: every draft is rejected, so the output is the model's own (llama.cpp's test).
     with KilnServer(kiln_bin, model, ["-c", "4096"]) as s:
@@ -63,8 +81,9 @@ def test_synthetic_rates_warn_and_accept_nothing(kiln_bin, model):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--spec-type", "draft-simple", "-md", "x.gguf"], "draft-simple"),
-    (["--spec-type", "draft-mtp"], "draft-mtp"),
+    (["--spec-type", "draft-simple", "-md", "x.gguf"], "x.gguf"),  # no such draft file
+    (["--spec-type", "draft-simple"], "-md"),
+    (["--spec-type", "draft-mtp"], "draft-mtp"),  # tiny-qwen35 has no MTP block
     (["--spec-type", "ngram-simple", "--spec-synth-len", "9"], "--spec-synth-len"),
     (["--spec-type", "ngram-simple", "--spec-synth-rates", "0.2,0.5,0.1"], "--spec-synth-rates"),
     (["--spec-synth-len", "2"], "requires --spec-type"),

@@ -6,6 +6,9 @@
 // Sequences (separated by ';') are decoded together: each batch holds up to --chunk tokens of
 // every unfinished sequence (so prefill chunks of several sequences share a batch). Output rows
 // are all positions of sequence 0, then sequence 1, ...: float32 [n_rows, n_vocab].
+// --mtp (qwen35* with an MTP block): the MTP block's logits instead — row p is its prediction from
+// token p paired with the trunk's hidden state of token p - 1 (zeros for p = 0), one draft step
+// (Context::mtp_draft) after decoding tokens 0..p-1 with the MTP catch-up; sequences one at a time.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -78,6 +81,8 @@ int cmd_logits(int argc, char** argv) {
   flags.add(app, "K cache type", "V cache type");  // no --load-mode: always mmap
   app.add_option("--chunk", chunk, "tokens per sequence per batch");
   app.add_option("--delta-chunk", delta_chunk, "runs of >= N tokens use the chunked gated delta rule (0: never)");
+  bool mtp = false;
+  app.add_flag("--mtp", mtp, "the MTP block's logits (row p: token p with the hidden state of token p - 1)");
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -89,6 +94,7 @@ int cmd_logits(int argc, char** argv) {
   model::ContextOptions co;
   auto lm = flags.resolve(mo, co);
   if (!lm) return fail(lm.error());
+  lm->mtp = mtp;
   auto m = tools::load_model_cli(model_path, *lm, false);
   if (!m) return fail(m.error());
   std::vector<std::vector<int32_t>> seqs;
@@ -108,6 +114,7 @@ int cmd_logits(int argc, char** argv) {
   if (chunk <= 0) return fail(err("--chunk must be positive"));
   mo.n_ctx = ctx > 0 ? ctx : longest;
   mo.n_seq = int(seqs.size());
+  mo.mtp = co.mtp = mtp;
   auto mem = model::Memory::create(**m, mo);
   if (!mem) return fail(mem.error());
   co.n_batch = chunk * int64_t(seqs.size());
@@ -121,7 +128,19 @@ int cmd_logits(int argc, char** argv) {
   std::vector<int64_t> done(seqs.size(), 0);
   model::Batch b;
   std::vector<std::pair<size_t, int64_t>> rows;  // (seq, position) of each output row
-  for (;;) {
+  for (size_t i = 0; i < seqs.size() && mtp; ++i)
+    for (size_t p = 0; p < seqs[i].size(); ++p) {
+      const model::Context::MtpRow r{int32_t(i), seqs[i][p], 1};
+      std::vector<std::vector<int32_t>> drafted;
+      auto st = cx.mtp_draft(std::span(&r, 1), 0.f, **mem, drafted, /*keep_logits=*/true);
+      if (!st) return fail(st.error());
+      std::copy_n(cx.logits(0), V, out.data() + (row0[i] + int64_t(p)) * V);
+      b.clear();
+      b.add(seqs[i][p], int32_t(p), int32_t(i), false);
+      st = cx.decode(b, **mem);
+      if (!st) return fail(st.error());
+    }
+  for (; !mtp;) {
     b.clear();
     rows.clear();
     for (size_t i = 0; i < seqs.size(); ++i) {

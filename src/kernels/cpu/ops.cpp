@@ -325,8 +325,21 @@ void select_topk(const float* score, int64_t n, int k, int32_t* id) {
 
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
-  KILN_CHECK(k >= 1 && k <= n_expert && n_expert <= 4096, "topk_route: k {} vs n_expert {}", k, n_expert);
+  KILN_CHECK(k >= 1 && k <= n_expert && (n_expert <= 4096 || k == 1), "topk_route: k {} vs n_expert {}", k, n_expert);
   const cpu::Table& T = cpu::table();
+  if (n_expert > 4096) {
+    // k = 1 over a vocabulary (the MTP drafter's argmax, model/mtp.cpp): the first maximum and its
+    // softmax probability (the sum of exp in double), scaled unless renorm (then 1) — not a router.
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float* l = logits + t * n_expert;
+      const int64_t best = std::max_element(l, l + n_expert) - l;
+      double sum = 0;
+      for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(double(l[e]) - double(l[best]));
+      ids[t] = int32_t(best);
+      weights[t] = (renorm ? 1.0f : float(1.0 / sum)) * w_scale;
+    }
+    return;
+  }
   if (T.ggml_softmax_exp) {
     // llama.cpp's build_moe_ffn (softmax gating) in ggml's arithmetic: p = soft_max(logits) (vector
     // exp, sum in double, times float(1/sum)); top k of p by argsort, descending (ties: lower id);

@@ -91,6 +91,18 @@ std::vector<Preset> make_presets() {
     s.n_ctx = 8192;
     p.push_back({"tiny-qwen35moe", "4-layer qwen35moe, 4 experts (2 used) + shared expert, E=256, vocab 1024", s});
   }
+  {  // the same two with one MTP block (blk.4.nextn.*: --spec-type draft-mtp tests)
+    const size_t q = p.size() - 2, qm = p.size() - 1;
+    Preset a = p[q], b = p[qm];
+    a.name = "tiny-qwen35-mtp";
+    a.description = "tiny-qwen35 with one MTP block";
+    a.spec.n_mtp = 1;
+    b.name = "tiny-qwen35moe-mtp";
+    b.description = "tiny-qwen35moe with one MTP block";
+    b.spec.n_mtp = 1;
+    p.push_back(a);
+    p.push_back(b);
+  }
   p.push_back({"qwen35-0.8b", "Qwen3.5-0.8B shapes (24 layers, E=1024, tied)",
                qwen35_spec("kiln qwen35 0.8B", 248320, 1024, 24, 8, 2, 256, 3584, 16, 16, 128, true)});
   p.push_back({"qwen35-9b", "Qwen3.5-9B shapes (32 layers, E=4096)",

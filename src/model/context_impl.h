@@ -1,0 +1,88 @@
+// model/context_impl.h — internal to src/model: Context::Impl (per-device streams, Arenas and
+//   activation views, the per-batch host state), shared by context.cpp (the trunk's step) and
+//   mtp.cpp (the MTP block's catch-up rows and drafts). Not included outside src/model.
+// Threading: as Context (one thread at a time).
+#pragma once
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "model/blocks.h"
+#include "model/scratch.h"
+
+namespace kiln::model {
+
+constexpr int64_t kGraphMaxTokens = 64;  // steps of at most this many tokens are recorded as graphs
+
+struct Run {  // validation only: consecutive tokens of one sequence
+  int32_t seq = 0;
+  int64_t t0 = 0, n = 0;
+  int32_t pos0 = 0;
+};
+
+using Plan = ScratchPlan;
+
+struct Context::Impl {
+  struct Dev {
+    backend::Device* dev = nullptr;  // the host: Impl::host
+    std::unique_ptr<backend::Stream> st;
+    backend::Arena arena;
+    Plan plan;
+    bool layers = false, output = false;
+    bool mtp = false;  // ContextOptions::mtp: the MTP block runs here (the output's device)
+    size_t ws = 0;  // workspace reserved
+    // Views for the current batch.
+    Act a;
+    Tensor tok;                   // I32 [T] (host only)
+    Tensor out_idx;               // I32 [n_out]: batch index of each output row
+    Tensor hidden;                // [E, n_out]
+    Tensor logits;                // [V, n_out]
+    // MTP (model/mtp.cpp): the step's token embeddings, the trunk's normed hidden states, each
+    // token's previous hidden state (+ a scratch column), the eh_proj input, and I32 [T] indices.
+    Tensor emb, hall, hprev, cat, hsrc, hshift, hdst, hzero;
+    Tensor dids, dprob;  // draft steps: I32 [1, n_out] argmax and F32 [1, n_out] its probability
+  };
+
+  const Model& m;
+  const ModelConfig& c;
+  const ContextOptions& opt;
+  int64_t n_out_max = 0;
+  std::unique_ptr<backend::Device> host;  // on the Context's pool
+  std::vector<Dev> devs;                  // [0]: the host
+  std::vector<int> layer_dev;             // [n_layer]: index into devs
+  int out_dev = 0;
+  bool graph_step = false;  // every layer and the output on devs[1]
+  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
+  const Memory* graph_mem = nullptr;  // the Memory the graphs write
+  bool graphs_unsupported = false;
+  int64_t n_kv_reserved = 0;
+
+  // Per-batch host state.
+  std::vector<Run> runs;
+  std::vector<int32_t> tok_ids;   // Batch::token with image tokens' ids replaced by 0
+  std::vector<int32_t> mpos;      // [4, T] M-RoPE streams from Batch::mpos
+  std::vector<int32_t> out_idx;
+  std::vector<int32_t> rseq, keep;          // hybrid: per token, Memory::rec_slot / rec_keep_slot (-1)
+  std::vector<float> logits;                // [V, n_out_max]
+  std::vector<float> embd;                  // [E, n_out_max] with ContextOptions::embeddings
+  std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
+  std::vector<int32_t> hsrc, hshift, hdst, hzero;  // MTP: per token (mtp.cpp)
+
+  Impl(const Model& model, ThreadPool& pool, const ContextOptions& o);
+  int dev_index(backend::Device& d);
+  void plan(Dev& d);
+  void reserve(Dev& d);
+  void bind(Dev& d, int64_t T, int64_t n_out);
+  bool fused_with_next(int64_t il) const;
+  void run_layer(Dev& d, int64_t il, Memory& mem, int64_t T);
+  void run_output(Dev& d, int64_t T, int64_t n_out);
+  void move_x(Dev& from, Dev& to, int64_t T);
+  // MTP (mtp.cpp): the per-token indices of a batch (host), and the catch-up rows on the output
+  // device after the trunk (x there: the residual stream).
+  Status mtp_prepare(const Batch& b, const Memory& mem);
+  void reserve_attention(const Memory& mem);  // attention workspaces for mem's context length
+  void mtp_catchup(Dev& d, Memory& mem, int64_t T);
+};
+
+}  // namespace kiln::model

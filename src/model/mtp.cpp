@@ -1,0 +1,179 @@
+// model/mtp.cpp — the MTP (nextn) block of qwen35 / qwen35moe as a drafter (--spec-type draft-mtp):
+//   the block itself (mtp_block), its catch-up rows inside every decode (Context::Impl::mtp_prepare /
+//   mtp_catchup) and the greedy draft (Context::mtp_draft).
+// Math as llama.cpp's qwen35 graph_mtp (facts from its source; notes in docs/engine.md):
+//   for the token x_p at position p and h_{p-1}, the trunk's hidden state of the token before it
+//   AFTER the output norm (llama.cpp's t_h_nextn; zeros before the first token):
+//     c = concat(RMSNorm(e(x_p)) * enorm, RMSNorm(h_{p-1}) * hnorm)       (the embedding first; 2E)
+//     u = eh_proj · c;  u += GatedAttn(RMSNorm(u) * attn_norm) (own KV, position p);
+//     u += FFN(RMSNorm(u) * post_attention_norm)                          (dense, or the MoE set)
+//     h' = RMSNorm(u) * (nextn.shared_head_norm or output_norm);  logits = (shared_head_head or output) · h'
+//   e = nextn.embed_tokens or token_embd. A draft feeds h' back as the next step's h.
+// Catch-up: the MTP's KV must hold a row for every position of the sequence, computed with the
+//   trunk's hidden states. Each decode (ContextOptions::mtp) therefore runs the block over all of its
+//   tokens after the trunk, pairing token t with the hidden state of token t - 1 of its run, or, for
+//   a run's first token, with the sequence's stored one (Memory::mtp_h at the recurrent slot); then
+//   the run's last hidden state is stored there (a speculative verify run's kept tokens: at their
+//   keep slots, so Memory::seq_accept's slot swap also picks the hidden state of the last accepted
+//   token). Prefix-cache snapshots and slot files carry it as part of the recurrent state.
+// Drafts: rows [sampled token, stored h] at the sequence's next position, then each drafted token
+//   with the block's own h', k times; the KV rows written past seq_pos are overwritten by the next
+//   decode's catch-up. Only Stream ops on the output's device; between draft steps the host reads
+//   each row's drafted id and its probability (the argmax on the device: topk_route with k = 1; the
+//   probability for --spec-draft-p-min) and gathers the next token's embedding (token_embd stays
+//   on the host).
+// Must not: sample with the request's sampler or touch seq_pos. Threading: as Context.
+#include <algorithm>
+#include <cmath>
+
+#include "model/context_impl.h"
+
+namespace kiln::model {
+
+using backend::Binary;
+using backend::DeviceType;
+
+// u = eh_proj · [enorm(e); hnorm(h)], then the block (gated attention at il + FFN) on u (in place).
+void mtp_block(const Step& s, const LayerWeights& L, int64_t il, Memory& mem, const Tensor& emb, const Tensor& hprev,
+               const Tensor& cat, const Tensor& u) {
+  const ModelConfig& c = s.c;
+  const int64_t E = c.n_embd, T = s.T;
+  const Tensor ce = rows_view(cat, E, T, 1, 2 * E, 2 * E * T), ch = rows_view(cat, E, T, 1, 2 * E, 2 * E * T, E);
+  s.st.rms_norm(dense_view(emb, E, T), &L.nextn_enorm.t, ce, c.rms_eps);
+  s.st.rms_norm(dense_view(hprev, E, T), &L.nextn_hnorm.t, ch, c.rms_eps);
+  s.st.matmul(L.nextn_eh_proj.t, dense_view(cat, 2 * E, T), dense_view(u, E, T));
+  s.st.rms_norm(u, &L.attn_norm.t, s.a.cur, c.rms_eps);
+  gated_attention(s, L, il, mem);
+  s.st.add_rms_norm(u, s.a.tmp, &L.ffn_norm.t, s.a.cur, c.rms_eps);
+  if (c.arch == Arch::Qwen35Moe) moe_ffn(s, L);
+  else dense_ffn(s, L);
+  s.st.binary(Binary::Add, u, s.a.tmp, u);
+}
+
+namespace {
+// A contiguous F32 [ne0, 1, n, 1] view at t's buffer and offset (kv_store's rows / cache shape).
+Tensor as_rows(const Tensor& t, int64_t ne0, int64_t n) {
+  return Tensor::make(t.buf, t.offset, gguf::GgmlType::F32, {ne0, 1, n, 1});
+}
+}  // namespace
+
+Status Context::Impl::mtp_prepare(const Batch& b, const Memory& mem) {
+  if (!mem.has_mtp()) return err("the context runs the MTP block (ContextOptions::mtp) but the memory has no MTP layer "
+                                 "(MemoryOptions::mtp)");
+  const int64_t T = b.size();
+  hsrc.assign(size_t(T), 0);
+  hshift.assign(size_t(T), int32_t(T));
+  hdst.assign(size_t(T), mem.mtp_h_scratch());
+  hzero.assign(size_t(T), 0);
+  for (const Run& r : runs)
+    for (int64_t i = 0; i < r.n; ++i) {
+      const size_t t = size_t(r.t0 + i);
+      hsrc[t] = mem.rec_slot(r.seq);
+      if (i + 1 < r.n) hshift[t] = int32_t(t + 1);
+      if (i + 1 == r.n) hdst[t] = mem.rec_slot(r.seq);
+      else if (!keep.empty() && keep[t] >= 0) hdst[t] = keep[t];  // keep: empty without keep slots
+    }
+  return {};
+}
+
+// After the trunk, on the output's device d (x: the residual stream of the T tokens).
+void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
+  const int64_t E = c.n_embd;
+  backend::Stream& st = *d.st;
+  const LayerWeights& L = m.mtp[0];
+  // The trunk's hidden states after the output norm (llama.cpp's t_h_nextn), every token.
+  st.rms_norm(d.a.x, &m.output_norm.t, d.hall, c.rms_eps);
+  // Each token's previous hidden state: the stored one (run starts), then the run's own shifted by one.
+  const Tensor& mh = mem.mtp_h();
+  st.get_rows(mh, d.hsrc, dense_view(d.hprev, E, T));
+  st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hshift, as_rows(d.hprev, E, T + 1));
+  const Step s{st, d.a, c, opt, T};
+  mtp_block(s, L, c.n_layer, mem, d.emb, d.hprev, d.cat, d.a.x);
+  // Each run's last hidden state (and a verify run's kept ones) into the sequence's slots.
+  st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hdst, as_rows(mh, E, mh.ne[1]));
+}
+
+Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem,
+                          std::vector<std::vector<int32_t>>& out, bool keep_logits) {
+  Impl& s = *impl_;
+  const ModelConfig& c = model_.config();
+  const int64_t E = c.n_embd, V = c.n_vocab, n = int64_t(rows.size());
+  out.assign(rows.size(), {});
+  n_out_ = 0;
+  if (n == 0) return {};
+  if (!opt_.mtp || model_.mtp.empty()) return err("mtp_draft: the context was created without ContextOptions::mtp");
+  if (!mem.has_mtp()) return err("mtp_draft: the memory has no MTP layer (MemoryOptions::mtp)");
+  if (n > opt_.n_batch || n > s.n_out_max)
+    return err("mtp_draft: {} rows exceed the context's batch {} / outputs {}", n, opt_.n_batch, s.n_out_max);
+  for (const MtpRow& r : rows) {
+    if (r.seq < 0 || r.seq >= mem.n_seq()) return err("mtp_draft: sequence {} outside [0, {})", r.seq, mem.n_seq());
+    if (r.token < 0 || r.token >= V) return err("mtp_draft: token {} outside the vocabulary", r.token);
+    if (mem.seq_pos(r.seq) + r.n_max > mem.n_ctx())
+      return err("mtp_draft: sequence {}: {} draft positions after {} exceed the context size {}", r.seq, r.n_max,
+                 mem.seq_pos(r.seq), mem.n_ctx());
+  }
+  s.reserve_attention(mem);
+  const LayerWeights& L = model_.mtp[0];
+  const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t;
+  const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : model_.output_norm.t;
+  const Tensor& head = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : model_.output.t;
+  Impl::Dev& h = s.devs[0];
+  Impl::Dev& o = s.devs[size_t(s.out_dev)];
+  std::vector<int> act, prev;  // active rows (indices into `rows`), and the previous step's
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].n_max > 0) act.push_back(int(i));
+  std::vector<int32_t> tok(rows.size()), pos, seq, src;
+  for (size_t i = 0; i < rows.size(); ++i) tok[i] = rows[i].token;
+  for (int j = 0; !act.empty(); ++j) {
+    const int64_t T = int64_t(act.size()), T_prev = int64_t(prev.size());
+    pos.clear(), seq.clear(), src.clear();
+    std::vector<int32_t> ids;
+    for (size_t a = 0; a < act.size(); ++a) {
+      const MtpRow& r = rows[size_t(act[a])];
+      ids.push_back(tok[size_t(act[a])]);
+      pos.push_back(int32_t(mem.seq_pos(r.seq) + j));
+      seq.push_back(r.seq);
+      // Step 0: the stored hidden state; then the row's own h' of the previous step.
+      src.push_back(j == 0 ? mem.rec_slot(r.seq)
+                           : int32_t(std::find(prev.begin(), prev.end(), act[a]) - prev.begin()));
+    }
+    const Tensor prev_h = Tensor::make(o.hidden.buf, o.hidden.offset, gguf::GgmlType::F32, {E, std::max<int64_t>(T_prev, 1), 1, 1});
+    for (Impl::Dev& d : s.devs) s.bind(d, T, T);
+    h.st->upload(h.tok, ids.data(), size_t(T) * 4);
+    h.st->get_rows(table, h.tok, h.emb);
+    if (&o != &h) o.st->upload(o.emb, h.emb.host(), size_t(E * T) * sizeof(float));
+    o.st->upload(o.a.pos, pos.data(), size_t(T) * 4);
+    o.st->upload(o.a.seq, seq.data(), size_t(T) * 4);
+    o.st->upload(o.hsrc, src.data(), size_t(T) * 4);
+    o.st->get_rows(j == 0 ? mem.mtp_h() : prev_h, o.hsrc, dense_view(o.hprev, E, T));
+    const Step st{*o.st, o.a, c, opt_, T};
+    mtp_block(st, L, c.n_layer, mem, o.emb, o.hprev, o.cat, o.a.x);
+    o.st->rms_norm(o.a.x, &head_norm, o.hidden, c.rms_eps);
+    o.st->matmul(head, o.hidden, o.logits);
+    // Greedy on the device: each row's argmax and its probability under the full softmax
+    // (topk_route with k = 1); the host reads those two numbers per row.
+    o.st->topk_route(o.logits, 1, false, 1.0f, o.dids, o.dprob);
+    std::vector<int32_t> best_id(static_cast<size_t>(T));
+    std::vector<float> best_p(static_cast<size_t>(T));
+    o.st->download(best_id.data(), o.dids, size_t(T) * 4);
+    o.st->download(best_p.data(), o.dprob, size_t(T) * 4);
+    if (keep_logits && o.dev->type() != DeviceType::Cpu)
+      o.st->download(s.logits.data(), o.logits, size_t(V * T) * sizeof(float));
+    for (Impl::Dev& d : s.devs) d.st->synchronize();
+    n_out_ = keep_logits ? T : 0;  // logits(i): this step's row i (the last step's rows remain readable)
+    prev = act;
+    std::vector<int> next;
+    for (size_t a = 0; a < act.size(); ++a) {
+      const int32_t best = best_id[a];
+      const int r = act[a];
+      if (best_p[a] < p_min) continue;
+      out[size_t(r)].push_back(int32_t(best));
+      tok[size_t(r)] = int32_t(best);
+      if (int(out[size_t(r)].size()) < rows[size_t(r)].n_max) next.push_back(r);
+    }
+    act = std::move(next);
+  }
+  return {};
+}
+
+}  // namespace kiln::model
