@@ -1,0 +1,114 @@
+// The AVX-512 table's many-column ("tile") quantized mat-mul (kernels/cpu/tile_avx512.cpp,
+// Table::tile_mm): for Q4_0 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights, matmul with >= 8 columns
+// decodes 16 weight rows once and multiplies them with every column. Its outputs must be the bits
+// of the table's one-row dot (Table::vec_dot_q8, itself checked against scalar emulations of
+// ggml's orders in test_ggml_kquant / test_ggml_repack) on the same quantized columns, for every
+// shape: odd tile counts (n = 8 mod 16), column counts that are not a multiple of the kernels'
+// column chunks, padded strides, 1..3 threads. And it must be accurate: NMSE against the exact
+// product of the dequantized weights and the dequantized activation columns (double) <= 1e-11.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/cpu/dispatch.h"
+#include "tensor/quant.h"
+
+using namespace kiln;
+using namespace kiln::kernels;
+using namespace kiln::kernels::testing;
+
+namespace {
+
+constexpr GgmlType kTileTypes[] = {GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q8_0, GgmlType::Q4_K,
+                                   GgmlType::Q5_K, GgmlType::Q6_K,  GgmlType::IQ4_XS};
+
+struct Shape {
+  int64_t k, n, m;
+};
+
+// Y = W X through matmul (threads), and the two oracles. Weights with k values per row, w_stride
+// padded by 32 bytes; X and Y columns padded by 8 floats.
+void check(GgmlType t, Shape s, int threads, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << gguf::type_name(t) << " k=" << s.k << " n=" << s.n << " m=" << s.m
+                                  << " threads=" << threads);
+  const cpu::Table& T = cpu::table();
+  ASSERT_NE(T.tile_mm[cpu::type_index(t)], nullptr);
+  const size_t row = tensor::row_size(t, s.k), wst = row + 32;
+  const std::vector<float> wf = randv(size_t(s.k * s.n), seed, -1.f, 1.f);
+  const std::vector<uint8_t> w = weight_rows(t, wf.data(), s.k, s.n, wst, 0xa5);
+  const int64_t xs = s.k + 8, ys = s.n + 8;
+  std::vector<float> x = randv(size_t(xs * s.m), seed + 1, -2.f, 2.f);
+  for (int64_t c = 0; c < s.m; c += 5)  // some columns with one large value (coarse activation scales)
+    x[size_t(c * xs + (c * 7) % s.k)] = 40.f;
+  std::vector<float> y(size_t(ys * s.m), -1.f);
+  ThreadPool pool(threads);
+  run_matmul(matmul_args(t, w.data(), wst, s.k, s.n, s.m, x.data(), xs, y.data(), ys), pool);
+
+  // Oracle 1: the table's one-row dot on each column (the bits every column count must give).
+  const GgmlType at = cpu::act_type(t);
+  ActColumns act(T.quantize_act[cpu::type_index(at)], at, s.k, int(s.m), [&](int c) {
+    return std::vector<float>(x.begin() + c * xs, x.begin() + c * xs + s.k);
+  });
+  const cpu::VecDotQ8Fn vd = T.vec_dot_q8[cpu::type_index(t)];
+  // Oracle 2: the exact product of the dequantized operands.
+  std::vector<float> wd(size_t(s.k * s.n));
+  for (int64_t j = 0; j < s.n; ++j) tensor::dequantize_row(t, w.data() + size_t(j) * wst, wd.data() + j * s.k, s.k);
+  std::vector<float> got, want;
+  int64_t mismatches = 0;
+  for (int64_t c = 0; c < s.m; ++c) {
+    std::vector<float> xd(size_t(s.k));
+    tensor::dequantize_row(at, act.col(int(c)), xd.data(), s.k);
+    for (int64_t j = 0; j < s.n; ++j) {
+      float o;
+      vd(s.k, w.data() + size_t(j) * wst, act.col(int(c)), act.stride, 1, &o);
+      const float g = y[size_t(c * ys + j)];
+      uint32_t gb, ob;
+      std::memcpy(&gb, &g, 4);
+      std::memcpy(&ob, &o, 4);
+      if (gb != ob && ++mismatches <= 5)
+        ADD_FAILURE() << "column " << c << " row " << j << ": tile " << g << " vs vec_dot_q8 " << o;
+      double ref = 0;
+      for (int64_t i = 0; i < s.k; ++i) ref += double(wd[size_t(j * s.k + i)]) * xd[size_t(i)];
+      got.push_back(g);
+      want.push_back(float(ref));
+    }
+    for (int64_t j = s.n; j < ys; ++j) EXPECT_EQ(y[size_t(c * ys + j)], -1.f) << "padding of column " << c << " written";
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_LE(nmse(got, want), 1e-11);
+}
+
+TEST(TileMatmul, BitsOfTheOneRowDotEveryTypeAndShape) {
+  KILN_REQUIRE_AVX512("the tile mat-mul is an AVX-512 table entry");
+  const Shape shapes[] = {{256, 16, 8}, {512, 40, 13}, {768, 24, 33}, {1024, 8, 9}, {256, 72, 67}, {2048, 32, 17}};
+  uint32_t seed = 1;
+  for (GgmlType t : kTileTypes)
+    for (const Shape& s : shapes)
+      for (int threads : {1, 2, 3}) check(t, s, threads, seed++);
+}
+
+TEST(TileMatmul, BatchInvariantAcrossTheThreshold) {
+  // The same column gives the same bits alone (m = 1, the one-row / 8-row kernels), in a batch of 4
+  // (1..4-column kernels) and in a batch of 8 and 29 (the tile path).
+  KILN_REQUIRE_AVX512("the tile mat-mul is an AVX-512 table entry");
+  for (GgmlType t : kTileTypes) {
+    SCOPED_TRACE(gguf::type_name(t));
+    const int64_t k = 512, n = 48;
+    const std::vector<float> wf = randv(size_t(k * n), 77, -1.f, 1.f);
+    const std::vector<uint8_t> w = weight_rows(t, wf.data(), k, n);
+    const std::vector<float> x = randv(size_t(k * 29), 78, -1.f, 1.f);
+    ThreadPool pool(2);
+    auto run = [&](int64_t m) {
+      std::vector<float> y(size_t(n * m));
+      run_matmul(matmul_args(t, w.data(), tensor::row_size(t, k), k, n, m, x.data(), k, y.data(), n), pool);
+      return y;
+    };
+    const std::vector<float> y1 = run(1), y4 = run(4), y8 = run(8), y29 = run(29);
+    EXPECT_EQ(0, std::memcmp(y1.data(), y29.data(), size_t(n) * 4));
+    EXPECT_EQ(0, std::memcmp(y4.data(), y29.data(), size_t(4 * n) * 4));
+    EXPECT_EQ(0, std::memcmp(y8.data(), y29.data(), size_t(8 * n) * 4));
+  }
+}
+
+}  // namespace
