@@ -112,3 +112,52 @@ TEST(TileMatmul, BatchInvariantAcrossTheThreshold) {
 }
 
 }  // namespace
+
+namespace {
+
+// The SIMD Q8_K activation quantizer (x86 tables) against tensor's scalar reference (ggml's
+// quantize_row_q8_K_ref): every byte, on random blocks and on blocks built for the edge cases
+// (halves that round to even, a largest |x| that occurs with both signs, zeros, NaN, infinities).
+TEST(QuantizeQ8K, SimdBitsOfTheReference) {
+  IsaGuard guard;
+  std::vector<std::vector<float>> blocks;
+  for (uint32_t s = 0; s < 40; ++s) blocks.push_back(randv(256, 900 + s, -3.f, 3.f));
+  std::vector<float> b(256);
+  for (int i = 0; i < 256; ++i) b[size_t(i)] = float(i % 41 - 20) + 0.5f;  // iscale = 127/20.5... and exact halves below
+  blocks.push_back(b);
+  for (int i = 0; i < 256; ++i) b[size_t(i)] = float(i % 255 - 127) * 0.5f;
+  b[7] = -127.f;  // mx = -127: iscale = 1, every x.5 is a tie
+  blocks.push_back(b);
+  b.assign(256, 0.25f);
+  b[3] = 2.f;
+  b[9] = -2.f;  // the first of equal |x| decides the sign
+  blocks.push_back(b);
+  b[3] = -2.f;
+  b[9] = 2.f;
+  blocks.push_back(b);
+  blocks.emplace_back(256, 0.f);
+  b = randv(256, 5);
+  b[17] = std::nanf("");
+  blocks.push_back(b);
+  b[40] = INFINITY;
+  blocks.push_back(b);
+  b = randv(256, 6);
+  b[100] = -INFINITY;
+  blocks.push_back(b);
+  std::vector<float> x;
+  for (const auto& v : blocks) x.insert(x.end(), v.begin(), v.end());
+  const int64_t k = int64_t(x.size());
+  std::vector<uint8_t> want(tensor::row_size(GgmlType::Q8_K, k));
+  tensor::quantize_row(GgmlType::Q8_K, x.data(), want.data(), k);
+  if (!isa_supported(CpuIsa::Avx2)) GTEST_SKIP() << "no AVX2: the SIMD quantizer is an x86 table entry";
+  for (CpuIsa isa : {CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (!set_isa(isa)) continue;
+    SCOPED_TRACE(isa_name(isa));
+    std::vector<uint8_t> got(want.size(), 0xcd);
+    cpu::table().quantize_act[cpu::type_index(GgmlType::Q8_K)](x.data(), k, got.data());
+    for (size_t blk = 0; blk < blocks.size(); ++blk)
+      EXPECT_EQ(0, std::memcmp(got.data() + blk * 292, want.data() + blk * 292, 292)) << "block " << blk;
+  }
+}
+
+}  // namespace
