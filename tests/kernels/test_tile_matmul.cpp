@@ -1,5 +1,5 @@
 // The AVX-512 table's many-column ("tile") quantized mat-mul (kernels/cpu/tile_avx512.cpp,
-// Table::tile_mm): for Q4_0 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights, matmul with >= 8 columns
+// Table::tile_mm): for Q4_0 Q4_1 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights, matmul with >= 8 columns
 // decodes 16 weight rows once and multiplies them with every column. Its outputs must be the bits
 // of the table's one-row dot (Table::vec_dot_q8, itself checked against scalar emulations of
 // ggml's orders in test_ggml_kquant / test_ggml_repack) on the same quantized columns, for every
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/fp16.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/dispatch.h"
 #include "tensor/quant.h"
@@ -20,8 +21,19 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-constexpr GgmlType kTileTypes[] = {GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::Q8_0, GgmlType::Q4_K,
+constexpr GgmlType kTileTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::IQ4_NL, GgmlType::Q8_0, GgmlType::Q4_K,
                                    GgmlType::Q5_K, GgmlType::Q6_K,  GgmlType::IQ4_XS};
+
+// One quantized activation column back to floats (tensor has no Q8_1 dequantizer: d * qs by hand).
+void dequantize_act(GgmlType at, const uint8_t* a, float* x, int64_t k) {
+  if (at != GgmlType::Q8_1) return tensor::dequantize_row(at, a, x, k);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    uint16_t h;
+    std::memcpy(&h, a + 36 * b, 2);
+    const float d = fp16_to_f32(h);
+    for (int e = 0; e < 32; ++e) x[32 * b + e] = d * float(int8_t(a[36 * b + 4 + e]));
+  }
+}
 
 struct Shape {
   int64_t k, n, m;
@@ -58,7 +70,7 @@ void check(GgmlType t, Shape s, int threads, uint32_t seed) {
   int64_t mismatches = 0;
   for (int64_t c = 0; c < s.m; ++c) {
     std::vector<float> xd(size_t(s.k));
-    tensor::dequantize_row(at, act.col(int(c)), xd.data(), s.k);
+    dequantize_act(at, act.col(int(c)), xd.data(), s.k);
     for (int64_t j = 0; j < s.n; ++j) {
       float o;
       vd(s.k, w.data() + size_t(j) * wst, act.col(int(c)), act.stride, 1, &o);
@@ -69,7 +81,24 @@ void check(GgmlType t, Shape s, int threads, uint32_t seed) {
       if (gb != ob && ++mismatches <= 5)
         ADD_FAILURE() << "column " << c << " row " << j << ": tile " << g << " vs vec_dot_q8 " << o;
       double ref = 0;
-      for (int64_t i = 0; i < s.k; ++i) ref += double(wd[size_t(j * s.k + i)]) * xd[size_t(i)];
+      if (t == GgmlType::Q4_1) {
+        // ggml's Q4_1 x Q8_1 formula takes the column's stored s = fp16(d * sum(qs)) for the offset
+        // term: exact here with that s, d_w*d_x*sum(q*qx) + m_w*s per block.
+        const uint8_t* wr = w.data() + size_t(j) * wst;
+        const uint8_t* ac = act.col(int(c));
+        for (int64_t b = 0; b < s.k / 32; ++b) {
+          const uint8_t* wb = wr + 20 * b;
+          const uint8_t* xb = ac + 36 * b;
+          uint16_t h[4];
+          std::memcpy(h, wb, 4);
+          std::memcpy(h + 2, xb, 4);
+          int64_t is = 0;
+          for (int e = 0; e < 32; ++e) is += int64_t(e < 16 ? wb[4 + e] & 15 : wb[4 + e - 16] >> 4) * int8_t(xb[4 + e]);
+          ref += double(fp16_to_f32(h[0])) * fp16_to_f32(h[2]) * double(is) + double(fp16_to_f32(h[1])) * fp16_to_f32(h[3]);
+        }
+      } else {
+        for (int64_t i = 0; i < s.k; ++i) ref += double(wd[size_t(j * s.k + i)]) * xd[size_t(i)];
+      }
       got.push_back(g);
       want.push_back(float(ref));
     }

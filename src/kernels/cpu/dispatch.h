@@ -91,7 +91,8 @@ using TileSideFn = void (*)(int64_t k, const void* act, void* side);
 inline size_t tile_side_bytes(gguf::GgmlType w, int64_t k) {
   using T = gguf::GgmlType;
   const size_t b = w == T::Q8_0 ? size_t(k / 32) * 36
-                   : act_type(w) == T::Q8_0 ? size_t(k / 32) * 8 : act_type(w) == T::Q8_K ? size_t(k / 256) * 64 : 0;
+                   : w == T::Q4_1 || act_type(w) == T::Q8_0 ? size_t(k / 32) * 8
+                   : act_type(w) == T::Q8_K ? size_t(k / 256) * 64 : 0;
   return (b + 63) & ~size_t(63);
 }
 // Decoded tile of 16 rows: at most 24 bytes per element of a row (Q6_K: 22.5).

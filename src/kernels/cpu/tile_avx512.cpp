@@ -1,5 +1,5 @@
 // kernels/cpu/tile_avx512.cpp — the AVX-512 table's many-column ("tile") quantized mat-mul:
-//   Q4_0 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights against ggml-quantized activation columns.
+//   Q4_0 Q4_1 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights against ggml-quantized activation columns.
 // Owns: the tile layout (16 weight rows decoded once into vpdpbusd order), the per-column side data
 //   (activation scales and offset sums), and the kernels that multiply a decoded tile with many
 //   columns. The results are the bits of the table's vec_dot_q8 entry for each type (the same
@@ -20,8 +20,9 @@
 //
 // Float steps, per output (lane = row, one vector per column), as the vec_dot_q8 entries:
 //   Q4_0 IQ4_NL (ggml's repacked gemm): acc = fma(float(isum), d_w*d_x, acc) per block.
-//   Q8_0 (ggml_vec_dot, one chain of 8 lanes): lane l of the block = the products of elements
-//        4l..4l+3: acc_l = fma(d_w*d_x, float(isum_l), acc_l); hsum_float_8's tree; + 0.
+//   Q8_0 Q4_1 (ggml_vec_dot, one chain of 8 lanes): lane l of the block = the products of elements
+//        4l..4l+3: acc_l = fma(d_w*d_x, float(isum_l), acc_l); hsum_float_8's tree; + corr (Q4_1:
+//        corr = fma(m_w, s_x, corr) per block; Q8_0: 0).
 //   Q4_K (ggml's repacked gemm): per pair of sub-blocks acc = fma(float(S), d_w*d_x, acc),
 //        accm = fma(float(M), dmin_w*d_x, accm); acc - accm.
 //   Q5_K Q6_K IQ4_XS (ggml's tiled mat-mul): t = float(sumi)*d_w (Q5_K: fnmadd dmin_w*float(summ)),
@@ -103,6 +104,15 @@ void side_q8_0_lanes(int64_t k, const void* act, void* side) {
     }
   }
 }
+// Q8_1 activations (36-byte blocks: fp16 d, fp16 s, qs) for Q4_1 weights: {float d_x, float s_x}.
+void side_q8_1(int64_t k, const void* act, void* side) {
+  const auto* a = static_cast<const uint8_t*>(act);
+  auto* s = static_cast<uint8_t*>(side);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float v[2] = {h2f(ld16(a + size_t(b) * 36)), h2f(ld16(a + size_t(b) * 36 + 2))};
+    std::memcpy(s + 8 * b, v, 8);
+  }
+}
 // Q8_K activations: per super-block 64 bytes {float d_x, pad[3], uint32 bs32[4], uint32 bs16[8]}:
 // bs32[j] = the int16 pair (sum of sub-block 2j's 32 qs, of 2j+1's), bs16[j] = (bsums[2j], bsums[2j+1]).
 constexpr size_t kQ8KSide = 64;
@@ -136,13 +146,15 @@ inline void over_columns(int64_t m, B&& body) {
   }(std::make_integer_sequence<int, kNC - 1>{});
 }
 
-// ---- 32-element block types: Q4_0 / IQ4_NL (repacked gemm order), Q8_0 (one chain of 8 lanes) ----
-// Scratch: codes [nb][8 groups][64], then d_w [nb][16] floats.
-enum class Blk { Q4_0, IQ4_NL, Q8_0 };
+// ---- 32-element block types: Q4_0 / IQ4_NL (repacked gemm order), Q8_0 / Q4_1 (one chain of 8
+// lanes; Q4_1 plus ggml's offset chain corr = fma(m_w, s_x, corr), added after the reduction) ----
+// Scratch: codes [nb][8 groups][64], then d_w [nb][16] floats, then (Q4_1) m_w [nb][16].
+enum class Blk { Q4_0, IQ4_NL, Q8_0, Q4_1 };
 template <Blk B>
 void decode_blk(const TileMmArgs& a, uint8_t* codes, float* dw) {
   const int64_t nb = a.k / 32;
-  constexpr size_t kBytes = B == Blk::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+  constexpr size_t kBytes = B == Blk::Q8_0 ? sizeof(BlockQ8_0) : B == Blk::Q4_1 ? sizeof(BlockQ4_1) : sizeof(BlockQ4_0);
+  float* mw = dw + 16 * nb;
   alignas(64) uint8_t tmp[R * 32];
   const __m256i tbl = iq4nl_u8(), flip = _mm256_set1_epi8(char(0x80));
   for (int64_t b = 0; b < nb; ++b) {
@@ -150,6 +162,7 @@ void decode_blk(const TileMmArgs& a, uint8_t* codes, float* dw) {
       if (r >= a.nr) {
         std::memset(tmp + 32 * r, 0, 32);
         dw[16 * b + r] = 0;
+        if constexpr (B == Blk::Q4_1) mw[16 * b + r] = 0;
         continue;
       }
       const uint8_t* blk = a.w + size_t(r) * a.w_stride + size_t(b) * kBytes;
@@ -157,6 +170,10 @@ void decode_blk(const TileMmArgs& a, uint8_t* codes, float* dw) {
       if constexpr (B == Blk::Q4_0) q = unpack_nibbles(blk + 2);
       if constexpr (B == Blk::IQ4_NL) q = _mm256_shuffle_epi8(tbl, unpack_nibbles(blk + 2));
       if constexpr (B == Blk::Q8_0) q = _mm256_xor_si256(load256(blk + 2), flip);
+      if constexpr (B == Blk::Q4_1) {
+        q = unpack_nibbles(blk + 4);
+        mw[16 * b + r] = h2f(ld16(blk + 2));
+      }
       _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 32 * r), q);
       dw[16 * b + r] = h2f(ld16(blk));
     }
@@ -171,7 +188,7 @@ void tile_blk(const TileMmArgs& a) {
   auto* dw = reinterpret_cast<float*>(codes + size_t(nb) * 512);
   decode_blk<B>(a, codes, dw);
   const __mmask16 mask = row_mask(a.nr);
-  if constexpr (B != Blk::Q8_0) {
+  if constexpr (B == Blk::Q4_0 || B == Blk::IQ4_NL) {
     over_columns<8>(a.m, [&]<int NC>(int64_t c0) {
       __m512 acc[NC];
       for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
@@ -202,24 +219,35 @@ void tile_blk(const TileMmArgs& a) {
       for (int c = 0; c < NC; ++c) _mm512_mask_storeu_ps(a.y + (c0 + c) * a.y_stride, mask, acc[c]);
     });
   } else {
+    constexpr bool kQ41 = B == Blk::Q4_1;
+    constexpr size_t kAB = kQ41 ? 36 : 34, kSB = kQ41 ? 8 : 36;  // activation block, side block
+    const float* mw = dw + 16 * nb;
     over_columns<2>(a.m, [&]<int NC>(int64_t c0) {
-      __m512 acc[NC][8];
-      for (int c = 0; c < NC; ++c)
+      __m512 acc[NC][8], corr[NC];
+      for (int c = 0; c < NC; ++c) {
+        corr[c] = _mm512_setzero_ps();
         for (int l = 0; l < 8; ++l) acc[c][l] = _mm512_setzero_ps();
-      const uint8_t* xq = a.act + size_t(c0) * a.act_stride + 2;
+      }
+      const uint8_t* xq = a.act + size_t(c0) * a.act_stride + (kQ41 ? 4 : 2);
       const uint8_t* sd = a.side + size_t(c0) * a.side_stride;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* wb = codes + size_t(b) * 512;
         const __m512 d16 = _mm512_load_ps(dw + 16 * b);
         for (int c = 0; c < NC; ++c) {
-          const uint8_t* x = xq + size_t(c) * a.act_stride + size_t(b) * 34;
-          const uint8_t* s = sd + size_t(c) * a.side_stride + size_t(b) * 36;
+          const uint8_t* x = xq + size_t(c) * a.act_stride + size_t(b) * kAB;
+          const uint8_t* s = sd + size_t(c) * a.side_stride + size_t(b) * kSB;
           float dx;
           std::memcpy(&dx, s, 4);
           const __m512 dd = _mm512_mul_ps(d16, _mm512_set1_ps(dx));
           for (int l = 0; l < 8; ++l) {
-            const __m512i is = _mm512_dpbusd_epi32(_mm512_set1_epi32(ld32(s + 4 + 4 * l)), ldz(wb + 64 * l), bcast(x + 4 * l));
+            const __m512i init = kQ41 ? _mm512_setzero_si512() : _mm512_set1_epi32(ld32(s + 4 + 4 * l));
+            const __m512i is = _mm512_dpbusd_epi32(init, ldz(wb + 64 * l), bcast(x + 4 * l));
             acc[c][l] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(is), acc[c][l]);
+          }
+          if constexpr (kQ41) {
+            float sx;
+            std::memcpy(&sx, s + 4, 4);
+            corr[c] = _mm512_fmadd_ps(_mm512_load_ps(mw + 16 * b), _mm512_set1_ps(sx), corr[c]);
           }
         }
       }
@@ -227,7 +255,7 @@ void tile_blk(const TileMmArgs& a) {
         const __m512* v = acc[c];  // hsum_float_8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then + 0
         const __m512 e = _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6]));
         const __m512 o = _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7]));
-        _mm512_mask_storeu_ps(a.y + (c0 + c) * a.y_stride, mask, _mm512_add_ps(_mm512_add_ps(e, o), _mm512_setzero_ps()));
+        _mm512_mask_storeu_ps(a.y + (c0 + c) * a.y_stride, mask, _mm512_add_ps(_mm512_add_ps(e, o), corr[c]));
       }
     });
   }
@@ -421,6 +449,7 @@ void fill_tile_avx512(Table& t) {
   set(GgmlType::Q4_0, side_q8_0_sum<8>, tile_blk<Blk::Q4_0>);
   set(GgmlType::IQ4_NL, side_q8_0_sum<128>, tile_blk<Blk::IQ4_NL>);
   set(GgmlType::Q8_0, side_q8_0_lanes, tile_blk<Blk::Q8_0>);
+  set(GgmlType::Q4_1, side_q8_1, tile_blk<Blk::Q4_1>);
   set(GgmlType::Q4_K, side_q8_k, tile_sup<Sup::Q4_K>);
   set(GgmlType::Q5_K, side_q8_k, tile_sup<Sup::Q5_K>);
   set(GgmlType::Q6_K, side_q8_k, tile_sup<Sup::Q6_K>);
