@@ -113,7 +113,8 @@ void BM_Matvec(benchmark::State& state) {
   run_matmul(state, kMatvecTypes[state.range(0)], 4096, state.range(1), 1, true);
 }
 void BM_Matmul512(benchmark::State& state) {
-  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16};
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16,
+                            GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
   run_matmul(state, types[state.range(0)], 4096, 4096, 512, false);
 }
 
@@ -124,5 +125,5 @@ BENCHMARK(BM_Matvec)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {4096, 12288}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Matmul512)->DenseRange(0, 3)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK(BM_Matmul512)->DenseRange(0, 6)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();

@@ -24,7 +24,10 @@ struct Tables {
       ok[int(isa)] = true;
     };
     add(CpuIsa::Avx2, fill_avx2);
-    add(CpuIsa::Avx512, fill_avx512);
+    add(CpuIsa::Avx512, [](Table& x) {
+      fill_avx512(x);
+      fill_tile_avx512(x);
+    });
 #endif
   }
 };

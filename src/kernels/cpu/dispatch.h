@@ -67,6 +67,37 @@ using BinaryFn = void (*)(const float* a, const float* b, float* y, int64_t n);
 using FloatMmFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* act, size_t act_stride, int nc,
                            bool rows4, float* y, int64_t y_stride);
 
+// The many-column ("tile") quantized mat-mul (AVX-512 tables, kernels/cpu/tile_avx512.cpp): 16
+// weight rows decoded once, then multiplied with every column; each output has the bits of the
+// table's vec_dot_q8 entry for the type (weights with a multiple of 8 rows, not experts).
+inline constexpr int kTileRows = 16;
+struct TileMmArgs {
+  int64_t k = 0;
+  const uint8_t* w = nullptr;  // the tile's first row; rows w_stride bytes apart
+  size_t w_stride = 0;
+  int nr = 0;                   // rows in this tile (1..kTileRows)
+  const uint8_t* act = nullptr;  // m quantized activation columns (act_type), act_stride bytes apart
+  size_t act_stride = 0;
+  const uint8_t* side = nullptr;  // their side data (Table::tile_side), side_stride bytes apart
+  size_t side_stride = 0;
+  int64_t m = 0;
+  float* y = nullptr;  // y[c*y_stride + r]: row r of the tile, column c
+  int64_t y_stride = 0;
+  void* scratch = nullptr;  // tile_scratch_bytes(k), 64-aligned
+};
+using TileMmFn = void (*)(const TileMmArgs& a);
+// One column's side data (tile_side_bytes(w, k)) from its quantized activation.
+using TileSideFn = void (*)(int64_t k, const void* act, void* side);
+inline size_t tile_side_bytes(gguf::GgmlType w, int64_t k) {
+  using T = gguf::GgmlType;
+  const size_t b = w == T::Q8_0 ? size_t(k / 32) * 36
+                   : w == T::Q4_1 || act_type(w) == T::Q8_0 ? size_t(k / 32) * 8
+                   : act_type(w) == T::Q8_K ? size_t(k / 256) * 64 : 0;
+  return (b + 63) & ~size_t(63);
+}
+// Decoded tile of 16 rows: at most 24 bytes per element of a row (Q6_K: 22.5).
+inline size_t tile_scratch_bytes(int64_t k) { return size_t(k) * 24 + 64; }
+
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
   QuantizeActFn quantize_act[kNumTypes] = {};  // indexed by activation type
@@ -80,6 +111,9 @@ struct Table {
   // vec_dot_q8 (the entry for a multiple of 8 rows) for 8 rows x 1 column at once (out[0..7]),
   // where that is faster (one column: decode). nullptr: none.
   VecDotQ8RowsFn vec_dot_q8_r8[kNumTypes] = {};
+  // The tile mat-mul and its column side data, by weight type (nullptr: none).
+  TileMmFn tile_mm[kNumTypes] = {};
+  TileSideFn tile_side[kNumTypes] = {};
   DotRowFn dot_row[kNumTypes] = {};       // F32 / F16 / BF16 only
   ToF32Fn to_f32[kNumTypes] = {};         // every matmul_supported type
   DotF32Fn dot_f32 = nullptr;
@@ -115,6 +149,7 @@ const Table* table_for(CpuIsa isa);  // nullptr if the CPU lacks it
 void fill_generic(Table& t);
 void fill_avx2(Table& t);
 void fill_avx512(Table& t);
+void fill_tile_avx512(Table& t);
 
 inline int type_index(gguf::GgmlType t) { return int(t); }
 

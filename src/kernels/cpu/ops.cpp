@@ -1,6 +1,7 @@
 // The dispatched, multi-threaded CPU ops of kernels/ops.h.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <vector>
@@ -20,6 +21,17 @@ namespace {
 inline size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
 constexpr int64_t kRowTile = 16;  // weight rows kept hot while sweeping the columns of X
 bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+// Per-thread scratch of the quantized paths: kRowTile dequantized rows, or one decoded tile.
+size_t thread_scratch(int64_t k) { return align64(std::max(size_t(kRowTile * k) * 4, cpu::tile_scratch_bytes(k))); }
+// Fewest columns for which matmul takes the tile path (Table::tile_mm); below, the 1..4-column
+// kernels (the same bits). KILN_TILE_MIN_COLS overrides (0: never).
+int64_t tile_min_cols() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("KILN_TILE_MIN_COLS");
+    return e && *e ? int64_t(std::atoll(e)) : int64_t(8);
+  }();
+  return v;
+}
 }  // namespace
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
@@ -30,8 +42,10 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
     const size_t tiles = m == 1 ? 0 : size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
     return std::max(half, tiles);
   }
-  // Quantized activations for every column + kRowTile dequantized rows per thread (float path).
-  return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + size_t(n_threads) * align64(size_t(kRowTile * k) * 4);
+  // Quantized activations for every column, their tile side data, + per thread kRowTile dequantized
+  // rows (float path) or one decoded tile (tile path).
+  return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + align64(size_t(m) * cpu::tile_side_bytes(wt, k)) +
+         size_t(n_threads) * thread_scratch(k);
 }
 
 namespace {
@@ -106,6 +120,38 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     auto* act = static_cast<uint8_t*>(ws);
     const size_t ab = cpu::act_bytes(at, k);
     convert_columns(a, qa, act, ab, pool);
+    const cpu::TileMmFn tmm = vd == T.vec_dot_q8[wi] ? T.tile_mm[wi] : nullptr;
+    if (tmm && tile_min_cols() > 0 && m >= tile_min_cols()) {
+      // Tile path: each thread decodes 16 rows at a time once and multiplies them with every column.
+      const size_t sb = cpu::tile_side_bytes(a.wt, k);
+      uint8_t* side = act + align64(size_t(m) * ab);
+      uint8_t* scratch = side + align64(size_t(m) * sb);
+      const cpu::TileSideFn sf = T.tile_side[wi];
+      auto sides = [&](int64_t t0, int64_t t1, int) {
+        for (int64_t t = t0; t < t1; ++t) sf(k, act + size_t(t) * ab, side + size_t(t) * sb);
+      };
+      if (m < 2 * pool.size()) sides(0, m, 0);
+      else pool.parallel_for(m, sides);
+      pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
+        cpu::TileMmArgs ta;
+        ta.k = k;
+        ta.w_stride = a.w_stride;
+        ta.act = act;
+        ta.act_stride = ab;
+        ta.side = side;
+        ta.side_stride = sb;
+        ta.m = m;
+        ta.y_stride = a.y_stride;
+        ta.scratch = scratch + size_t(tid) * thread_scratch(k);
+        for (int64_t j = j0; j < j1; j += cpu::kTileRows) {
+          ta.w = reinterpret_cast<const uint8_t*>(w) + size_t(j) * a.w_stride;
+          ta.nr = int(std::min<int64_t>(cpu::kTileRows, j1 - j));
+          ta.y = a.y + j;
+          tmm(ta);
+        }
+      }, cpu::kTileRows);
+      return;
+    }
     pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
@@ -126,11 +172,12 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     return;
   }
   // Float path: dequantize a tile of weight rows once, dot it with every column.
-  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k));
+  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k)) +
+               align64(size_t(m) * cpu::tile_side_bytes(a.wt, k));
   const cpu::ToF32Fn deq = T.to_f32[wi];
   KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
   pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
-    float* tile = reinterpret_cast<float*>(rows + size_t(tid) * align64(size_t(kRowTile * k) * 4));
+    float* tile = reinterpret_cast<float*>(rows + size_t(tid) * thread_scratch(k));
     for (int64_t jb = j0; jb < j1; jb += kRowTile) {
       const int64_t je = std::min(j1, jb + kRowTile);
       for (int64_t j = jb; j < je; ++j) deq(w + size_t(j) * a.w_stride, tile + (j - jb) * k, k);
