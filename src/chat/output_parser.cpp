@@ -44,6 +44,7 @@ void Delta::append(const Delta& o) {
 }
 
 std::string ParsedMessage::finish_reason(std::string_view engine_reason) const {
+  if (last_call_cut && engine_reason == "length") return "length";
   return tool_calls.empty() ? std::string(engine_reason) : std::string("tool_calls");
 }
 
@@ -277,6 +278,7 @@ Delta OutputParser::process(bool final) {
         run_streamer(buf_, final, d);
         if (!final) return d;
         if (streamer_->committed()) {
+          msg_.last_call_cut = streamer_->cut();
           buf_.clear();
           streamer_.reset();
           return d;
@@ -306,6 +308,7 @@ Delta OutputParser::process(bool final) {
         run_streamer(std::string_view(buf_).substr(0, avail), pos != std::string::npos || final, d);
         if (streamer_->committed() && (pos != std::string::npos || final)) {
           // The call was streamed: it is final; the rest of its body was layout.
+          msg_.last_call_cut = streamer_->cut();
           buf_.erase(0, pos == std::string::npos ? buf_.size() : pos + kToolClose.size());
           streamer_.reset();
           mode_ = Mode::Content;
@@ -415,6 +418,7 @@ bool OutputParser::process_block(bool final, Delta& d) {
     return false;
   }
   const bool streamed = streamer_->committed();
+  msg_.last_call_cut = streamer_->cut();
   streamer_.reset();
   if (streamed) {  // the block's calls were streamed and are final; the rest of it was layout
     content_skip_ws_ = true;

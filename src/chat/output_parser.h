@@ -47,7 +47,11 @@ struct ParsedMessage {
   std::string content;
   std::string reasoning_content;
   std::vector<ToolCall> tool_calls;
-  // "tool_calls" when there are calls, else engine_reason ("stop", "length", …).
+  // The last call's arguments were cut by the end of generation (they are the incomplete JSON that
+  // was streamed; OpenAI sends the same with finish_reason "length").
+  bool last_call_cut = false;
+  // "tool_calls" when there are calls, else engine_reason ("stop", "length", …); "length" when the
+  // engine stopped at the length limit inside a call's arguments.
   std::string finish_reason(std::string_view engine_reason) const;
 };
 

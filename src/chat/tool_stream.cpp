@@ -544,7 +544,7 @@ void CallStreamer::feed(std::string_view body, bool complete, std::vector<CallEv
           st = json_.feed(s[i], text);
           if (st != JsonArgsScanner::Status::More) break;
         }
-        if (st == JsonArgsScanner::Status::Invalid && pending_) {
+        if (st == JsonArgsScanner::Status::Invalid && pending_ && !json_.confirmed()) {
           give_up();  // not JSON arguments after all: read whole (or dropped in a sent block)
           continue;
         }
@@ -561,6 +561,7 @@ void CallStreamer::feed(std::string_view body, bool complete, std::vector<CallEv
         }
         pos_ = body.size();
         if (complete) {
+          cut_ = !pending_;
           if (pending_) give_up();
           state_ = committed_ ? State::Skip : State::Failed;
         }

@@ -69,6 +69,8 @@ class CallStreamer {
   // or dropped). Until then, failed() says that the body is not in a streamable form.
   bool committed() const { return committed_; }
   bool failed() const { return state_ == State::Failed; }
+  // The body ended inside a sent call's JSON arguments (they are incomplete).
+  bool cut() const { return cut_; }
 
  private:
   enum class State { Header, Json, AfterJson, XmlParams, Skip, Failed };
@@ -86,7 +88,7 @@ class CallStreamer {
   const std::vector<Tool>* tools_;
   State state_ = State::Header;
   size_t pos_ = 0;
-  bool committed_ = false;
+  bool committed_ = false, cut_ = false;
   int n_calls_ = 0;
   // The header of the current call is held (not yet an event) until its arguments show a first
   // key (JSON) or a first closed parameter (Qwen XML): a body that is not a call after all still
