@@ -137,6 +137,10 @@ struct Request {
   int32_t n_probs = 0;             // logprobs: > 0 gives each token's logprob and this many top alternatives;
                                    // -1: the logprob only (OpenAI logprobs=true, top_logprobs=0)
   bool render_special = false;     // detokenize control tokens as text (llama.cpp "special")
+  // Control tokens that stand for their text in this request (a tool-call format's markers,
+  // llama-server's preserved tokens): detokenized as text, and a grammar matches them by that text,
+  // so that a constrained model can write "[TOOL_CALLS]" as the one token it was trained on.
+  std::vector<int32_t> preserved_tokens;
   bool cache_prompt = true;        // use / fill the prefix cache
   // Hybrid models: prompt positions where a recurrent-state snapshot should be kept (e.g. the end of
   // the system message, known to the server from the chat template), in addition to the engine's own

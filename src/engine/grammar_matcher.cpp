@@ -65,10 +65,12 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(std::vector<std::string> piece
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::build(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& eog,
-                                                  int64_t n_vocab) {
+                                                  int64_t n_vocab, const std::vector<int32_t>& preserved) {
   std::vector<std::string> pieces(size_t(std::max<int64_t>(n_vocab, 0)));
   const int64_t n = std::min<int64_t>(n_vocab, tok.n_tokens());
   for (int64_t i = 0; i < n; ++i) pieces[size_t(i)] = tok.token_to_piece(int32_t(i), false);
+  for (int32_t id : preserved)
+    if (id >= 0 && id < n) pieces[size_t(id)] = tok.token_to_piece(id, true);
   return build(std::move(pieces), eog);
 }
 
@@ -259,9 +261,21 @@ const TokenTrie& GrammarCache::trie() {
   return *trie_;
 }
 
-std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const Grammar>& g) {
+std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const Grammar>& g,
+                                                   const std::vector<int32_t>& preserved) {
   trie();
-  const std::string key = g->text() + '\0' + g->rule_name(g->root());
+  std::shared_ptr<const TokenTrie> trie = trie_;
+  std::string key = g->text() + '\0' + g->rule_name(g->root());
+  if (!preserved.empty() && tok_) {
+    auto t = std::find_if(preserved_tries_.begin(), preserved_tries_.end(), [&](const auto& e) { return e.first == preserved; });
+    if (t == preserved_tries_.end()) {
+      preserved_tries_.emplace_back(preserved, TokenTrie::build(*tok_, eog_, n_vocab_, preserved));
+      t = preserved_tries_.end() - 1;
+    }
+    trie = t->second;
+    key += '\0';
+    for (int32_t id : preserved) key += std::to_string(id) + ',';
+  }
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     if (entries_.size() >= max_entries_) {
@@ -269,7 +283,7 @@ std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const 
                                   [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
       entries_.erase(lru);  // requests still using it keep it alive
     }
-    it = entries_.emplace(key, Entry{std::make_shared<GrammarAutomaton>(g, trie_), 0}).first;
+    it = entries_.emplace(key, Entry{std::make_shared<GrammarAutomaton>(g, trie), 0}).first;
   }
   it->second.last_used = ++clock_;
   return it->second.a;

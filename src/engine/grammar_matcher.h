@@ -35,15 +35,17 @@ class Tokenizer;
 namespace kiln::engine {
 
 // The vocabulary as a byte trie. Tokens with empty text (control tokens) are not in it and are
-// never allowed by a grammar, except end-of-generation tokens, allowed when the grammar is complete.
+// never allowed by a grammar, except end-of-generation tokens, allowed when the grammar is complete,
+// and preserved control tokens (a tool-call format's markers), which are in it with their text.
 class TokenTrie {
  public:
   // pieces[id] = the bytes token id stands for ("" = never allowed); eog = end-of-generation ids.
   static std::shared_ptr<const TokenTrie> build(std::vector<std::string> pieces, std::vector<int32_t> eog);
   // From a tokenizer: token_to_piece(id, special=false) for every id < n_vocab (ids beyond the
   // tokenizer's vocabulary, padding rows of the output matrix, are never allowed).
+  // `preserved`: control tokens that stand for their text (token_to_piece(id, special=true)).
   static std::shared_ptr<const TokenTrie> build(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& eog,
-                                                int64_t n_vocab);
+                                                int64_t n_vocab, const std::vector<int32_t>& preserved = {});
 
   int64_t n_vocab() const { return int64_t(pieces_.size()); }
   size_t n_nodes() const { return byte_.size(); }
@@ -159,7 +161,9 @@ class GrammarCache {
   // The trie is built on first use from `tok` (which must outlive the cache).
   GrammarCache(const tokenizer::Tokenizer* tok, std::vector<int32_t> eog, int64_t n_vocab, size_t max_entries = 16);
   explicit GrammarCache(std::shared_ptr<const TokenTrie> trie, size_t max_entries = 16);
-  std::shared_ptr<GrammarAutomaton> get(const std::shared_ptr<const Grammar>& g);
+  // `preserved` (sorted): control tokens matched by their text (TokenTrie::build); each distinct set
+  // has its own trie (a format's markers: one or two sets per model in practice).
+  std::shared_ptr<GrammarAutomaton> get(const std::shared_ptr<const Grammar>& g, const std::vector<int32_t>& preserved = {});
   const TokenTrie& trie();
 
  private:
@@ -168,6 +172,7 @@ class GrammarCache {
   int64_t n_vocab_ = 0;
   size_t max_entries_;
   std::shared_ptr<const TokenTrie> trie_;
+  std::vector<std::pair<std::vector<int32_t>, std::shared_ptr<const TokenTrie>>> preserved_tries_;
   struct Entry {
     std::shared_ptr<GrammarAutomaton> a;
     uint64_t last_used = 0;
