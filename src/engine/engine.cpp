@@ -224,7 +224,7 @@ void Engine::Impl::prepare(Active& a, int s) {
   std::sort(a.req.preserved_tokens.begin(), a.req.preserved_tokens.end());
   a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special, a.req.preserved_tokens);
   if (a.req.grammar) {
-    a.matcher = std::make_unique<GrammarMatcher>(grammars->get(a.req.grammar, a.req.preserved_tokens));
+    a.matcher = std::make_unique<GrammarMatcher>(grammars->get(a.req.grammar, a.req.preserved_tokens, std::move(a.req.prepared_grammar)));
     a.grammar_on = a.req.grammar_trigger.empty();
   }
   if (recurrent && a.req.cache_prompt && cache->enabled()) {

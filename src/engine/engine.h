@@ -49,6 +49,8 @@
 
 namespace kiln::engine {
 
+class GrammarAutomaton;  // engine/grammar_matcher.h
+
 // ---------------------------------------------------------------------------------------------
 // Options
 
@@ -151,6 +153,9 @@ struct Request {
   // allowed only where the grammar is complete, and the request stops once nothing else can
   // follow. nullptr: unconstrained.
   std::shared_ptr<const Grammar> grammar;
+  // Set by Engine::submit (on the submitting thread): the grammar's automaton with its first token
+  // mask computed, adopted by the engine when its cache does not hold the grammar yet.
+  std::shared_ptr<GrammarAutomaton> prepared_grammar;
   // Non-empty: the grammar applies only after this text appears in the output (the end of a
   // reasoning section, "</think>"); bytes after it in the same token are matched.
   std::string grammar_trigger;
