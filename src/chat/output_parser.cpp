@@ -37,10 +37,14 @@ size_t partial_marker_suffix(std::string_view s, std::string_view marker) {
 void Delta::append(const Delta& o) {
   content += o.content;
   reasoning_content += o.reasoning_content;
-  tool_calls.insert(tool_calls.end(), o.tool_calls.begin(), o.tool_calls.end());
+  for (const auto& c : o.tool_calls) {
+    if (!c.first() && !tool_calls.empty() && tool_calls.back().index == c.index) tool_calls.back().arguments += c.arguments;
+    else tool_calls.push_back(c);
+  }
 }
 
 std::string ParsedMessage::finish_reason(std::string_view engine_reason) const {
+  if (last_call_cut && engine_reason == "length") return "length";
   return tool_calls.empty() ? std::string(engine_reason) : std::string("tool_calls");
 }
 
@@ -140,6 +144,29 @@ void OutputParser::emit_tool_call(std::string name, std::string arguments, Delta
   call.arguments = std::move(arguments);
   msg_.tool_calls.push_back(ToolCall{call.id, call.name, call.arguments});
   d.tool_calls.push_back(std::move(call));
+}
+
+void OutputParser::add_arguments(std::string_view piece, Delta& d) {
+  if (piece.empty() || msg_.tool_calls.empty()) return;
+  msg_.tool_calls.back().arguments.append(piece);
+  const int index = static_cast<int>(msg_.tool_calls.size()) - 1;
+  if (!d.tool_calls.empty() && d.tool_calls.back().index == index) {
+    d.tool_calls.back().arguments.append(piece);
+  } else {
+    ToolCallDelta c;
+    c.index = index;
+    c.arguments = std::string(piece);
+    d.tool_calls.push_back(std::move(c));
+  }
+}
+
+void OutputParser::run_streamer(std::string_view body, bool complete, Delta& d) {
+  std::vector<CallEvent> events;
+  streamer_->feed(body, complete, events);
+  for (auto& e : events) {
+    if (e.begin) emit_tool_call(std::move(e.name), "", d, std::move(e.id));
+    else add_arguments(e.args, d);
+  }
 }
 
 void OutputParser::flush_content_ws(Delta& d) {
@@ -247,7 +274,16 @@ Delta OutputParser::process(bool final) {
       }
       case Mode::TailCalls: {
         // Mistral [TOOL_CALLS] / Llama 3 JSON: the calls run to the end of the output.
+        if (!streamer_) streamer_.emplace(cfg_.tool_format, false, &cfg_.tools);
+        run_streamer(buf_, final, d);
         if (!final) return d;
+        if (streamer_->committed()) {
+          msg_.last_call_cut = streamer_->cut();
+          buf_.clear();
+          streamer_.reset();
+          return d;
+        }
+        streamer_.reset();
         std::vector<std::pair<std::string, std::string>> calls;
         if (parse_tail_tool_calls(cfg_.tool_format, buf_, cfg_.tools, calls)) {
           for (auto& [name, args] : calls) emit_tool_call(std::move(name), std::move(args), d);
@@ -265,11 +301,26 @@ Delta OutputParser::process(bool final) {
         return d;
       case Mode::ToolCall: {
         size_t pos = buf_.find(kToolClose, scan_from_);
+        if (!streamer_) streamer_.emplace(cfg_.tool_format, true, &cfg_.tools);
+        const size_t avail = pos != std::string::npos ? pos
+                             : final                  ? buf_.size()
+                                                      : buf_.size() - partial_marker_suffix(buf_, kToolClose);
+        run_streamer(std::string_view(buf_).substr(0, avail), pos != std::string::npos || final, d);
+        if (streamer_->committed() && (pos != std::string::npos || final)) {
+          // The call was streamed: it is final; the rest of its body was layout.
+          msg_.last_call_cut = streamer_->cut();
+          buf_.erase(0, pos == std::string::npos ? buf_.size() : pos + kToolClose.size());
+          streamer_.reset();
+          mode_ = Mode::Content;
+          content_skip_ws_ = true;
+          continue;
+        }
         if (pos == std::string::npos) {
           if (!final) {
             scan_from_ = buf_.size() >= kToolClose.size() ? buf_.size() - kToolClose.size() + 1 : 0;
             return d;
           }
+          streamer_.reset();
           // Unterminated call at the end of generation: the raw text becomes content.
           std::string raw = tool_ws_ + std::string(kToolOpen) + buf_;
           buf_.clear();
@@ -279,6 +330,7 @@ Delta OutputParser::process(bool final) {
           flush_content_ws(d);
           return d;
         }
+        streamer_.reset();
         std::string_view body = std::string_view(buf_).substr(0, pos);
         std::string name, args;
         if (parse_tool_call_body(body, cfg_.tools, name, args)) {
@@ -354,15 +406,29 @@ bool OutputParser::process_block_content(bool final, Delta& d) {
 
 bool OutputParser::process_block(bool final, Delta& d) {
   const std::string_view close = block_->close;
-  size_t pos = std::string::npos;
-  if (!close.empty()) {
-    pos = buf_.find(close, scan_from_);
-    if (pos == std::string::npos && !final) {
-      scan_from_ = buf_.size() >= close.size() ? buf_.size() - close.size() + 1 : 0;
+  size_t pos = close.empty() ? std::string::npos : buf_.find(close, scan_from_);
+  if (!streamer_) streamer_.emplace(cfg_.tool_format, false, &cfg_.tools);
+  const size_t avail = pos != std::string::npos       ? pos
+                       : final || close.empty()       ? buf_.size()
+                                                      : buf_.size() - partial_marker_suffix(buf_, close);
+  run_streamer(std::string_view(buf_).substr(0, avail), pos != std::string::npos || final, d);
+  if (pos == std::string::npos && !final) {
+    // Not closed yet (or the calls run to the end of the output).
+    if (!close.empty()) scan_from_ = buf_.size() >= close.size() ? buf_.size() - close.size() + 1 : 0;
+    return false;
+  }
+  const bool streamed = streamer_->committed();
+  msg_.last_call_cut = streamer_->cut();
+  streamer_.reset();
+  if (streamed) {  // the block's calls were streamed and are final; the rest of it was layout
+    content_skip_ws_ = true;
+    buf_.erase(0, pos == std::string::npos ? buf_.size() : pos + close.size());
+    mode_ = Mode::Content;
+    if (final && buf_.empty()) {
+      flush_content_ws(d);
       return false;
     }
-  } else if (!final) {
-    return false;  // the calls run to the end of the output
+    return true;
   }
   // At the end without the closing marker (the model stopped at end-of-generation right after the
   // last call): the block is read as it is.
@@ -406,11 +472,15 @@ ojson delta_to_json(const Delta& d) {
   if (!d.reasoning_content.empty()) j["reasoning_content"] = safe_string(d.reasoning_content);
   if (!d.tool_calls.empty()) {
     ojson arr = ojson::array();
-    for (const auto& c : d.tool_calls)
-      arr.push_back({{"index", c.index},
-                     {"id", c.id},
-                     {"type", "function"},
-                     {"function", {{"name", safe_string(c.name)}, {"arguments", safe_string(c.arguments)}}}});
+    for (const auto& c : d.tool_calls) {
+      if (c.first())
+        arr.push_back({{"index", c.index},
+                       {"id", c.id},
+                       {"type", "function"},
+                       {"function", {{"name", safe_string(c.name)}, {"arguments", safe_string(c.arguments)}}}});
+      else
+        arr.push_back({{"index", c.index}, {"function", {{"arguments", safe_string(c.arguments)}}}});
+    }
     j["tool_calls"] = std::move(arr);
   }
   return j;

@@ -8,24 +8,29 @@
 // Streaming contract: the concatenation of every Delta returned by feed() and finish() equals the
 // message that a single feed(whole text) + finish() produces, for every way of chunking the text.
 // No delta ever contains part of a marker (<think>, </think>, <tool_call>): a suffix that could be
-// the start of one is held back until the next chunk (or finish()) decides. Tool calls are emitted
-// whole, once their closing </tool_call> arrives, as one OpenAI delta carrying index, id, type,
-// function.name and the complete function.arguments — which every OpenAI SDK accumulates correctly.
+// the start of one is held back until the next chunk (or finish()) decides. Tool calls stream as
+// OpenAI does: a first delta with index, id and function.name (arguments ""), then pieces of
+// function.arguments (index only) as the model writes them (chat/tool_stream.h; formats whose
+// arguments are not JSON text send a call whole, or Qwen XML one parameter at a time). A call whose
+// header was sent is final: its arguments are what was sent, in the blocking answer too.
 #pragma once
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "chat/chat.h"
 #include "chat/tool_formats.h"
+#include "chat/tool_stream.h"
 
 namespace kiln::chat {
 
 struct ToolCallDelta {
   int index = 0;          // position of the call in the message's tool_calls
-  std::string id;         // "call_…", unique and non-empty
-  std::string name;
-  std::string arguments;  // complete JSON text
+  std::string id;         // "call_…", unique; set on the call's first delta only ("" on later pieces)
+  std::string name;       // first delta only
+  std::string arguments;  // a piece of the arguments' JSON text (the pieces of a call add up to it)
+  bool first() const { return !id.empty(); }
 };
 
 struct Delta {
@@ -33,6 +38,7 @@ struct Delta {
   std::string reasoning_content;
   std::vector<ToolCallDelta> tool_calls;
   bool empty() const { return content.empty() && reasoning_content.empty() && tool_calls.empty(); }
+  // Appends o; a piece of the call that ends this delta's list is merged into it.
   void append(const Delta& o);
 };
 
@@ -41,7 +47,11 @@ struct ParsedMessage {
   std::string content;
   std::string reasoning_content;
   std::vector<ToolCall> tool_calls;
-  // "tool_calls" when there are calls, else engine_reason ("stop", "length", …).
+  // The last call's arguments were cut by the end of generation (they are the incomplete JSON that
+  // was streamed; OpenAI sends the same with finish_reason "length").
+  bool last_call_cut = false;
+  // "tool_calls" when there are calls, else engine_reason ("stop", "length", …); "length" when the
+  // engine stopped at the length limit inside a call's arguments.
   std::string finish_reason(std::string_view engine_reason) const;
 };
 
@@ -66,6 +76,9 @@ class OutputParser {
   void flush_content_ws(Delta& d);
   void add_content(std::string_view text, Delta& d);
   void emit_tool_call(std::string name, std::string arguments, Delta& d, std::string id = {});  // assigns index (and id)
+  void add_arguments(std::string_view piece, Delta& d);  // a piece of the last call's arguments
+  // Feeds the body of the open call / block to streamer_ and emits its events.
+  void run_streamer(std::string_view body, bool complete, Delta& d);
   // Content of a block format (chat/tool_formats.h): drops layout markers, opens Mode::Block at the
   // format's open marker. Returns true to continue the loop, false to return.
   bool process_block_content(bool final, Delta& d);
@@ -85,6 +98,7 @@ class OutputParser {
   bool llama_decided_ = false;      // Llama3Json: the start of the output was not a call
   const BlockFormat* block_ = nullptr;  // the block format's table entry (tool_formats.h), or null
   bool recipient_decided_ = false;  // FunctionaryV32: the first ">>>" header was read
+  std::optional<CallStreamer> streamer_;  // the open call / block, read incrementally
   ParsedMessage msg_;
 };
 
@@ -105,7 +119,7 @@ bool parse_tail_tool_calls(ToolCallFormat format, std::string_view text, const s
 
 // OpenAI JSON shapes, for the server.
 //   delta_to_json:   {"content":…, "reasoning_content":…, "tool_calls":[{index,id,type,function}]}
-//                    (only non-empty fields)
+//                    (only non-empty fields; a call's later pieces: {index, function:{arguments}})
 //   message_to_json: {"role":"assistant","content":…|null,"reasoning_content":… (if any),
 //                     "tool_calls":[…] (if any)}
 ojson delta_to_json(const Delta& d);

@@ -265,6 +265,30 @@ bool parse_block_calls(ToolCallFormat f, std::string_view body, const std::vecto
   return ok;
 }
 
+std::vector<std::string_view> tool_call_markers(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::QwenXml:
+    case ToolCallFormat::HermesJson: return {"<tool_call>", "</tool_call>"};
+    case ToolCallFormat::ArgKeyXml:
+      return {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"};
+    case ToolCallFormat::MistralToolCalls: return {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"};
+    case ToolCallFormat::Llama3Json: return {"<|python_tag|>"};
+    case ToolCallFormat::DeepseekV31:
+      return {"<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"};
+    case ToolCallFormat::KimiK2:
+      return {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>",
+              "<|tool_call_argument_begin|>"};
+    case ToolCallFormat::MiniMaxXml: return {"<minimax:tool_call>", "</minimax:tool_call>"};
+    case ToolCallFormat::MiniMaxJson: return {"<tool_calls>", "</tool_calls>"};
+    case ToolCallFormat::CommandR7b:
+      return {"<|START_ACTION|>", "<|END_ACTION|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>",
+              "<|END_RESPONSE|>"};
+    case ToolCallFormat::Harmony:
+      return {"<|channel|>", "<|message|>", "<|call|>", "<|constrain|>", "<|start|>", "<|end|>"};
+    default: return {};
+  }
+}
+
 ToolCallFormat detect_block_format(std::string_view src) {
   if (contains(src, "<｜tool▁calls▁begin｜>") && contains(src, "<｜tool▁sep｜>")) return ToolCallFormat::DeepseekV31;
   if (contains(src, "DSML｜") && contains(src, "function_calls")) return ToolCallFormat::DeepseekDsml;

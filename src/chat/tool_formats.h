@@ -45,6 +45,10 @@ struct ParsedCall {
 bool parse_block_calls(ToolCallFormat f, std::string_view body, const std::vector<Tool>& tools,
                        std::vector<ParsedCall>& calls);
 
+// The marker texts a tool-call format writes (every format, not only the block ones). Models have
+// most of them as single special tokens; the server preserves those (engine::Request::preserved_tokens).
+std::vector<std::string_view> tool_call_markers(ToolCallFormat f);
+
 // Tool-call format of a template source, for the block formats (None when it is none of them).
 ToolCallFormat detect_block_format(std::string_view template_source);
 

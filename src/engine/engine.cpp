@@ -2,6 +2,7 @@
 //   step (batch building, decode, sampling, stop handling, embedding rows), finishing requests,
 //   slot actions on the engine thread, published state; and the request channels' consumer side.
 //   Loading and the public API are engine_load.cpp's; Impl is declared in engine_impl.h.
+#include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
@@ -220,9 +221,10 @@ void Engine::Impl::prepare(Active& a, int s) {
   a.sampler = std::make_unique<Sampler>(a.req.sampling, runner->n_vocab());
   spec_start(a);
   a.sampler->accept(std::span<const int32_t>(prompt));
-  a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special);
+  std::sort(a.req.preserved_tokens.begin(), a.req.preserved_tokens.end());
+  a.dec = std::make_unique<tokenizer::StreamDecoder>(*tok, a.req.render_special, a.req.preserved_tokens);
   if (a.req.grammar) {
-    a.matcher = std::make_unique<GrammarMatcher>(grammars->get(a.req.grammar));
+    a.matcher = std::make_unique<GrammarMatcher>(grammars->get(a.req.grammar, a.req.preserved_tokens, std::move(a.req.prepared_grammar)));
     a.grammar_on = a.req.grammar_trigger.empty();
   }
   if (recurrent && a.req.cache_prompt && cache->enabled()) {
@@ -600,7 +602,8 @@ void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
   Event ev;
   TokenOut to;
   to.id = t;
-  to.piece = tok->token_to_piece(t, a.req.render_special);
+  to.piece = tok->token_to_piece(
+      t, a.req.render_special || std::binary_search(a.req.preserved_tokens.begin(), a.req.preserved_tokens.end(), t));
   if (a.req.n_probs != 0)
     to.logprob = Sampler::logprob_of(logits, runner->n_vocab(), t, std::max(0, a.req.n_probs), &to.top);
   a.sampler->accept(t);

@@ -49,6 +49,8 @@
 
 namespace kiln::engine {
 
+class GrammarAutomaton;  // engine/grammar_matcher.h
+
 // ---------------------------------------------------------------------------------------------
 // Options
 
@@ -137,6 +139,10 @@ struct Request {
   int32_t n_probs = 0;             // logprobs: > 0 gives each token's logprob and this many top alternatives;
                                    // -1: the logprob only (OpenAI logprobs=true, top_logprobs=0)
   bool render_special = false;     // detokenize control tokens as text (llama.cpp "special")
+  // Control tokens that stand for their text in this request (a tool-call format's markers,
+  // llama-server's preserved tokens): detokenized as text, and a grammar matches them by that text,
+  // so that a constrained model can write "[TOOL_CALLS]" as the one token it was trained on.
+  std::vector<int32_t> preserved_tokens;
   bool cache_prompt = true;        // use / fill the prefix cache
   // Hybrid models: prompt positions where a recurrent-state snapshot should be kept (e.g. the end of
   // the system message, known to the server from the chat template), in addition to the engine's own
@@ -147,6 +153,9 @@ struct Request {
   // allowed only where the grammar is complete, and the request stops once nothing else can
   // follow. nullptr: unconstrained.
   std::shared_ptr<const Grammar> grammar;
+  // Set by Engine::submit (on the submitting thread): the grammar's automaton with its first token
+  // mask computed, adopted by the engine when its cache does not hold the grammar yet.
+  std::shared_ptr<GrammarAutomaton> prepared_grammar;
   // Non-empty: the grammar applies only after this text appears in the output (the end of a
   // reasoning section, "</think>"); bytes after it in the same token are matched.
   std::string grammar_trigger;

@@ -2,6 +2,7 @@
 //   memory plan and fitting, the runner, the tokenizer) on the engine thread, serving set-up,
 //   submit, slot actions (queued to the engine thread), metrics and slot info. The scheduling is
 //   engine.cpp's; Impl is declared in engine_impl.h.
+#include <algorithm>
 #include <future>
 
 #include "core/log.h"
@@ -439,6 +440,12 @@ RequestHandle Engine::submit(Request req) {
           im.pos + int64_t(im.nx) * im.ny > P || (j > 0 && im.pos < req.images[j - 1].pos + int64_t(req.images[j - 1].nx) * req.images[j - 1].ny))
         return fail(fmt::format("images[{}]: inconsistent size or position", j));
     }
+  }
+  // The first token mask of a grammar is computed here, on the submitting thread, so that the
+  // request's first constrained step on the engine thread is a lookup (GrammarCache::prepare).
+  if (req.grammar && !req.prepared_grammar && impl_->grammars) {
+    std::sort(req.preserved_tokens.begin(), req.preserved_tokens.end());
+    req.prepared_grammar = impl_->grammars->prepare(req.grammar, req.preserved_tokens);
   }
   {
     std::lock_guard<std::mutex> lk(impl_->inbox->mu);

@@ -65,10 +65,12 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(std::vector<std::string> piece
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::build(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& eog,
-                                                  int64_t n_vocab) {
+                                                  int64_t n_vocab, const std::vector<int32_t>& preserved) {
   std::vector<std::string> pieces(size_t(std::max<int64_t>(n_vocab, 0)));
   const int64_t n = std::min<int64_t>(n_vocab, tok.n_tokens());
   for (int64_t i = 0; i < n; ++i) pieces[size_t(i)] = tok.token_to_piece(int32_t(i), false);
+  for (int32_t id : preserved)
+    if (id >= 0 && id < n) pieces[size_t(id)] = tok.token_to_piece(id, true);
   return build(std::move(pieces), eog);
 }
 
@@ -251,17 +253,39 @@ GrammarCache::GrammarCache(const tokenizer::Tokenizer* tok, std::vector<int32_t>
 GrammarCache::GrammarCache(std::shared_ptr<const TokenTrie> trie, size_t max_entries)
     : max_entries_(std::max<size_t>(1, max_entries)), trie_(std::move(trie)) {}
 
-const TokenTrie& GrammarCache::trie() {
+const TokenTrie& GrammarCache::trie() { return *trie_for({}); }
+
+std::shared_ptr<const TokenTrie> GrammarCache::trie_for(const std::vector<int32_t>& preserved) {
+  std::lock_guard<std::mutex> lk(trie_mu_);
   if (!trie_) {
     KILN_CHECK(tok_ != nullptr, "GrammarCache without a tokenizer or trie");
     trie_ = TokenTrie::build(*tok_, eog_, n_vocab_);
   }
-  return *trie_;
+  if (preserved.empty() || !tok_) return trie_;
+  auto t = std::find_if(preserved_tries_.begin(), preserved_tries_.end(), [&](const auto& e) { return e.first == preserved; });
+  if (t == preserved_tries_.end()) {
+    preserved_tries_.emplace_back(preserved, TokenTrie::build(*tok_, eog_, n_vocab_, preserved));
+    t = preserved_tries_.end() - 1;
+  }
+  return t->second;
 }
 
-std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const Grammar>& g) {
-  trie();
-  const std::string key = g->text() + '\0' + g->rule_name(g->root());
+std::shared_ptr<GrammarAutomaton> GrammarCache::prepare(const std::shared_ptr<const Grammar>& g,
+                                                       const std::vector<int32_t>& preserved) {
+  auto a = std::make_shared<GrammarAutomaton>(g, trie_for(preserved));
+  (void)a->mask(a->start());
+  return a;
+}
+
+std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const Grammar>& g,
+                                                   const std::vector<int32_t>& preserved,
+                                                   std::shared_ptr<GrammarAutomaton> prepared) {
+  std::shared_ptr<const TokenTrie> trie = trie_for(preserved);
+  std::string key = g->text() + '\0' + g->rule_name(g->root());
+  if (!preserved.empty() && tok_) {
+    key += '\0';
+    for (int32_t id : preserved) key += std::to_string(id) + ',';
+  }
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     if (entries_.size() >= max_entries_) {
@@ -269,7 +293,8 @@ std::shared_ptr<GrammarAutomaton> GrammarCache::get(const std::shared_ptr<const 
                                   [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
       entries_.erase(lru);  // requests still using it keep it alive
     }
-    it = entries_.emplace(key, Entry{std::make_shared<GrammarAutomaton>(g, trie_), 0}).first;
+    const bool usable = prepared && &prepared->grammar() == g.get() && &prepared->trie() == trie.get();
+    it = entries_.emplace(key, Entry{usable ? std::move(prepared) : std::make_shared<GrammarAutomaton>(g, trie), 0}).first;
   }
   it->second.last_used = ++clock_;
   return it->second.a;

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -35,15 +36,17 @@ class Tokenizer;
 namespace kiln::engine {
 
 // The vocabulary as a byte trie. Tokens with empty text (control tokens) are not in it and are
-// never allowed by a grammar, except end-of-generation tokens, allowed when the grammar is complete.
+// never allowed by a grammar, except end-of-generation tokens, allowed when the grammar is complete,
+// and preserved control tokens (a tool-call format's markers), which are in it with their text.
 class TokenTrie {
  public:
   // pieces[id] = the bytes token id stands for ("" = never allowed); eog = end-of-generation ids.
   static std::shared_ptr<const TokenTrie> build(std::vector<std::string> pieces, std::vector<int32_t> eog);
   // From a tokenizer: token_to_piece(id, special=false) for every id < n_vocab (ids beyond the
   // tokenizer's vocabulary, padding rows of the output matrix, are never allowed).
+  // `preserved`: control tokens that stand for their text (token_to_piece(id, special=true)).
   static std::shared_ptr<const TokenTrie> build(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& eog,
-                                                int64_t n_vocab);
+                                                int64_t n_vocab, const std::vector<int32_t>& preserved = {});
 
   int64_t n_vocab() const { return int64_t(pieces_.size()); }
   size_t n_nodes() const { return byte_.size(); }
@@ -153,21 +156,33 @@ class GrammarMatcher {
 };
 
 // Automata by grammar text, shared by requests (most requests of a client repeat one schema), with
-// the vocabulary trie they all use. Engine thread only.
+// the vocabulary trie they all use. Engine thread only, except trie_for() and prepare().
 class GrammarCache {
  public:
   // The trie is built on first use from `tok` (which must outlive the cache).
   GrammarCache(const tokenizer::Tokenizer* tok, std::vector<int32_t> eog, int64_t n_vocab, size_t max_entries = 16);
   explicit GrammarCache(std::shared_ptr<const TokenTrie> trie, size_t max_entries = 16);
-  std::shared_ptr<GrammarAutomaton> get(const std::shared_ptr<const Grammar>& g);
+  // `preserved` (sorted): control tokens matched by their text (TokenTrie::build); each distinct set
+  // has its own trie (a format's markers: one or two sets per model in practice). `prepared`: an
+  // automaton from prepare() for the same grammar, adopted when the cache has none.
+  std::shared_ptr<GrammarAutomaton> get(const std::shared_ptr<const Grammar>& g, const std::vector<int32_t>& preserved = {},
+                                        std::shared_ptr<GrammarAutomaton> prepared = nullptr);
   const TokenTrie& trie();
+  // Any thread: the trie for a preserved set (built once; immutable, shareable).
+  std::shared_ptr<const TokenTrie> trie_for(const std::vector<int32_t>& preserved);
+  // Any thread (the submitting one): a new automaton for g whose start state's token mask is
+  // computed — a request's first constrained step, one trie walk (≈ 2 ms at 248K tokens), is paid
+  // here instead of on the engine thread. The automaton must then be handed to get() only.
+  std::shared_ptr<GrammarAutomaton> prepare(const std::shared_ptr<const Grammar>& g, const std::vector<int32_t>& preserved);
 
  private:
   const tokenizer::Tokenizer* tok_ = nullptr;
   std::vector<int32_t> eog_;
   int64_t n_vocab_ = 0;
   size_t max_entries_;
+  std::mutex trie_mu_;  // trie_ and preserved_tries_ (trie_for, prepare: any thread)
   std::shared_ptr<const TokenTrie> trie_;
+  std::vector<std::pair<std::vector<int32_t>, std::shared_ptr<const TokenTrie>>> preserved_tries_;
   struct Entry {
     std::shared_ptr<GrammarAutomaton> a;
     uint64_t last_used = 0;

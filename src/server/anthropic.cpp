@@ -390,13 +390,18 @@ std::string AnthropicDialect::stream_delta(const chat::Delta& d) {
     s += open(Block::Text);
     delta({{"type", "text_delta"}, {"text", valid_utf8(d.content)}});
   }
+  // A call's first delta opens a tool_use block; its argument pieces are input_json_delta events (they
+  // add up to the call's arguments, which the blocking answer's `input` is parsed from); the block
+  // stays open until the next block or the end.
   for (const auto& c : d.tool_calls) {
-    s += close();
-    ++index_;
-    s += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_},
-                                           {"content_block", {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::object()}}}});
-    delta({{"type", "input_json_delta"}, {"partial_json", tool_input(c.arguments).dump()}});
-    s += sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+    if (c.first()) {
+      s += close();
+      ++index_;
+      open_ = Block::ToolUse;
+      s += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index_},
+                                             {"content_block", {{"type", "tool_use"}, {"id", c.id}, {"name", c.name}, {"input", json::object()}}}});
+    }
+    if (!c.arguments.empty()) delta({{"type", "input_json_delta"}, {"partial_json", valid_utf8(c.arguments)}});
   }
   return s;
 }

@@ -50,8 +50,8 @@ class AnthropicDialect : public ChatDialect {
   std::string stream_error(const ApiError& e) override;
 
  private:
-  enum class Block { None, Thinking, Text };
-  std::string open(Block b);  // closes the open block and starts b (if it is not open already)
+  enum class Block { None, Thinking, Text, ToolUse };
+  std::string open(Block b);  // closes the open block and starts b (if it is not open already; not ToolUse)
   std::string close();
   json usage(const ChatOutcome& o) const;
 

@@ -3,9 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "chat/json_schema.h"
+#include "chat/tool_formats.h"
 #include "chat/tool_grammar.h"
 #include "engine/grammar.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln::server {
 
@@ -14,6 +18,17 @@ namespace {
 ApiError schema_error(const chat::RequestError& e) { return bad_request(e.field, e.message); }
 
 }  // namespace
+
+std::vector<int32_t> preserved_marker_tokens(const tokenizer::Tokenizer& tok, chat::ToolCallFormat format) {
+  std::vector<int32_t> ids;
+  for (std::string_view m : chat::tool_call_markers(format)) {
+    const auto id = tok.find(m);
+    if (id != tokenizer::kNoToken && tok.is_control(id)) ids.push_back(int32_t(id));
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
 
 std::optional<ApiError> compile_grammar(const std::string& text, const std::string& field, GenParams& out) {
   auto g = engine::Grammar::parse(text);

@@ -9,9 +9,14 @@
 // Threading: plain functions; safe from any HTTP thread.
 #pragma once
 #include <optional>
+#include <vector>
 
 #include "chat/chat.h"
 #include "server/api.h"
+
+namespace kiln::tokenizer {
+class Tokenizer;
+}
 
 namespace kiln::server {
 
@@ -25,6 +30,10 @@ std::optional<ApiError> parse_constraint(const json& body, GenParams& out);
 // template has no tool-call format; schema errors name "tools[i].function.parameters.…".
 std::optional<ApiError> apply_tool_choice(const chat::ChatRequest& req, const chat::TemplateCaps& caps,
                                           const std::string& template_source, GenParams& out);
+
+// The control tokens of `tok` whose text is one of the format's tool-call markers (chat::
+// tool_call_markers): engine::Request::preserved_tokens, llama-server's preserved tokens. Sorted.
+std::vector<int32_t> preserved_marker_tokens(const tokenizer::Tokenizer& tok, chat::ToolCallFormat format);
 
 // Compiles GBNF text for the request field `field` (errors: "field: line 2, column 5: …").
 std::optional<ApiError> compile_grammar(const std::string& text, const std::string& field, GenParams& out);

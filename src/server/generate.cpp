@@ -53,6 +53,9 @@ std::optional<ApiError> Server::Impl::prepare_chat(const json& body, const httpl
   // harmony): they are rendered as text so that the output parser sees them (llama-server's
   // preserved tokens).
   if (chat::block_format(prompt.parser.tool_format)) g.gp.req.render_special = true;
+  // The format's markers that the vocabulary has as control tokens are text in this request: rendered,
+  // and matched by the tool_choice grammar as the one token the model writes them with.
+  if (prompt.parser.parse_tool_calls) g.gp.req.preserved_tokens = preserved_marker_tokens(tok(), prompt.parser.tool_format);
   // A reasoning model thinks freely; the constraint applies to the answer after the thinking.
   if (g.gp.req.grammar && prompt.starts_in_reasoning) g.gp.req.grammar_trigger = prompt.parser.reasoning_end;
   if (prompt.image_urls.empty()) g.prompt = tokenize_prompt(prompt.text);

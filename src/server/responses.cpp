@@ -414,7 +414,11 @@ std::string ResponsesDialect::close() {
   const int64_t idx = int64_t(items_.size());
   std::string s;
   json item;
-  if (open_ == Item::Reasoning) {
+  if (open_ == Item::FunctionCall) {
+    item = call_item(item_id_, call_id_, call_name_, valid_utf8(text_), "completed");
+    s += event("response.function_call_arguments.done",
+               {{"item_id", item_id_}, {"output_index", idx}, {"name", call_name_}, {"arguments", valid_utf8(text_)}});
+  } else if (open_ == Item::Reasoning) {
     item = reasoning_item(item_id_, text_);
     json part = {{"type", "reasoning_text"}, {"text", valid_utf8(text_)}};
     s += event("response.reasoning_text.done", {{"item_id", item_id_}, {"output_index", idx}, {"content_index", 0}, {"text", valid_utf8(text_)}});
@@ -467,16 +471,22 @@ std::string ResponsesDialect::stream_delta(const chat::Delta& d) {
     s += event("response.output_text.delta", {{"item_id", item_id_}, {"output_index", int64_t(items_.size())}, {"content_index", 0},
                                               {"delta", valid_utf8(d.content)}, {"logprobs", json::array()}});
   }
+  // A call's first delta adds a function_call item; its argument pieces are
+  // function_call_arguments.delta events; the item is done at the next item or the end.
   for (const auto& c : d.tool_calls) {
-    s += close();
-    const int64_t idx = int64_t(items_.size());
-    const std::string id = "fc_" + random_hex(48);
-    s += event("response.output_item.added", {{"output_index", idx}, {"item", call_item(id, c.id, c.name, "", "in_progress")}});
-    s += event("response.function_call_arguments.delta", {{"item_id", id}, {"output_index", idx}, {"delta", c.arguments}});
-    s += event("response.function_call_arguments.done", {{"item_id", id}, {"output_index", idx}, {"name", c.name}, {"arguments", c.arguments}});
-    json item = call_item(id, c.id, c.name, c.arguments, "completed");
-    s += event("response.output_item.done", {{"output_index", idx}, {"item", item}});
-    items_.push_back(item);
+    if (c.first()) {
+      s += close();
+      open_ = Item::FunctionCall;
+      item_id_ = "fc_" + random_hex(48);
+      call_id_ = c.id;
+      call_name_ = c.name;
+      s += event("response.output_item.added",
+                 {{"output_index", int64_t(items_.size())}, {"item", call_item(item_id_, c.id, c.name, "", "in_progress")}});
+    }
+    if (c.arguments.empty() || open_ != Item::FunctionCall) continue;
+    text_ += c.arguments;
+    s += event("response.function_call_arguments.delta",
+               {{"item_id", item_id_}, {"output_index", int64_t(items_.size())}, {"delta", valid_utf8(c.arguments)}});
   }
   return s;
 }

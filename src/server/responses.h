@@ -71,7 +71,7 @@ class ResponsesDialect : public ChatDialect {
   std::string stream_error(const ApiError& e) override;
 
  private:
-  enum class Item { None, Reasoning, Message };
+  enum class Item { None, Reasoning, Message, FunctionCall };
   std::string event(const char* type, json body);  // numbered SSE event
   std::string open(Item k);
   std::string close();
@@ -86,6 +86,7 @@ class ResponsesDialect : public ChatDialect {
   int64_t seq_ = 0;
   Item open_ = Item::None;
   std::string item_id_, text_;
+  std::string call_id_, call_name_;  // Item::FunctionCall: the call's id and name (text_: its arguments)
   json items_ = json::array();  // output items finished so far
 };
 

@@ -834,10 +834,13 @@ size_t utf8_complete_prefix(std::string_view s) {
   return n;
 }
 
-StreamDecoder::StreamDecoder(const Tokenizer& tok, bool special) : tok_(&tok), special_(special) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tok, bool special, std::vector<TokenId> preserved)
+    : tok_(&tok), special_(special), preserved_(std::move(preserved)) {
+  std::sort(preserved_.begin(), preserved_.end());
+}
 
 std::string StreamDecoder::push(TokenId id) {
-  std::string p = tok_->token_to_piece(id, special_);
+  std::string p = tok_->token_to_piece(id, special_ || std::binary_search(preserved_.begin(), preserved_.end(), id));
   if (first_) {
     first_ = false;
     if (tok_->vocab().add_space_prefix && !p.empty() && p[0] == ' ') p.erase(0, 1);

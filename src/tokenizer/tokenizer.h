@@ -72,7 +72,8 @@ class Tokenizer {
 // can never form a valid character are emitted as U+FFFD. flush() returns what is held.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok, bool special = false);
+  // special: control tokens as text; preserved: these control tokens as text in any case (sorted).
+  explicit StreamDecoder(const Tokenizer& tok, bool special = false, std::vector<TokenId> preserved = {});
   std::string push(TokenId id);
   std::string flush();
   void reset();
@@ -80,6 +81,7 @@ class StreamDecoder {
  private:
   const Tokenizer* tok_;
   bool special_;
+  std::vector<TokenId> preserved_;
   bool first_ = true;
   std::string pending_;
 };

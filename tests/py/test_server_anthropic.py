@@ -163,6 +163,16 @@ def test_raw_event_sequence(smol):
     starts = [e for e in events if e["type"] == "content_block_start"]
     assert [e["index"] for e in starts] == list(range(len(starts)))
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
+    # Each tool_use input came piece by piece (input_json_delta as the model wrote the arguments), and the
+    # pieces add up to the blocking answer's inputs.
+    pieces = {}
+    for e in events:
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+            pieces.setdefault(e["index"], []).append(e["delta"]["partial_json"])
+    assert pieces and all(len(p) > 1 for p in pieces.values()), pieces
+    whole = client(smol).messages.create(model="smol", max_tokens=300, extra_body={"temperature": 0}, tools=TOOLS,
+                                         tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Weather in Rome?"}])
+    assert [json.loads("".join(p)) for _, p in sorted(pieces.items())] == [b.input for b in whole.content if b.type == "tool_use"]
 
 
 def test_stop_sequences(smol):

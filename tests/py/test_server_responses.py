@@ -155,6 +155,31 @@ def test_raw_event_order(smol):
     assert done["output"][0]["content"][0]["text"] == "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
 
 
+def test_function_call_arguments_stream_in_pieces(smol):
+    """A forced call streams its arguments as function_call_arguments.delta events while the model writes
+    them; they add up to the .done event's arguments, the finished item's and the non-streamed answer's."""
+    body = {"input": "Weather in Rome for 2 days?", "tools": TOOLS, "tool_choice": "required", "max_output_tokens": 300,
+            "temperature": 0}
+    whole = client(smol).responses.create(model="smol", **body)
+    r = requests.post(smol + "/v1/responses", json=dict(body, stream=True), stream=True)
+    events = [json.loads(b.split("\n", 1)[1][len("data: "):]) for b in r.text.strip().split("\n\n")]
+    calls = {}
+    for e in events:
+        if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call":
+            calls[e["item"]["id"]] = {"deltas": [], "done": None, "item": None}
+        elif e["type"] == "response.function_call_arguments.delta":
+            calls[e["item_id"]]["deltas"].append(e["delta"])
+        elif e["type"] == "response.function_call_arguments.done":
+            calls[e["item_id"]]["done"] = e["arguments"]
+        elif e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call":
+            calls[e["item"]["id"]]["item"] = e["item"]
+    assert calls
+    for c in calls.values():
+        assert len(c["deltas"]) > 1, c
+        assert "".join(c["deltas"]) == c["done"] == c["item"]["arguments"]
+    assert [c["done"] for c in calls.values()] == [o.arguments for o in whole.output if o.type == "function_call"]
+
+
 def test_reasoning_items(tiny):
     """Qwen3.5 thinks first: a reasoning item carries the thinking (streamed as reasoning_text events);
     reasoning.effort "none" turns it off; a reasoning input item reaches the prompt."""

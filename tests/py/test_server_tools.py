@@ -75,21 +75,29 @@ OPENERS = ("<tool_call>", "[TOOL_CALLS]")
 
 def check_calls(choice, tool_choice, parallel, cut=False):
     """The answer is tool calls only, each to an allowed tool with arguments valid for its schema.
-    `cut`: max_tokens ended it; with parallel calls the last one may then be unfinished, and that text
-    (left as content by the parser) must be the start of another call."""
+    `cut`: max_tokens ended it; with parallel calls the last one may then be unfinished: either its text
+    was not yet a call (left as content by the parser, the start of another call), or its header and
+    part of its arguments were already streamed — then the call stays with the arguments written so far
+    (incomplete JSON) and finish_reason is "length", as OpenAI answers."""
     msg = choice.message
-    assert choice.finish_reason == "tool_calls", choice
+    truncated = choice.finish_reason == "length"
+    assert choice.finish_reason == "tool_calls" or (cut and parallel and truncated), choice
     if cut and parallel and msg.content:
         assert any(o.startswith(msg.content[:len(o)]) for o in OPENERS), msg.content
     else:
         assert not msg.content, msg
     calls = msg.tool_calls
     assert calls and (parallel or len(calls) == 1), calls
-    for c in calls:
+    for i, c in enumerate(calls):
         if isinstance(tool_choice, dict):
             assert c.function.name == tool_choice["function"]["name"]
-        jsonschema.validate(json.loads(c.function.arguments), SCHEMA[c.function.name])
         assert c.id and c.type == "function"
+        if truncated and i == len(calls) - 1:
+            assert c.function.arguments.startswith("{"), c.function.arguments
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(c.function.arguments)
+            continue
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMA[c.function.name])
     return calls
 
 
@@ -126,14 +134,18 @@ def test_stream_equals_non_stream(smol_qwen3, tiny_qwen35):
                       extra_body=extra)
             whole = c.chat.completions.create(**kw)
             calls = check_calls(whole.choices[0], "required", True, whole.usage.completion_tokens >= MAX_TOKENS)
+            pieces = 0
             with c.chat.completions.stream(**kw) as s:
-                for _ in s:
-                    pass
+                for ev in s:
+                    pieces += ev.type == "tool_calls.function.arguments.delta" and ev.arguments_delta != ""
                 final = s.get_final_completion()
             streamed = final.choices[0]
-            assert streamed.finish_reason == "tool_calls"
-            assert [(t.function.name, json.loads(t.function.arguments)) for t in streamed.message.tool_calls] == \
-                [(t.function.name, json.loads(t.function.arguments)) for t in calls]
+            assert streamed.finish_reason == whole.choices[0].finish_reason
+            # The SDK's accumulator rebuilds exactly the blocking answer's calls (same seed, same text).
+            assert [(t.type, t.function.name, t.function.arguments) for t in streamed.message.tool_calls] == \
+                [(t.type, t.function.name, t.function.arguments) for t in calls]
+            # …from arguments sent piece by piece (Hermes JSON: as written; Qwen XML: per parameter).
+            assert pieces > len(calls), (pieces, calls)
 
 
 def test_reasoning_then_forced_call(tiny_qwen35):

@@ -473,3 +473,27 @@ TEST(GrammarMatcher, NothingAllowedWhenNoTokenSpellsTheNextByte) {
   EXPECT_TRUE(m.accept_token(0));
   EXPECT_FALSE(m.any_allowed());  // the engine ends such a request with an error
 }
+
+TEST(GrammarCache, PreparedAutomatonIsAdoptedWithItsFirstMask) {
+  // Engine::submit prepares a grammar's automaton on the submitting thread: the start state's mask is
+  // computed there, and the engine's cache adopts the automaton so that its first step is a lookup.
+  auto trie = TokenTrie::build(std::vector<std::string>{"a", "b", "ab", "<eos>"}, {3});
+  GrammarCache cache(trie);
+  auto g = G(R"g(root ::= "a" "b"*)g");
+  auto p = cache.prepare(g, {});
+  EXPECT_EQ(p->masks_computed(), 1u);
+  GrammarAutomaton* raw = p.get();
+  auto a = cache.get(g, {}, std::move(p));
+  EXPECT_EQ(a.get(), raw);
+  const uint64_t* m = a->mask(a->start());
+  EXPECT_EQ(a->masks_computed(), 1u);  // cached: no second walk
+  EXPECT_EQ(m[0] & 0xF, 0b0101u);      // "a" and "ab"
+  // Once cached, another prepared automaton is not used (the cached one keeps its masks).
+  auto q = cache.prepare(g, {});
+  EXPECT_EQ(cache.get(g, {}, q).get(), raw);
+  // An automaton prepared for another grammar is never adopted.
+  GrammarCache other(trie);
+  auto h = G(R"g(root ::= "b")g");
+  auto wrong = other.prepare(h, {});
+  EXPECT_NE(other.get(g, {}, wrong).get(), wrong.get());
+}
