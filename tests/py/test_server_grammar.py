@@ -181,3 +181,31 @@ def test_malformed_constraints_are_400_naming_the_field(smol, path, body, param,
     e = r.json()["error"]
     assert e["type"] == "invalid_request_error" and e["param"] == param, e
     assert e["message"].startswith(param + ": ") and needle in e["message"], e
+
+
+def test_openai_sdk_parse_with_pydantic(smol):
+    """The official SDK's structured-output client: `chat.completions.parse` with a pydantic model (the
+    SDK sends its strict JSON schema and parses the reply into the model), blocking and streamed."""
+    from typing import Literal
+
+    import openai
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=12)
+        age: int = pydantic.Field(ge=0, le=130)
+        tags: list[Literal["a", "b", "c"]] = pydantic.Field(max_length=3)
+
+    c = openai.OpenAI(base_url=smol + "/v1", api_key="none")
+    for seed in (1, 2, 3):
+        r = c.chat.completions.parse(model="kiln", messages=MSG, response_format=Person, temperature=1.0, seed=seed,
+                                     max_tokens=400)
+        p = r.choices[0].message.parsed
+        assert isinstance(p, Person), r.choices[0].message.content
+        jsonschema.validate(json.loads(r.choices[0].message.content), Person.model_json_schema())
+    with c.chat.completions.stream(model="kiln", messages=MSG, response_format=Person, temperature=1.0, seed=4,
+                                   max_tokens=400) as s:
+        for _ in s:
+            pass
+        final = s.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, Person), final.choices[0].message.content
