@@ -8,10 +8,12 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine_spec_util.h"
 #include "../model/model_test_util.h"
 
 using namespace kiln;
 using namespace kiln::engine;
+using namespace kiln::engine::spec_test;
 
 namespace {
 
@@ -37,43 +39,11 @@ SpecOptions mtp(int n_max = 3) {
   return s;
 }
 
-struct Out {
-  std::vector<int32_t> tokens;
-  Timings t;
-};
-
-Out collect(RequestHandle& h) {
-  Out o;
-  for (int i = 0; i < 1200; ++i) {
-    auto e = h.next(std::chrono::milliseconds(100));
-    if (!e) continue;
-    for (auto& t : e->tokens) o.tokens.push_back(t.id);
-    if (e->final()) {
-      o.t = e->timings;
-      return o;
-    }
-  }
-  ADD_FAILURE() << "request did not finish";
-  return o;
-}
-
 std::vector<int32_t> prompt(uint32_t seed, int n = 24) {
   std::mt19937 g(seed);
   std::vector<int32_t> p(static_cast<size_t>(n));
   for (auto& t : p) t = 300 + int32_t(g() % 400);
   return p;
-}
-
-Request req(std::vector<int32_t> p, int n, float temp = 0, uint32_t seed = 1) {
-  Request r;
-  r.prompt = std::move(p);
-  r.sampling.temperature = temp;
-  r.sampling.seed = seed;
-  r.sampling.min_p = 0;
-  r.sampling.top_p = 1;
-  r.max_tokens = n;
-  r.ignore_eos = true;
-  return r;
 }
 
 class EngineMtp : public ::testing::TestWithParam<std::string> {};
