@@ -32,6 +32,11 @@ int64_t tile_min_cols() {
   }();
   return v;
 }
+// The tile path's column side data in the workspace: only for calls that take the tile path (so
+// workspaces of smaller batches are what they were without it).
+size_t side_region(GgmlType wt, int64_t k, int64_t m) {
+  return tile_min_cols() > 0 && m >= tile_min_cols() ? align64(size_t(m) * cpu::tile_side_bytes(wt, k)) : 0;
+}
 }  // namespace
 
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
@@ -44,7 +49,7 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
   }
   // Quantized activations for every column, their tile side data, + per thread kRowTile dequantized
   // rows (float path) or one decoded tile (tile path).
-  return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + align64(size_t(m) * cpu::tile_side_bytes(wt, k)) +
+  return align64(size_t(m) * cpu::act_bytes(cpu::act_type(wt), k)) + side_region(wt, k, m) +
          size_t(n_threads) * thread_scratch(k);
 }
 
@@ -125,7 +130,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       // Tile path: each thread decodes 16 rows at a time once and multiplies them with every column.
       const size_t sb = cpu::tile_side_bytes(a.wt, k);
       uint8_t* side = act + align64(size_t(m) * ab);
-      uint8_t* scratch = side + align64(size_t(m) * sb);
+      uint8_t* scratch = side + side_region(a.wt, k, m);
       const cpu::TileSideFn sf = T.tile_side[wi];
       auto sides = [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; ++t) sf(k, act + size_t(t) * ab, side + size_t(t) * sb);
@@ -172,8 +177,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     return;
   }
   // Float path: dequantize a tile of weight rows once, dot it with every column.
-  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k)) +
-               align64(size_t(m) * cpu::tile_side_bytes(a.wt, k));
+  auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k)) + side_region(a.wt, k, m);
   const cpu::ToF32Fn deq = T.to_f32[wi];
   KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
   pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {

@@ -6,7 +6,9 @@
 //   per-output float chains; only the exact integer sums are formed differently), so the tile path
 //   is a speed choice, never a numerical one: matmul may take it for any column count.
 // Must not: change any float step of the orders documented in x86_kernels.inc / docs/kernels.md;
-//   be used for weights whose row count is not a multiple of 8 or for experts (other orders there).
+//   be used where matmul picks another entry than vec_dot_q8 (vec_dot_q8_rows_not8 for Q4_0 /
+//   IQ4_NL / Q4_K matrices whose row count is not a multiple of 8, vec_dot_q8_expert for Q4_K
+//   experts): those are other orders.
 // Threading: pure functions; each call owns its scratch (one per pool thread, from the workspace).
 //
 // Layout. A tile is kTileRows = 16 consecutive weight rows. Its elements are decoded once (per
