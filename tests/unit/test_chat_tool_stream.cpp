@@ -304,6 +304,61 @@ TEST(ToolStream, CutByTheEndOfGeneration) {
   EXPECT_EQ(ok.finish_reason("length"), "tool_calls");
 }
 
+TEST(ToolStream, RandomFragmentsEveryFormat) {
+  // Random texts from each format's markers, headers, JSON pieces (valid and not), names with odd
+  // characters, partial markers and prose: streamed byte by byte and in random chunks they give the
+  // blocking answer exactly — the streamer's decisions depend only on the bytes, never the chunking.
+  const std::vector<std::string> common = {
+      "{", "}", "\"", ":", ",", " ", "\n", "x", "\"query\"", ": \"a b\"", "12", "1.5e3", "true", "null", "[", "]",
+      "\\\"", "\\u00e9", "get_weather", "search", "wörld", "<", "{\"query\": \"q\"}", "{\"city\": \"Paris\", \"days\": 3}"};
+  const std::vector<std::pair<ToolCallFormat, std::vector<std::string>>> formats = {
+      {ToolCallFormat::HermesJson, {"<tool_call>", "</tool_call>", "{\"name\": \"search\", \"arguments\": ",
+                                    "{\"name\": \"get_weather\", \"parameters\": ", "<function=search>", "</function>",
+                                    "<parameter=query>", "</parameter>", "<parameter=a\"b>", "</tool_", "\"id\": 1"}},
+      {ToolCallFormat::QwenXml, {"<tool_call>\n<function=get_weather>\n", "<parameter=city>\nParis\n</parameter>\n",
+                                 "<parameter=days>\n3\n</parameter>\n", "</function>\n</tool_call>", "<parameter=", ">",
+                                 "</parameter>", "<tool_call>", "</tool_call>"}},
+      {ToolCallFormat::MistralToolCalls, {"[TOOL_CALLS]", "search[ARGS]", "get_weather[CALL_ID]a\"b[ARGS]", "[ARGS]",
+                                          "[{\"name\": \"search\", \"arguments\": ", "}, ", "}]", "[TOOL"}},
+      {ToolCallFormat::Llama3Json, {"{\"name\": \"search\", \"parameters\": ", "{\"name\": \"Bob\", \"parameters\": ",
+                                    "<|python_tag|>", "}"}},
+      {ToolCallFormat::DeepseekV31, {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>search<｜tool▁sep｜>",
+                                     "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "function<｜tool▁sep｜>search\n```json\n",
+                                     "```", "<｜tool▁"}},
+      {ToolCallFormat::KimiK2, {"<|tool_calls_section_begin|>", "<|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>",
+                                "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|tool_call"}},
+      {ToolCallFormat::MiniMaxJson, {"<tool_calls>\n", "{\"name\": \"search\", \"arguments\": ", "}\n", "</tool_calls>"}},
+      {ToolCallFormat::FunctionaryV31, {"<function=search>", "<function=get_weather>", "</function>", "<function="}},
+      {ToolCallFormat::Harmony, {"<|channel|>commentary to=functions.search <|constrain|>json<|message|>", "<|call|>",
+                                 "<|channel|>final<|message|>", "<|end|>", "<|start|>assistant", "<|channel|>commentary to=functions."}},
+  };
+  std::mt19937 rng(7);
+  for (const auto& [format, own] : formats) {
+    std::vector<std::string> frags = common;
+    frags.insert(frags.end(), own.begin(), own.end());
+    for (int n = 0; n < 250; ++n) {
+      std::string text;
+      // Mostly: a well-formed opening, then random pieces.
+      if (rng() % 3) text += own[0];
+      const int len = 1 + int(rng() % 14);
+      for (int i = 0; i < len; ++i) text += frags[rng() % frags.size()];
+      ParsedMessage whole = parse_output(text, cfg_for(format));
+      std::vector<size_t> every;
+      for (size_t i = 1; i < text.size(); ++i) every.push_back(i);
+      same(feed_cut(text, cfg_for(format), every), whole, "byte-by-byte: " + text);
+      for (int round = 0; round < 3; ++round) {
+        std::vector<size_t> cuts;
+        for (size_t pos = 0;;) {
+          pos += 1 + rng() % 8;
+          if (pos >= text.size()) break;
+          cuts.push_back(pos);
+        }
+        same(feed_cut(text, cfg_for(format), cuts), whole, "random chunking: " + text);
+      }
+    }
+  }
+}
+
 TEST(ToolStream, DeltaJsonShapes) {
   OutputParser p(cfg_for(ToolCallFormat::HermesJson));
   Delta a = p.feed("<tool_call>{\"name\": \"search\", \"arguments\": {\"query\":");
