@@ -1,6 +1,8 @@
 // chat/output_parser.cpp — incremental content / reasoning / tool-call splitter.
 #include "chat/output_parser.h"
 
+#include "chat/text_util.h"
+
 #include <algorithm>
 #include <random>
 
@@ -22,15 +24,7 @@ size_t without_trailing_ws(std::string_view s) {
   return last == std::string_view::npos ? 0 : last + 1;
 }
 
-// Length of the longest proper suffix of `s` that is a prefix of `marker` (what must be held
-// back because the next chunk might complete the marker).
-size_t partial_marker_suffix(std::string_view s, std::string_view marker) {
-  if (marker.empty()) return 0;
-  size_t max = std::min(s.size(), marker.size() - 1);
-  for (size_t n = max; n > 0; --n)
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  return 0;
-}
+using text::partial_marker_suffix;
 
 }  // namespace
 
@@ -420,21 +414,13 @@ bool OutputParser::process_block(bool final, Delta& d) {
   const bool streamed = streamer_->committed();
   msg_.last_call_cut = streamer_->cut();
   streamer_.reset();
-  if (streamed) {  // the block's calls were streamed and are final; the rest of it was layout
-    content_skip_ws_ = true;
-    buf_.erase(0, pos == std::string::npos ? buf_.size() : pos + close.size());
-    mode_ = Mode::Content;
-    if (final && buf_.empty()) {
-      flush_content_ws(d);
-      return false;
-    }
-    return true;
-  }
   // At the end without the closing marker (the model stopped at end-of-generation right after the
   // last call): the block is read as it is.
   const size_t body_len = pos == std::string::npos ? buf_.size() : pos;
   std::vector<ParsedCall> calls;
-  if (parse_block_calls(cfg_.tool_format, std::string_view(buf_).substr(0, body_len), cfg_.tools, calls)) {
+  if (streamed) {  // the block's calls were streamed and are final; the rest of it was layout
+    content_skip_ws_ = true;
+  } else if (parse_block_calls(cfg_.tool_format, std::string_view(buf_).substr(0, body_len), cfg_.tools, calls)) {
     for (auto& c : calls) emit_tool_call(std::move(c.name), std::move(c.arguments), d, std::move(c.id));
     content_skip_ws_ = true;
   } else {

@@ -3,23 +3,16 @@
 #include <cctype>
 
 #include "chat/output_parser.h"
+#include "chat/text_util.h"
 #include "chat/tool_formats.h"
 
 namespace kiln::chat {
 
 namespace {
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-
-std::string dump_safe(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+using text::dump_safe;
+using text::starts_with;
+using text::trim;
 
 // The JSON-schema types a parameter allows: "type" as a string or an array of strings.
 std::vector<std::string> schema_types(const ojson& schema) {

@@ -2,24 +2,20 @@
 //   tool_formats.h).
 #include "chat/tool_formats.h"
 
+#include "chat/text_util.h"
+
 #include <map>
 
 namespace kiln::chat {
 
 namespace {
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+using text::dump_safe;
+using text::is_ws;
+using text::starts_with;
+using text::trim;
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool contains(std::string_view s, std::string_view p) { return s.find(p) != std::string_view::npos; }
-
-std::string dump_safe(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 // A JSON object's text: kept as written (so that streamed pieces add up to it), or "" when it is not
 // an object.
@@ -31,9 +27,7 @@ bool json_object_text(std::string_view s, std::string& out) {
   return true;
 }
 
-bool valid_name(std::string_view n) {
-  return !n.empty() && n.size() <= 128 && n.find_first_of("<>{}[]\"\n\r\t ") == std::string_view::npos;
-}
+bool valid_name(std::string_view n) { return text::valid_tool_name(n); }
 
 // Splits `s` at each occurrence of `open` … `close`, calling f(inner); text between the pieces must
 // be whitespace. False when anything else is there or f fails.

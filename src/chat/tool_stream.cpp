@@ -2,32 +2,18 @@
 //   call headers (see tool_stream.h).
 #include "chat/tool_stream.h"
 
+#include "chat/text_util.h"
 #include "chat/tool_formats.h"
 
 namespace kiln::chat {
 
 namespace {
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-std::string dump_safe(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
-
-bool valid_name(std::string_view n) {
-  return !n.empty() && n.size() <= 128 && n.find_first_of("<>{}[]\"\n\r\t ") == std::string_view::npos;
-}
-
-size_t partial_suffix(std::string_view s, std::string_view marker) {
-  size_t max = std::min(s.size(), marker.size() - 1);
-  for (size_t n = max; n > 0; --n)
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  return 0;
-}
+using text::dump_safe;
+using text::is_ws;
+using text::trim;
+bool valid_name(std::string_view n) { return text::valid_tool_name(n); }
+size_t partial_suffix(std::string_view s, std::string_view marker) { return text::partial_marker_suffix(s, marker); }
 
 using M = int;  // 0 Need, 1 No, 2 Yes (CallStreamer::Match's values)
 constexpr M kNeed = 0, kNo = 1, kYes = 2;
@@ -72,6 +58,8 @@ struct Cur {
       if (head.size() > 200 || trim(head).find_first_of(bad) != std::string_view::npos) return kNo;
       return kNeed;
     }
+    // The same checks as on a partial text, so that the decision does not depend on the chunking.
+    if (f > 200 || trim(rest.substr(0, f)).find_first_of(bad) != std::string_view::npos) return kNo;
     out = std::string(rest.substr(0, f));
     i += f + marker.size();
     return kYes;
@@ -353,7 +341,7 @@ CallStreamer::Match CallStreamer::header(std::string_view s, size_t& len, std::s
         ++c.i;
       }
       if (mistral_array_) return ret(json_header(c, name));
-      KILN_HSTEP(c.until("[ARGS]", name, "<>{}\"\n"));
+      KILN_HSTEP(c.until("[ARGS]", name, "\n"));
       if (size_t k = name.find("[CALL_ID]"); k != std::string::npos) name.resize(k);
       name = std::string(trim(name));
       if (!valid_name(name)) return Match::No;
@@ -468,7 +456,7 @@ bool CallStreamer::xml_step(std::string_view s, bool complete, size_t& len, std:
   Match par = static_cast<Match>(c.lit("<parameter="));
   if (par == Match::Yes) {
     std::string pname;
-    Match pm = static_cast<Match>(c.until(">", pname));
+    Match pm = static_cast<Match>(c.until(">", pname, "\n"));
     if (pm == Match::Yes) {
       pname = std::string(trim(pname));
       std::string_view rest = s.substr(c.i);

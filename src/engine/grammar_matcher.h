@@ -17,7 +17,9 @@
 //   through Sampler::sample and feeds sampled tokens back).
 // Threading: TokenTrie is immutable and shareable. GrammarAutomaton, GrammarMatcher and
 //   GrammarCache are used by one thread (the engine thread); they allocate when they meet a new
-//   state (memoised), never per step in steady state.
+//   state (memoised), never per step in steady state. Exceptions: GrammarCache::trie_for() and
+//   prepare() may be called from any thread (Engine::submit); a prepared automaton belongs to the
+//   submitting thread until it is handed to the engine with the request.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -159,6 +159,22 @@ void same(const Streamed& s, const ParsedMessage& want, const std::string& what)
   EXPECT_EQ(s.msg.last_call_cut, want.last_call_cut) << what;
 }
 
+std::vector<size_t> every_byte(const std::string& text) {
+  std::vector<size_t> cuts;
+  for (size_t i = 1; i < text.size(); ++i) cuts.push_back(i);
+  return cuts;
+}
+
+// Cuts 1..max_step bytes apart.
+std::vector<size_t> random_cuts(const std::string& text, std::mt19937& rng, unsigned max_step) {
+  std::vector<size_t> cuts;
+  for (size_t pos = 0;;) {
+    pos += 1 + rng() % max_step;
+    if (pos >= text.size()) return cuts;
+    cuts.push_back(pos);
+  }
+}
+
 struct Call {
   std::string name, arguments, id;  // id "" = generated
 };
@@ -177,9 +193,7 @@ void check_streams(ToolCallFormat f, const std::string& text, const std::vector<
     EXPECT_EQ(whole.tool_calls[i].arguments, calls[i].arguments) << text;
     if (!calls[i].id.empty()) EXPECT_EQ(whole.tool_calls[i].id, calls[i].id) << text;
   }
-  std::vector<size_t> every;
-  for (size_t i = 1; i < text.size(); ++i) every.push_back(i);
-  Streamed bytes = feed_cut(text, cfg_for(f), every);
+  Streamed bytes = feed_cut(text, cfg_for(f), every_byte(text));
   same(bytes, whole, "byte-by-byte: " + text);
   ASSERT_EQ(bytes.first_at.size(), calls.size());
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -187,15 +201,7 @@ void check_streams(ToolCallFormat f, const std::string& text, const std::vector<
     EXPECT_GE(bytes.pieces[i], min_pieces) << "call " << i << ": " << text;
   }
   std::mt19937 rng(99 + static_cast<unsigned>(text.size()));
-  for (int round = 0; round < 40; ++round) {
-    std::vector<size_t> cuts;
-    for (size_t pos = 0;;) {
-      pos += 1 + rng() % 9;
-      if (pos >= text.size()) break;
-      cuts.push_back(pos);
-    }
-    same(feed_cut(text, cfg_for(f), cuts), whole, "random chunking: " + text);
-  }
+  for (int round = 0; round < 40; ++round) same(feed_cut(text, cfg_for(f), random_cuts(text, rng, 9)), whole, "random chunking: " + text);
   same(feed_cut(text, cfg_for(f), {}), whole, "one chunk: " + text);
 }
 
@@ -293,15 +299,59 @@ TEST(ToolStream, CutByTheEndOfGeneration) {
   EXPECT_TRUE(m.last_call_cut);
   EXPECT_EQ(m.finish_reason("length"), "length");
   EXPECT_EQ(m.finish_reason("stop"), "tool_calls");
-  std::vector<size_t> every;
-  for (size_t i = 1; i < t.size(); ++i) every.push_back(i);
-  same(feed_cut(t, cfg_for(ToolCallFormat::HermesJson), every), m, "byte-by-byte cut");
+  same(feed_cut(t, cfg_for(ToolCallFormat::HermesJson), every_byte(t)), m, "byte-by-byte cut");
   // A complete call is not cut.
   ParsedMessage ok = parse_output("<tool_call>{\"name\": \"search\", \"arguments\": {}}</tool_call>", cfg);
   ASSERT_EQ(ok.tool_calls.size(), 1u);
   EXPECT_EQ(ok.tool_calls[0].arguments, "{}");
   EXPECT_FALSE(ok.last_call_cut);
   EXPECT_EQ(ok.finish_reason("length"), "tool_calls");
+}
+
+TEST(ToolStream, RandomFragmentsEveryFormat) {
+  // Random texts from each format's markers, headers, JSON pieces (valid and not), names with odd
+  // characters, partial markers and prose: streamed byte by byte and in random chunks they give the
+  // blocking answer exactly — the streamer's decisions depend only on the bytes, never the chunking.
+  const std::vector<std::string> common = {
+      "{", "}", "\"", ":", ",", " ", "\n", "x", "\"query\"", ": \"a b\"", "12", "1.5e3", "true", "null", "[", "]",
+      "\\\"", "\\u00e9", "get_weather", "search", "wörld", "<", "{\"query\": \"q\"}", "{\"city\": \"Paris\", \"days\": 3}"};
+  const std::vector<std::pair<ToolCallFormat, std::vector<std::string>>> formats = {
+      {ToolCallFormat::HermesJson, {"<tool_call>", "</tool_call>", "{\"name\": \"search\", \"arguments\": ",
+                                    "{\"name\": \"get_weather\", \"parameters\": ", "<function=search>", "</function>",
+                                    "<parameter=query>", "</parameter>", "<parameter=a\"b>", "</tool_", "\"id\": 1"}},
+      {ToolCallFormat::QwenXml, {"<tool_call>\n<function=get_weather>\n", "<parameter=city>\nParis\n</parameter>\n",
+                                 "<parameter=days>\n3\n</parameter>\n", "</function>\n</tool_call>", "<parameter=", ">",
+                                 "</parameter>", "<tool_call>", "</tool_call>"}},
+      {ToolCallFormat::MistralToolCalls, {"[TOOL_CALLS]", "search[ARGS]", "get_weather[CALL_ID]a\"b[ARGS]", "[ARGS]",
+                                          "[{\"name\": \"search\", \"arguments\": ", "}, ", "}]", "[TOOL"}},
+      {ToolCallFormat::Llama3Json, {"{\"name\": \"search\", \"parameters\": ", "{\"name\": \"Bob\", \"parameters\": ",
+                                    "<|python_tag|>", "}"}},
+      {ToolCallFormat::DeepseekV31, {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>search<｜tool▁sep｜>",
+                                     "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "function<｜tool▁sep｜>search\n```json\n",
+                                     "```", "<｜tool▁"}},
+      {ToolCallFormat::KimiK2, {"<|tool_calls_section_begin|>", "<|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>",
+                                "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|tool_call"}},
+      {ToolCallFormat::MiniMaxJson, {"<tool_calls>\n", "{\"name\": \"search\", \"arguments\": ", "}\n", "</tool_calls>"}},
+      {ToolCallFormat::FunctionaryV31, {"<function=search>", "<function=get_weather>", "</function>", "<function="}},
+      {ToolCallFormat::Harmony, {"<|channel|>commentary to=functions.search <|constrain|>json<|message|>", "<|call|>",
+                                 "<|channel|>final<|message|>", "<|end|>", "<|start|>assistant", "<|channel|>commentary to=functions."}},
+  };
+  std::mt19937 rng(7);
+  for (const auto& [format, own] : formats) {
+    std::vector<std::string> frags = common;
+    frags.insert(frags.end(), own.begin(), own.end());
+    for (int n = 0; n < 250; ++n) {
+      std::string text;
+      // Mostly: a well-formed opening, then random pieces.
+      if (rng() % 3) text += own[0];
+      const int len = 1 + int(rng() % 14);
+      for (int i = 0; i < len; ++i) text += frags[rng() % frags.size()];
+      ParsedMessage whole = parse_output(text, cfg_for(format));
+      same(feed_cut(text, cfg_for(format), every_byte(text)), whole, "byte-by-byte: " + text);
+      for (int round = 0; round < 3; ++round)
+        same(feed_cut(text, cfg_for(format), random_cuts(text, rng, 8)), whole, "random chunking: " + text);
+    }
+  }
 }
 
 TEST(ToolStream, DeltaJsonShapes) {
