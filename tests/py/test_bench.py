@@ -89,6 +89,29 @@ def test_json(kiln_bin, tiny):
     assert tg["tg_weight_gbps"] == pytest.approx(tg["decode_weight_read_bytes"] * tg["avg_ts"] / 1e9, rel=1e-9)
 
 
+def test_batched_bench_jsonl(kiln_bin, tiny):
+    """`kiln batched-bench`: llama-batched-bench's JSONL fields, one row per (npp, ntg, npl), the token
+    counts and speeds consistent with the times (shared prompt: N_KV = pp + pl * tg)."""
+    rows = []
+    for extra in ([], ["-pps"]):
+        r = subprocess.run([str(kiln_bin), "batched-bench", *NGL_ARGS, "-m", str(tiny), "-npp", "16", "-ntg", "4",
+                            "-npl", "1,3", "-t", "1", "-o", "jsonl", *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        rows += [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    assert [(x["pl"], x["is_pp_shared"]) for x in rows] == [(1, 0), (3, 0), (1, 1), (3, 1)]
+    for x in rows:
+        assert x["pp"] == 16 and x["tg"] == 4 and x["n_threads"] == 1
+        shared = x["is_pp_shared"] == 1
+        assert x["n_kv"] == (16 + x["pl"] * 4 if shared else x["pl"] * 20)
+        assert x["speed_pp"] == pytest.approx((16 if shared else 16 * x["pl"]) / x["t_pp"], rel=1e-6)
+        assert x["speed_tg"] == pytest.approx(x["pl"] * 4 / x["t_tg"], rel=1e-6)
+        assert x["t"] == pytest.approx(x["t_pp"] + x["t_tg"], rel=1e-6)
+        assert x["speed"] == pytest.approx(x["n_kv"] / x["t"], rel=1e-6)
+    bad = subprocess.run([str(kiln_bin), "batched-bench", "-m", str(tiny), "-npl", "600"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "-npl 600" in bad.stderr
+
+
 def test_errors(kiln_bin, tiny, work_dir):
     missing = work_dir / "no-such-model.gguf"
     r = subprocess.run([str(kiln_bin), "bench", "-m", str(missing), "-r", "1"], capture_output=True, text=True, timeout=60)
