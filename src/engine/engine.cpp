@@ -368,12 +368,6 @@ void Engine::Impl::step() {
     row += 1 + k;
     budget -= 1 + k;
   }
-  // A step that verifies drafts holds at most kSpecStepMax tokens: on CUDA, a verify run inside a
-  // larger batch (the unfused recurrent kernels with kept states) failed its GPU test
-  // (tests/model/test_cuda_spec.cpp, 74-token batch; docs/engine.md) and is kept out until resolved.
-  bool verifying = false;
-  for (auto& a : active) verifying = verifying || !a->draft.empty();
-  if (verifying) budget = std::min(budget, kSpecStepMax - (step_tokens - budget));
   for (auto& a : active) {
     if (a->prompt_done || budget <= 0) continue;
     const auto& prompt = a->req.prompt;

@@ -133,7 +133,6 @@ struct Engine::Impl {
   const tokenizer::Tokenizer* tok = nullptr;
   int64_t n_ctx_slot = 0;
   int64_t step_tokens = 0;
-  static constexpr int64_t kSpecStepMax = 64;  // most tokens of a step that verifies drafts (engine.cpp)
   int64_t snap_interval = 0;
   bool recurrent = false;
   std::vector<int32_t> eog;  // sorted

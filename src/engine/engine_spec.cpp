@@ -34,16 +34,13 @@ void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
   std::vector<model::Context::MtpRow> rows;
   std::vector<DraftModel::Row> drows;
   std::vector<Active*> who;
-  int64_t used = 0;  // tokens of the generating requests before this one
   for (auto& ap : active) {
     Active& a = *ap;
     a.draft.clear();
     if (!a.prompt_done) continue;
     --generating;
-    // At most kSpecStepMax tokens in a step that verifies (engine.cpp); requests with images do not
-    // draft (their positions are M-RoPE streams the drafters do not follow).
-    const int64_t cap = std::min(budget, kSpecStepMax - used) - 1 - generating;
-    const int64_t k = a.req.images.empty() ? draft_len(a, cap) : 0;
+    // Requests with images do not draft (their positions are M-RoPE streams the drafters do not follow).
+    const int64_t k = a.req.images.empty() ? draft_len(a, budget - 1 - generating) : 0;
     if (so.type == SpecType::NgramSimple && k > 0) {
       std::vector<int32_t>& h = slots[size_t(a.slot)].tokens;
       h.push_back(a.next_token);
@@ -57,9 +54,7 @@ void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
       drows.push_back({a.slot, slots[size_t(a.slot)].tokens, a.next_token, int(k)});
       who.push_back(&a);
     }
-    const int64_t fed = 1 + (so.type == SpecType::NgramSimple ? int64_t(a.draft.size()) : k);
-    budget -= fed;
-    used += fed;
+    budget -= 1 + (so.type == SpecType::NgramSimple ? int64_t(a.draft.size()) : k);
   }
   if (who.empty()) return;
   std::vector<std::vector<int32_t>> out;

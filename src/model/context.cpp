@@ -359,9 +359,9 @@ Status Context::decode(const Batch& b, Memory& mem) {
       s.run_output(g, T, n_out);
       if (mtp) s.mtp_catchup(g, mem, T);
     };
-    if (s.graph_mem != &mem) {
+    if (s.graph_mem != mem.id()) {  // graphs hold a Memory's buffer addresses: only for that one
       s.graphs.clear();
-      s.graph_mem = &mem;
+      s.graph_mem = mem.id();
     }
     // Graphs pay off where launches dominate: decode-sized steps. Larger batches (prompt chunks,
     // whose sizes vary) run op by op, so the map holds at most one graph per small (T, n_out).

@@ -54,7 +54,7 @@ struct Context::Impl {
   int out_dev = 0;
   bool graph_step = false;  // every layer and the output on devs[1]
   std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
-  const Memory* graph_mem = nullptr;  // the Memory the graphs write
+  uint64_t graph_mem = 0;  // Memory::id of the Memory the graphs write (an address can be reused)
   bool graphs_unsupported = false;
   int64_t n_kv_reserved = 0;
 

@@ -1,6 +1,7 @@
 #include "model/memory.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/overflow.h"
@@ -73,7 +74,9 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
                                                const std::vector<backend::Device*>& devs) {
   auto lay = layout(cfg, opt);
   KILN_TRY(lay);
+  static std::atomic<uint64_t> next_id{1};
   auto m = std::unique_ptr<Memory>(new Memory());
+  m->id_ = next_id.fetch_add(1);
   m->opt_ = opt;
   m->n_head_kv_ = cfg.n_head_kv;
   m->k_row_ = lay->k_row;

@@ -89,6 +89,9 @@ class Memory {
   ~Memory();
 
   const MemoryOptions& options() const { return opt_; }
+  // Unique per Memory created in this process (never reused, unlike an address): what a Context's
+  // recorded GPU graphs, which hold this Memory's buffer addresses, are valid for.
+  uint64_t id() const { return id_; }
   int64_t n_ctx() const { return opt_.n_ctx; }
   int n_seq() const { return opt_.n_seq; }
   int n_spec() const { return opt_.n_spec; }
@@ -151,6 +154,7 @@ class Memory {
   void write_rec(int seq, const float* in);
 
  private:
+  uint64_t id_ = 0;
   struct Layer {  // one layer's state: a, b = K, V (attention) or conv, SSM (recurrent)
     backend::Device* dev = nullptr;
     backend::Stream* st = nullptr;  // of dev, owned by streams_
