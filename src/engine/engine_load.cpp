@@ -78,7 +78,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.delta_chunk_min = o.delta_chunk_min;
   ro.flash_attn = o.flash_attn;
   ro.embeddings = o.embeddings;
-  ro.n_spec = o.spec.on() ? o.spec.n_max : 0;
+  ro.n_spec = o.spec.n_keep();
   ro.mtp = o.spec.type == SpecType::DraftMtp;
   return ModelRunner::create(m, ro);
 }
@@ -239,10 +239,10 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.n_parallel = std::max(1, opt_.n_parallel);
   o.n_batch = opt_.n_batch;
   o.n_ubatch = opt_.n_ubatch;
-  o.n_outputs_max = runner_outputs_max(o.n_parallel, opt_.embeddings, opt_.spec.on() ? opt_.spec.n_max : 0);
+  o.n_outputs_max = runner_outputs_max(o.n_parallel, opt_.embeddings, opt_.spec.n_keep());
   o.spec_mtp = opt_.spec.type == SpecType::DraftMtp;
   o.n_draft = opt_.spec.n_max;
-  o.n_spec = opt_.spec.on() ? opt_.spec.n_max : 0;
+  o.n_spec = opt_.spec.n_keep();
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;

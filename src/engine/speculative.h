@@ -41,6 +41,8 @@ struct SpecOptions {
   std::string type_k_draft, type_v_draft;  // -ctkd / -ctvd ("" = the target's)
   bool synthetic() const { return synth_len >= 0 || !synth_rates.empty(); }
   bool on() const { return type != SpecType::None; }
+  // Keep slots per sequence (model::MemoryOptions::n_spec): the longest draft when speculating.
+  int n_keep() const { return on() ? n_max : 0; }
 };
 
 // The conditional acceptance probability of each draft position under the synthetic curve (as
