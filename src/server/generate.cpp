@@ -350,14 +350,23 @@ void Server::Impl::h_completions(const httplib::Request& req, httplib::Response&
   start(g, res);
 }
 
-void Server::Impl::h_completion(const httplib::Request& req, httplib::Response& res) {
-  json body;
-  if (!parse_body(req, res, body)) return;
+std::shared_ptr<Server::Impl::Gen> Server::Impl::native_gen(const json& body, httplib::Response& res) {
   auto g = std::make_shared<Gen>();
   g->chat = false;
   g->native = true;
-  if (auto e = parse_gen_params(body, Endpoint::Completions, info().n_vocab, g->gp)) return send_error(res, *e);
+  if (auto e = parse_gen_params(body, Endpoint::Completions, info().n_vocab, g->gp)) {
+    send_error(res, *e);
+    return nullptr;
+  }
   g->gp.echo = false;
+  return g;
+}
+
+void Server::Impl::h_completion(const httplib::Request& req, httplib::Response& res) {
+  json body;
+  if (!parse_body(req, res, body)) return;
+  auto g = native_gen(body, res);
+  if (!g) return;
   if (auto e = parse_native_params(body, info().n_vocab, eng->options().n_parallel, g->np)) return send_error(res, *e);
   g->prompt = native_prompt_ids(g->np, tok(), [this](const std::string& t) { return tokenize_prompt(t); });
   g->prompt_text = g->np.prompt.size() == 1 && g->np.prompt[0].is_text ? g->np.prompt[0].text : tok().decode(g->prompt);

@@ -176,6 +176,9 @@ struct Server::Impl {
   // llama-server's POST /infill (infill.h): the FIM prompt run as a /completion request.
   void h_infill(const httplib::Request& req, httplib::Response& res);
 
+  // A llama-server native request's Gen (/completion, /infill): its sampling fields parsed from
+  // body; nullptr after answering the error.
+  std::shared_ptr<Gen> native_gen(const json& body, httplib::Response& res);
   void start(std::shared_ptr<Gen> g, httplib::Response& res);
 
   // Anthropic Messages API (server/anthropic.h) and OpenAI Responses API (server/responses.h).

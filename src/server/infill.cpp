@@ -163,11 +163,8 @@ void Server::Impl::h_infill(const httplib::Request& req, httplib::Response& res)
   if (auto e = infill_support_error(tok().vocab())) return send_error(res, *e);
   json body;
   if (!parse_body(req, res, body)) return;
-  auto g = std::make_shared<Gen>();
-  g->chat = false;
-  g->native = true;
-  if (auto e = parse_gen_params(body, Endpoint::Completions, info().n_vocab, g->gp)) return send_error(res, *e);
-  g->gp.echo = false;
+  auto g = native_gen(body, res);
+  if (!g) return;
   if (g->gp.n > 1) return send_error(res, bad_request("n", "n > 1 is answered only by /v1/chat/completions and /v1/completions"));
   InfillParams ip;
   if (auto e = parse_infill_params(body, info().n_vocab, ip)) return send_error(res, *e);
