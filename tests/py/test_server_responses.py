@@ -16,29 +16,13 @@ import openai
 import pytest
 import requests
 
-from server_harness import AGAINST, KilnServer, gen_model, smollm2_path
+from server_harness import AGAINST
+from dialect_fixtures import WEATHER, smol, tiny  # noqa: F401 (pytest fixtures)
 
 pytestmark = pytest.mark.skipif(bool(AGAINST), reason="starts kiln with its own flags")
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-           "required": ["city", "days"], "additionalProperties": False}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city", "parameters": WEATHER}]
 
-
-@pytest.fixture(scope="module")
-def smol(kiln_bin, shared_data):
-    tmpl = shared_data / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
-    with KilnServer(kiln_bin, smollm2_path(), ["-np", "2", "-c", "8192", "--chat-template-file", tmpl]) as s:
-        yield s.url
-
-
-@pytest.fixture(scope="module")
-def tiny(kiln_bin, work_dir, shared_data):
-    model = gen_model(kiln_bin, work_dir, "tiny-qwen35")
-    tmpl = shared_data / "chat-templates" / "Qwen3.5-4B.jinja"
-    with KilnServer(kiln_bin, model, ["-c", "4096", "--chat-template-file", tmpl]) as s:
-        yield s.url
 
 
 def client(url):

@@ -6,10 +6,13 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine_spec_util.h"
 #include "../model/model_test_util.h"
 
 using namespace kiln;
 using namespace kiln::engine;
+using kiln::engine::spec_test::collect;
+using kiln::engine::spec_test::Out;
 
 namespace {
 
@@ -30,28 +33,6 @@ std::unique_ptr<Engine> open(const std::string& preset, int np, int64_t cache_ra
   auto e = Engine::load(model_path(preset), eo);
   KILN_CHECK(e.ok(), "engine: {}", e.ok() ? "" : e.error().message);
   return std::move(*e);
-}
-
-struct Out {
-  std::vector<int32_t> tokens;
-  Timings t;
-  FinishReason finish = FinishReason::None;
-};
-
-Out collect(RequestHandle& h) {
-  Out o;
-  for (int i = 0; i < 1200; ++i) {
-    auto e = h.next(std::chrono::milliseconds(100));
-    if (!e) continue;
-    for (auto& t : e->tokens) o.tokens.push_back(t.id);
-    if (e->final()) {
-      o.t = e->timings;
-      o.finish = e->finish;
-      return o;
-    }
-  }
-  ADD_FAILURE() << "request did not finish";
-  return o;
 }
 
 Request greedy(std::vector<int32_t> p, int n) {

@@ -107,23 +107,7 @@ TEST_P(EngineSpec, PrefixCacheHitEqualsPlain) {
   const std::string preset = "tiny-" + GetParam();
   // Turn 1, then turn 2 = turn 1's prompt + answer + more: served from the cache (hybrid: the state
   // at the end of turn 1).
-  std::vector<int32_t> base1, base2, p2;
-  {
-    auto e = open(preset, 1, {});
-    auto h = e->submit(req(prompt(7), 30));
-    base1 = collect(h).tokens;
-    p2 = prompt(7);
-    p2.insert(p2.end(), base1.begin(), base1.end());
-    const auto more = prompt(8);
-    p2.insert(p2.end(), more.begin(), more.end());
-    auto h2 = e->submit(req(p2, 30));
-    base2 = collect(h2).tokens;
-  }
-  {  // the oracle for turn 2: a cold engine
-    auto e = open(preset, 1, {});
-    auto h = e->submit(req(p2, 30));
-    EXPECT_EQ(collect(h).tokens, base2);
-  }
+  const auto [base1, base2, p2] = two_turns([&] { return open(preset, 1, {}); }, prompt(7), prompt(8), 30);
   auto e = open(preset, 2, ngram(), int64_t(64) << 20);
   auto h1 = e->submit(req(prompt(7), 30));
   EXPECT_EQ(collect(h1).tokens, base1);
