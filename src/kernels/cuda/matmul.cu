@@ -168,6 +168,16 @@ bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
 
 namespace detail {
 void set_matvec_x_mode(int mode) { g_x_mode.store(mode); }
+std::atomic<int> g_bulk{-1};  // -1: from the environment
+void set_matvec_bulk(bool on) { g_bulk.store(on ? 1 : 0); }
+bool matvec_bulk(int sm) {
+  static const bool env_off = [] {
+    const char* v = std::getenv("KILN_CUDA_MV_BULK");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  const int p = g_bulk.load();
+  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
+}
 void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
 bool matvec_pdl(int sm) {
   static const bool env_off = [] {
@@ -233,6 +243,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     a.ks = mv_ks(L, k, n, 1);
     if (q8) {
       a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32), a.pdl = detail::matvec_pdl(L.sm);
+      a.bulk = detail::matvec_bulk(L.sm);
       mv_q8(wt, a, 1, L.stream);
     } else {
       mv(wt, a, 1, L.stream);
@@ -304,7 +315,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
       for (int q = j; q < n_w; ++q)
         if (!done[q] && ws[q].wt == t) seg[nseg++] = q, rows += ws[q].n, done[q] = true;
       MvArgs a;
-      a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl;
+      a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl, a.bulk = detail::matvec_bulk(L.sm);
       if (m == 1) {  // decode: one segmented launch (its own kernel instances, one column)
         a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.n = ws[seg[0]].n, a.y = ws[seg[0]].y;
         a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = x_vec_ok(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);
@@ -358,7 +369,7 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
                   "workspace smaller than matmul_id_workspace (have, need)", (long long)L.ws_bytes, (long long)need);
     detail::quantize_x(x, x_tok, x_slot, nx, k, ncols, detail::matvec_q8_x_layout(wt), L.ws, detail::matvec_pdl(L.sm),
                        L.stream);
-    a.pdl = detail::matvec_pdl(L.sm);
+    a.pdl = detail::matvec_pdl(L.sm), a.bulk = detail::matvec_bulk(L.sm);
     a.xq = static_cast<const int8_t*>(L.ws);
     a.xs = static_cast<const uint8_t*>(L.ws) + detail::q8_x_meta_offset(k, ncols);
   }

@@ -56,6 +56,7 @@ struct MvArgs {
   const int8_t* xq = nullptr;
   const void* xs = nullptr;
   bool pdl = false;  // launched with programmatic dependent launch (sm_90+; after quantize_x)
+  bool bulk = false;  // stage the weights with bulk copies (tensor memory accelerator, sm_90+)
   // int8-x kernel only, m = 1, not with expert mode: nseg > 0 replaces w / w_stride / n / y /
   // y_stride by seg[0..nseg) (all of the launch's weight type, all with the same x), CTAs mapped to
   // segments in order (matmul_n: one launch for several weights).
@@ -93,6 +94,10 @@ void set_matvec_x_mode(int mode);
 // environment has KILN_CUDA_PDL=0 or set_matvec_pdl(false) (tests, timing comparisons).
 void set_matvec_pdl(bool on);
 bool matvec_pdl(int sm);
+// Bulk-copy staging of the int8 kernel's weights (matvec_q8.cuh BULK) on sm_90+: on unless the
+// environment has KILN_CUDA_MV_BULK=0 or set_matvec_bulk(false) (tests, timing comparisons).
+void set_matvec_bulk(bool on);
+bool matvec_bulk(int sm);
 bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path takes int8 x for t now
 
 // Rows of a weight / table of type t into F32 (half = false) or F16 (half = true) rows of k values:

@@ -16,7 +16,14 @@
 //   the kernels before). Segmented launches (MvArgs::nseg, matmul_n): the CTAs of up to 4 weights of
 //   the same type and x in one grid, each CTA taking its weight, rows and y from the segment table;
 //   one column (decode), instantiated apart so the plain kernels keep their registers.
-// Must not: allocate or synchronize, or read a byte outside the weight rows.
+//   BULK (sm_90+, the launcher's choice when the weights are 16-byte aligned): the same ring, filled
+//   by the tensor memory accelerator instead: lanes 0..3 each issue one cp.async.bulk of their row's
+//   step (from the 16-byte aligned address at or below its first byte to the one at or above its
+//   last: whole aligned vectors, never another page) completing on the slot's mbarrier; the warp
+//   waits on the barrier's phase. A step then costs the warp one instruction stream instead of ~100
+//   address and copy instructions per lane, and the sums are the same (bit-identical outputs).
+// Must not: allocate or synchronize, or read a byte outside the 16-byte vectors that hold the rows
+//   (the copy path reads none outside the rows at all).
 // Threading: kernels only.
 #pragma once
 #include <cuda_runtime.h>
@@ -43,6 +50,42 @@ struct MvqGeom {
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
 
+// mbarrier and bulk-copy primitives (sm_90+; the BULK kernels are only launched there).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mb_init(uint32_t bar, int count) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mb_init_fence() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// Arrives on the barrier, expecting `bytes` more of transfer, and copies `bytes` (a multiple of 16)
+// from the 16-byte aligned global address src to shared address dst, completing on the barrier.
+__device__ __forceinline__ void mb_bulk_load(uint32_t bar, uint32_t dst, const void* src, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "fence.proxy.async.shared::cta;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %3;\n"
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%1], [%2], %3, [%0];" ::"r"(bar),
+      "r"(dst), "l"(src), "r"(bytes)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+#endif
+}
+
 // The CTA's weight: the launch's own, or in a segmented launch the segment whose CTAs hold blockIdx.x
 // (segments in CTA order; compile-time indices, so the table stays in parameter space).
 struct MvSegSel {
@@ -64,8 +107,13 @@ __device__ __forceinline__ MvSegSel mv_seg(const MvArgs& a) {
   return r;
 }
 
-template <GgmlType T, int M, int A, bool SEG = false>
-__global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(const MvArgs a) {
+// Resident CTAs per SM the kernel is built for (registers): the bulk kernel's ring fills 6 CTAs' worth
+// of shared memory (mvq_carveout asks for the largest carveout).
+template <int M, bool BULK>
+inline constexpr int kMvqCtasPerSm = BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
+
+template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false>
+__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_kernel(const MvArgs a) {
   constexpr int R = kMvRowsPerCta;
   using D = q8::U<T>;
   using G = MvqGeom<T>;
@@ -99,16 +147,36 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
   const int64_t rowbytes = (k / D::kQK) * D::kBS;
 
   __shared__ uint4 ring[kMvWarps][S][G::kSV];
+  __shared__ uint64_t mbar[BULK ? kMvWarps : 1][BULK ? S : 1];  // BULK: slot s of warp w is full
+  if constexpr (BULK) {
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < S; ++i) mb_init(smem_addr(&mbar[wid][i]), R);  // one arrival per row
+    mb_init_fence();
+    __syncwarp();
+  }
+  uint32_t phase = 0;  // BULK: bit i = parity of slot i's next fill
   uintptr_t rbase[R];  // row starts (rows past n repeat row n - 1; their sums are not stored)
 #pragma unroll
   for (int r = 0; r < R; ++r) rbase[r] = uintptr_t(w) + size_t(min(row0 + r, n - 1)) * w_stride;
-  // The copying lane's row and first vector.
+  // The copying lane's row and first vector (BULK: lane r < R copies row r).
   const int cr = lane >> 3, cv = lane & 7;
-  const uintptr_t cbase = uintptr_t(w) + size_t(min(row0 + cr, n - 1)) * w_stride;
+  const uintptr_t cbase = uintptr_t(w) + size_t(min(row0 + (BULK ? lane % R : cr), n - 1)) * w_stride;
 
   // Start the copy of step s into ring slot `slot`: vector v (= cv + 8i) of the copying row's step,
   // from the aligned address at or below its first byte, to ring slot vector cr * kVPR + v.
   auto issue = [&](int64_t s, int slot) {
+    if constexpr (BULK) {
+      // Lane r < R: row r's step, from its aligned-down start to its aligned-up end (<= kVPR vectors).
+      if (s < nsteps && lane < R) {
+        const uintptr_t p = cbase + uintptr_t(s) * G::kSB;
+        const uintptr_t a0 = p & ~uintptr_t(15);
+        const uint32_t len = uint32_t(min(int64_t(G::kSB), rowbytes - s * G::kSB));
+        mb_bulk_load(smem_addr(&mbar[wid][slot]), smem_addr(&ring[wid][slot][lane * G::kVPR]),
+                     reinterpret_cast<const void*>(a0), (uint32_t(p - a0) + len + 15u) & ~15u);
+      }
+      return;
+    }
     if (s < nsteps) {
       const uintptr_t p = cbase + uintptr_t(s) * G::kSB;
       const uintptr_t a0 = p & ~uintptr_t(15);
@@ -156,44 +224,77 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
   q8::pdl_wait();  // the weights are constant; x (quantize_x) and y are touched only after this
   int slot = 0;
   for (int64_t s = kpart; s < nsteps; s += ks) {
-    mv_cp_wait<S - 2>();  // this step's group has landed (S - 2 younger ones may be in flight)
+    if constexpr (BULK) {
+      mb_wait(smem_addr(&mbar[wid][slot]), (phase >> slot) & 1u);  // this step's rows have landed
+      phase ^= 1u << slot;
+    } else {
+      mv_cp_wait<S - 2>();  // this step's group has landed (S - 2 younger ones may be in flight)
+    }
     __syncwarp();
     issue(s + int64_t(S - 1) * ks, slot == 0 ? S - 1 : slot - 1);  // into the slot decoded last
     const int64_t u = s * 32 + lane;
     if (u < nunits) {
       const uint8_t* st = reinterpret_cast<const uint8_t*>(ring[wid][slot]);
-      uint32_t cw[R][8];
-      q8::Sc sc[R] = {};
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int o = int((rbase[r] + uintptr_t(s) * G::kSB) & 15);
-        D::template decode<A>(st + r * G::kVPR * 16 + o + blk * D::kBS, sub, cw[r], sc[r]);
-      }
-#pragma unroll
-      for (int c = 0; c < M; ++c) {
+      // x column c of this unit: 32 int8 values, the scale and the half sums.
+      struct X {
+        uint32_t v[8];
+        float d;
+        int s0, s1;
+      };
+      auto load_x = [&](int c, X& x) {
         const int cc = c < a.m ? c : a.m - 1;
         const uint4* xp = reinterpret_cast<const uint4*>(xq + cc * k + u * 32);
         const uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
         const uint2 meta = __ldg(xs + cc * (k / 32) + u);
-        const float dx = __uint_as_float(meta.x);
-        const int xs0 = int(int16_t(meta.y & 0xFFFFu)), xs1 = int(meta.y) >> 16;
-        const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        x = {{x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w}, __uint_as_float(meta.x), int(int16_t(meta.y & 0xFFFFu)),
+             int(meta.y) >> 16};
+      };
+      auto decode = [&](int r, uint32_t (&cw)[8], q8::Sc& sc) {
+        const int o = int((rbase[r] + uintptr_t(s) * G::kSB) & 15);
+        D::template decode<A>(st + r * G::kVPR * 16 + o + blk * D::kBS, sub, cw, sc);
+      };
+      // acc[r][c] += unit value of row r against x column c (the same arithmetic in both orders below).
+      auto dot = [&](int r, int c, const uint32_t (&cw)[8], const q8::Sc& sc, const X& x) {
+        float v;
+        if constexpr (D::kHalves) {
+          int i0 = -D::kOff * x.s0, i1 = -D::kOff * x.s1;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) i0 = dp4a(cw[j], x.v[j], i0), i1 = dp4a(cw[j + 4], x.v[j + 4], i1);
+          v = fmaf(sc.d1, float(i1), sc.d0 * float(i0));
+        } else {
+          int i0 = -D::kOff * (x.s0 + x.s1);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) i0 = dp4a(cw[j], x.v[j], i0);
+          v = sc.d0 * float(i0);
+          if constexpr (D::kMin) v = fmaf(sc.m, float(x.s0 + x.s1), v);
+        }
+        acc[r][c] = fmaf(x.d, v, acc[r][c]);
+      };
+      if constexpr (M <= 2) {
+        // Few columns: x first, then one row's codes at a time (fewer live registers).
+        X x[M];
+#pragma unroll
+        for (int c = 0; c < M; ++c) load_x(c, x[c]);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          float v;
-          if constexpr (D::kHalves) {
-            int i0 = -D::kOff * xs0, i1 = -D::kOff * xs1;
+          uint32_t cw[8];
+          q8::Sc sc = {};
+          decode(r, cw, sc);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) i0 = dp4a(cw[r][j], xv[j], i0), i1 = dp4a(cw[r][j + 4], xv[j + 4], i1);
-            v = fmaf(sc[r].d1, float(i1), sc[r].d0 * float(i0));
-          } else {
-            int i0 = -D::kOff * (xs0 + xs1);
+          for (int c = 0; c < M; ++c) dot(r, c, cw, sc, x[c]);
+        }
+      } else {
+        // More columns: every row's codes, then one x column at a time.
+        uint32_t cw[R][8];
+        q8::Sc sc[R] = {};
 #pragma unroll
-            for (int j = 0; j < 8; ++j) i0 = dp4a(cw[r][j], xv[j], i0);
-            v = sc[r].d0 * float(i0);
-            if constexpr (D::kMin) v = fmaf(sc[r].m, float(xs0 + xs1), v);
-          }
-          acc[r][c] = fmaf(dx, v, acc[r][c]);
+        for (int r = 0; r < R; ++r) decode(r, cw[r], sc[r]);
+#pragma unroll
+        for (int c = 0; c < M; ++c) {
+          X x;
+          load_x(c, x);
+#pragma unroll
+          for (int r = 0; r < R; ++r) dot(r, c, cw[r], sc[r], x);
         }
       }
     }
@@ -226,13 +327,29 @@ __global__ void __launch_bounds__(kMvThreads, M <= 2 ? 4 : 3) matvec_q8_kernel(c
   }
 }
 
+// Launches a bulk kernel instance, asking once for the carveout that lets kMvqCtasPerSm CTAs reside.
+template <typename K>
+void mvq_go(bool bulk, const MvArgs& a, dim3 grid, cudaStream_t s, K kernel) {
+  if (bulk) {
+    static const bool once = (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   int(cudaSharedmemCarveoutMaxShared)),
+                              true);
+    (void)once;
+  }
+  q8::launch(a.pdl, grid, dim3(kMvThreads), s, kernel, a);
+}
+
+template <GgmlType T, int A, bool BULK>
+void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
+  if (a.m <= 1) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 1, A, false, BULK>);
+  else if (a.m <= 2) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 2, A, false, BULK>);
+  else if (a.m <= 4) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 4, A, false, BULK>);
+  else mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 8, A, false, BULK>);
+}
 template <GgmlType T, int A>
 void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
-  const dim3 block(kMvThreads);
-  if (a.m <= 1) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 1, A>, a);
-  else if (a.m <= 2) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 2, A>, a);
-  else if (a.m <= 4) q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 4, A>, a);
-  else q8::launch(a.pdl, grid, block, s, matvec_q8_kernel<T, 8, A>, a);
+  if (a.bulk) mvq_launch_m<T, A, true>(a, grid, s);
+  else mvq_launch_m<T, A, false>(a, grid, s);
 }
 
 // Picks the alignment variant: the type's natural one when the rows (and experts) allow it.
@@ -249,11 +366,14 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
       ctas += (b.seg[i].n + rows_per_cta - 1) / rows_per_cta;
       bits |= uintptr_t(b.seg[i].w) | uintptr_t(b.seg[i].w_stride);
     }
-    const dim3 grid{unsigned(ctas), unsigned(n_grid_y)}, block(kMvThreads);
+    const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
     if constexpr (kNat > 2) {
-      if (bits % kNat == 0) return q8::launch(b.pdl, grid, block, s, matvec_q8_kernel<T, 1, kNat, true>, b);
+      if (bits % kNat == 0)
+        return b.bulk ? mvq_go(true, b, grid, s, matvec_q8_kernel<T, 1, kNat, true, true>)
+                      : mvq_go(false, b, grid, s, matvec_q8_kernel<T, 1, kNat, true>);
     }
-    return q8::launch(b.pdl, grid, block, s, matvec_q8_kernel<T, 1, 2, true>, b);
+    return b.bulk ? mvq_go(true, b, grid, s, matvec_q8_kernel<T, 1, 2, true, true>)
+                  : mvq_go(false, b, grid, s, matvec_q8_kernel<T, 1, 2, true>);
   }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
