@@ -267,13 +267,17 @@ void Server::Impl::setup_routes() {
       res.status = 204;
       return httplib::Server::HandlerResponse::Handled;
     }
+    // Answered here, before httplib reads the body: the connection closes after the answer, or the
+    // unread body would be parsed as the next request on a kept-alive socket (and stall shutdown).
     const bool pub = is_public(req);
     if (!pub && !authorized(req)) {
       send_error_for(req, res, error_of(401, "authentication_error", "Invalid API Key"));
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
     if (!ready.load() && !pub) {
       send_error_for(req, res, error_of(503, "unavailable_error", "Loading model"));
+      res.set_header("Connection", "close");
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

@@ -211,6 +211,26 @@ def test_health_503_while_loading(kiln_bin):
 
 
 @kiln_only
+def test_rejected_body_does_not_poison_keep_alive(kiln_bin):
+    """A request rejected before its body is read (401 here) closes its connection: the unread body
+    must not be parsed as the next request on a kept-alive socket (which stalled shutdown for the
+    30 s read timeout). The same session then works, and SIGTERM stops the server at once."""
+    s = KilnServer(kiln_bin, smollm2_path(), ["-c", "512", "--api-key", "k1"])
+    try:
+        sess = requests.Session()
+        body = {"messages": U, "max_tokens": 1}
+        r = sess.post(s.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer wrong"}, timeout=10)
+        assert r.status_code == 401 and r.headers.get("Connection", "").lower() == "close", r.headers
+        r = sess.post(s.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+        assert r.status_code == 200, r.text
+        sess.post(s.url + "/v1/chat/completions", json=body, headers={"Authorization": "Bearer wrong"}, timeout=10)
+    finally:
+        t0 = time.time()
+        rc = s.stop(signal.SIGTERM, timeout=20)
+        assert rc == 0 and time.time() - t0 < 10, time.time() - t0
+
+
+@kiln_only
 def test_graceful_shutdown_during_stream(kiln_bin):
     s = KilnServer(kiln_bin, smollm2_path(), ["-c", "2048"])
     got = []
