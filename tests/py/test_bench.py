@@ -110,6 +110,14 @@ def test_batched_bench_jsonl(kiln_bin, tiny):
     bad = subprocess.run([str(kiln_bin), "batched-bench", "-m", str(tiny), "-npl", "600"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "-npl 600" in bad.stderr
+    # -c: llama-batched-bench's n_kv_max, split among the sequences; too few cells for npp + ntg fail.
+    r = subprocess.run([str(kiln_bin), "batched-bench", *NGL_ARGS, "-m", str(tiny), "-c", "96", "-npp", "16", "-ntg",
+                        "4", "-npl", "3", "-t", "1", "-o", "jsonl"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(l)["n_kv_max"] for l in r.stdout.splitlines() if l.startswith("{")] == [96]
+    bad = subprocess.run([str(kiln_bin), "batched-bench", "-m", str(tiny), "-c", "50", "-npp", "16", "-ntg", "4",
+                          "-npl", "3"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "-c 50" in bad.stderr and "need 20" in bad.stderr, bad.stderr
 
 
 def test_errors(kiln_bin, tiny, work_dir):

@@ -54,7 +54,7 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 int cmd_batched_bench(int argc, char** argv) {
   CLI::App app{"llama-batched-bench-like throughput of several sequences decoded together", "kiln batched-bench"};
   std::vector<std::string> npp = {"128", "256", "512"}, ntg = {"128", "256"}, npl = {"1", "2", "4", "8", "16", "32"};
-  int64_t n_batch = 2048, n_ubatch = 512;
+  int64_t n_batch = 2048, n_ubatch = 512, n_kv_max = 0;
   int threads = 0;
   bool pps = false;
   std::string output = "md";
@@ -66,6 +66,8 @@ int cmd_batched_bench(int argc, char** argv) {
   app.add_option("--ntg", ntg, "-ntg: generated tokens per sequence (comma list)");
   app.add_option("--npl", npl, "-npl: sequences decoded together (comma list)");
   app.add_flag("--pps", pps, "-pps: one prompt shared by all sequences (prefilled once, then copied)");
+  app.add_option("-c,--ctx-size", n_kv_max,
+                 "KV cells of all sequences together (llama-batched-bench's n_kv_max; default: what the runs need)");
   app.add_option("-b,--batch-size", n_batch, "logical batch size (tokens the prompt phase groups)");
   app.add_option("--ubatch-size", n_ubatch, "-ub: physical batch size (tokens per decode)");
   app.add_option("-t,--threads", threads, "CPU threads (default: all cores)");
@@ -99,6 +101,13 @@ int cmd_batched_bench(int argc, char** argv) {
   for (int64_t p : *PP)
     for (int64_t g : *TG) max_ctx = std::max(max_ctx, p + g);
   if (max_pl > n_ubatch) return fail(err("-npl {} is larger than -ub {}: one generation step must fit a decode", max_pl, n_ubatch));
+  if (n_kv_max < 0) return fail(err("-c {} must be >= 0", n_kv_max));
+  if (n_kv_max > 0) {  // the cells are split evenly among the largest -npl's sequences
+    if (n_kv_max / max_pl < max_ctx)
+      return fail(err("-c {} gives each of {} sequences {} KV cells; the runs need {} (npp + ntg)", n_kv_max, max_pl,
+                      n_kv_max / max_pl, max_ctx));
+    max_ctx = n_kv_max / max_pl;
+  }
 
   model::MemoryOptions mo;
   model::ContextOptions co;

@@ -24,6 +24,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace kiln::cuda {
@@ -84,6 +85,7 @@ struct StoreArgs {
 
 // One block per (token, kv head) row; Q8_0/Q4_0: one warp per 32-element block.
 __global__ void __launch_bounds__(kThreads) kv_store_kernel(const StoreArgs a) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   const int64_t t = blockIdx.x / a.Hkv, h = blockIdx.x % a.Hkv;
   const float* src = a.x + h * a.x_s1 + t * a.x_s2;
   char* dst = a.c + size_t(h) * a.nb1 + size_t(a.pos[t]) * a.nb2 + size_t(a.seq[t]) * a.nb3;
@@ -297,6 +299,7 @@ constexpr size_t attn_smem() {
 // sub-run of its tile, keys [split*chunk, min(+chunk, max pos + 1)).
 template <int DM, int BK, int RM>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int LD = DM + 4;
   static_assert(RM % 4 == 0 && RM <= 16);
   extern __shared__ __align__(16) float sm[];
@@ -506,6 +509,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
 constexpr int kMergeThreads = 256;
 static_assert(kMaxSplit <= kMergeThreads);
 __global__ void __launch_bounds__(kMergeThreads) attn_merge(const AttnK p) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int NW = kMergeThreads / 32;
   __shared__ float w_s[kMaxSplit], red[NW], acc_s[NW][33];
   const int64_t row = blockIdx.x, t = row / p.Hq, h = row % p.Hq, rows = int64_t(p.T) * p.Hq;
@@ -559,21 +563,22 @@ size_t part_bytes(const AttnArgs& a, int64_t T, int n_split) {
 }
 
 template <int DM, int BK, int RM>
-void launch_attn(const AttnK& k, const Plan& pl, cudaStream_t st) {
+void launch_attn(const AttnK& k, const Plan& pl, const Launch& L) {
   constexpr size_t smem = attn_smem<DM, BK, RM>();
   static const bool attr_set = [] {
     return cudaFuncSetAttribute(attn_kernel<DM, BK, RM>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) ==
            cudaSuccess;
   }();
   KILN_CHECK(attr_set, "attention: {} bytes of shared memory refused (head_dim {})", smem, DM);
-  attn_kernel<DM, BK, RM><<<dim3(unsigned(pl.tiles), unsigned(pl.groups), unsigned(pl.n_split)), kThreads, smem, st>>>(k);
+  pdl::launch(L, dim3(unsigned(pl.tiles), unsigned(pl.groups), unsigned(pl.n_split)), dim3(kThreads), smem,
+              attn_kernel<DM, BK, RM>, k);
 }
 
 template <int DM, int BK>
-void launch_rm(const AttnK& k, const Plan& pl, cudaStream_t st) {
-  if (pl.rm == 4) launch_attn<DM, BK, 4>(k, pl, st);
-  else if (pl.rm == 8) launch_attn<DM, BK, 8>(k, pl, st);
-  else if constexpr (DM < 512) launch_attn<DM, BK, 16>(k, pl, st);
+void launch_rm(const AttnK& k, const Plan& pl, const Launch& L) {
+  if (pl.rm == 4) launch_attn<DM, BK, 4>(k, pl, L);
+  else if (pl.rm == 8) launch_attn<DM, BK, 8>(k, pl, L);
+  else if constexpr (DM < 512) launch_attn<DM, BK, 16>(k, pl, L);
 }
 
 CacheArg cache_arg(const SeqMem& m) {
@@ -603,7 +608,7 @@ void kv_store(const Launch& L, Rows x, const int32_t* seq, const int32_t* pos, S
   KILN_CHECK(x.n1 == cache.ne1, "kv_store: {} heads into a cache of {}", x.n1, cache.ne1);
   StoreArgs a{x.p, x.s1, x.s2, x.ne0, x.n1, seq, pos, static_cast<char*>(cache.p), cache_code(cache.type),
               cache.nb1, cache.nb2, cache.nb3};
-  kv_store_kernel<<<unsigned(T * x.n1), kThreads, 0, L.stream>>>(a);
+  pdl::launch(L, dim3(unsigned(T * x.n1)), dim3(kThreads), 0, kv_store_kernel, a);
   KILN_ATTN_LAUNCHED("kv_store");
 }
 
@@ -640,14 +645,14 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
                                                  256 * 256)
                   : nullptr;
   switch (pl.dm) {
-    case 64: launch_rm<64, 64>(p, pl, L.stream); break;
-    case 128: launch_rm<128, 32>(p, pl, L.stream); break;
-    case 256: launch_rm<256, 32>(p, pl, L.stream); break;
-    default: launch_rm<512, 16>(p, pl, L.stream); break;
+    case 64: launch_rm<64, 64>(p, pl, L); break;
+    case 128: launch_rm<128, 32>(p, pl, L); break;
+    case 256: launch_rm<256, 32>(p, pl, L); break;
+    default: launch_rm<512, 16>(p, pl, L); break;
   }
   KILN_ATTN_LAUNCHED("attention");
   if (pl.n_split > 1) {
-    attn_merge<<<dim3(unsigned(T * a.n_head), unsigned((D + 31) / 32)), kMergeThreads, 0, L.stream>>>(p);
+    pdl::launch(L, dim3(unsigned(T * a.n_head), unsigned((D + 31) / 32)), dim3(kMergeThreads), 0, attn_merge, p);
     KILN_ATTN_LAUNCHED("attention merge");
   }
 }

@@ -48,6 +48,7 @@ struct PrepK {
 
 template <int K>
 __global__ void delta_prep_kernel(const PrepK p) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int H = K - 1;
   __shared__ float red[32];
   const int grp = blockIdx.x, tid = threadIdx.x;
@@ -111,6 +112,7 @@ constexpr int kGnCh = 8;  // tokens staged at a time
 
 template <int S, bool VEC>
 __global__ void __launch_bounds__(S * S / 16) gdn_norm_kernel(const GdnNormK a) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int TPC = S / 16;
   constexpr int NT = S * TPC;
   __shared__ __align__(16) float qs[kGnCh][S], ks[kGnCh][S];
@@ -188,7 +190,7 @@ bool delta_prep_fused(const Launch& L, float* x, int64_t x_stride, int64_t S, in
   KILN_CHECK(beta.ne0 == Hv && g.ne0 == Hv && n_rows(beta) == T && n_rows(g) == T, "delta_prep: beta/g [{}, {}]", Hv, T);
   PrepK p{x, x_stride, w, seq, keep, static_cast<char*>(state.p), state.nb1, state.nb3, beta, g, dt_bias, a, int(Hk), int(T),
           eps};
-  delta_prep_kernel<4><<<unsigned(2 * Hk + Hv), unsigned(S), 0, L.stream>>>(p);
+  pdl::launch(L, dim3(unsigned(2 * Hk + Hv)), dim3(unsigned(S)), 0, delta_prep_kernel<4>, p);
   KILN_CUDA_LAUNCHED("delta_prep");
   return true;
 }
@@ -220,10 +222,10 @@ bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float
   const bool vec = reinterpret_cast<uintptr_t>(state.p) % 16 == 0 && state.nb1 % 16 == 0 && state.nb2 % 16 == 0 &&
                    state.nb3 % 16 == 0;
   const dim3 grid{unsigned(Hv), unsigned(T)};
-  if (S == 64 && vec) gdn_norm_kernel<64, true><<<grid, 64 * 64 / 16, 0, L.stream>>>(a);
-  else if (S == 64) gdn_norm_kernel<64, false><<<grid, 64 * 64 / 16, 0, L.stream>>>(a);
-  else if (vec) gdn_norm_kernel<128, true><<<grid, 128 * 128 / 16, 0, L.stream>>>(a);
-  else gdn_norm_kernel<128, false><<<grid, 128 * 128 / 16, 0, L.stream>>>(a);
+  if (S == 64 && vec) pdl::launch(L, grid, dim3(64 * 64 / 16), 0, gdn_norm_kernel<64, true>, a);
+  else if (S == 64) pdl::launch(L, grid, dim3(64 * 64 / 16), 0, gdn_norm_kernel<64, false>, a);
+  else if (vec) pdl::launch(L, grid, dim3(128 * 128 / 16), 0, gdn_norm_kernel<128, true>, a);
+  else pdl::launch(L, grid, dim3(128 * 128 / 16), 0, gdn_norm_kernel<128, false>, a);
   KILN_CUDA_LAUNCHED("gated_delta_norm");
   return true;
 }

@@ -10,7 +10,7 @@
 //   and m the block offset (kMin types). "x order" is the order in which the quantizer lays out a
 //   unit's 32 x values (kXPairs: position 2i + h holds element i + 16h, which is the order the IQ4
 //   codebook lookup produces; else natural). Code words c[j] hold x positions 4j..4j+3.
-// Must not: allocate or know about launch geometry (beyond the PDL launch helper). Pointers are shared-memory byte pointers whose
+// Must not: allocate or know about launch geometry (beyond the PDL launch names). Pointers are shared-memory byte pointers whose
 //   alignment the caller states in A (bytes, >= 2); runs of words at a 2-byte aligned address are
 //   read as the aligned words around them (one word past the run is read) and funnel-shifted.
 // Threading: pure device functions.
@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "gguf/types.h"
+#include "kernels/cuda/pdl.cuh"
 #include "tensor/blocks.h"
 
 namespace kiln::cuda::q8 {
@@ -29,29 +30,12 @@ using gguf::GgmlType;
 
 inline constexpr int kXNatural = 0, kXPairs = 1;
 
-// Programmatic dependent launch (sm_90+; no-ops before, and when the launch did not ask for it):
-// let the next kernel of the stream start launching / wait until the previous one's results are visible.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Launches kernel<<<grid, block, 0, s>>>(args...), with programmatic stream serialization when pdl.
+// Programmatic dependent launch (pdl.cuh), under the names the mat-vec kernels use.
+__device__ __forceinline__ void pdl_launch_dependents() { pdl::trigger(); }
+__device__ __forceinline__ void pdl_wait() { pdl::wait(); }
 template <class... P, class... A>
-void launch(bool pdl, dim3 grid, dim3 block, cudaStream_t s, void (*kernel)(P...), A&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = 0, cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, kernel, static_cast<A&&>(args)...);
+void launch(bool on, dim3 grid, dim3 block, cudaStream_t s, void (*kernel)(P...), A&&... args) {
+  pdl::launch(on, grid, block, 0, s, kernel, static_cast<A&&>(args)...);
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {

@@ -39,6 +39,7 @@ dim3 ew_grid(const Rows& r) {
 // ---- unary / binary / scale ------------------------------------------------------------------
 template <Unary OP>
 __global__ void unary_kernel(Rows x, Rows y) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   const int64_t nr = x.n1 * x.n2;
   for (int64_t r = blockIdx.y; r < nr; r += gridDim.y) {
     const float* xr = row_ptr(x, r);
@@ -65,6 +66,7 @@ __device__ __forceinline__ float bin_op(float a, float b) {
 // MODE 0: b same shape; 1: b one row broadcast; 2: b one scalar per row.
 template <Binary OP, int MODE>
 __global__ void binary_kernel(Rows a, Rows b, Rows y) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   const int64_t nr = a.n1 * a.n2;
   for (int64_t r = blockIdx.y; r < nr; r += gridDim.y) {
     const float* ar = row_ptr(a, r);
@@ -77,6 +79,7 @@ __global__ void binary_kernel(Rows a, Rows b, Rows y) {
 }
 
 __global__ void scale_kernel(Rows x, float s, Rows y) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   const int64_t nr = x.n1 * x.n2;
   for (int64_t r = blockIdx.y; r < nr; r += gridDim.y) {
     const float* xr = row_ptr(x, r);
@@ -89,15 +92,16 @@ __global__ void scale_kernel(Rows x, float s, Rows y) {
 template <Binary OP>
 void launch_binary(const Launch& L, Rows a, Rows b, int mode, Rows y) {
   const dim3 g = ew_grid(a);
-  if (mode == 0) binary_kernel<OP, 0><<<g, 256, 0, L.stream>>>(a, b, y);
-  else if (mode == 1) binary_kernel<OP, 1><<<g, 256, 0, L.stream>>>(a, b, y);
-  else binary_kernel<OP, 2><<<g, 256, 0, L.stream>>>(a, b, y);
+  if (mode == 0) pdl::launch(L, g, dim3(256), 0, binary_kernel<OP, 0>, a, b, y);
+  else if (mode == 1) pdl::launch(L, g, dim3(256), 0, binary_kernel<OP, 1>, a, b, y);
+  else pdl::launch(L, g, dim3(256), 0, binary_kernel<OP, 2>, a, b, y);
 }
 
 // ---- row reductions: a warp per row (ne0 <= 1024) or a block per row ----------------------------
 // y = x * (1/sqrt(sum_sq * inv_n + eps)) * w  (rms_norm: inv_n = 1/ne0; l2_norm: inv_n = 1, no w).
 template <int NV, bool WARP>
 __global__ void norm_kernel(Rows x, const float* __restrict__ w, Rows y, float eps, float inv_n) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
   const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);
@@ -147,6 +151,7 @@ __global__ void softmax_kernel(Rows x, float scale) {
 // every (head, pair) of the token.
 __global__ void rope_kernel(Rows x, const int32_t* __restrict__ pos, int n_rot, bool neox, float freq_base,
                             float freq_scale) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   extern __shared__ float cs[];  // [half] cos, then [half] sin
   const int half = n_rot / 2;
   float* sn = cs + half;
@@ -179,6 +184,7 @@ struct RopeMultiTab {
 };
 __global__ void rope_multi_kernel(Rows x, const int32_t* __restrict__ pos, int n_rot, double nd, float freq_base,
                                   float freq_scale, RopeMultiTab tab) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   extern __shared__ float cs[];  // [half] cos, then [half] sin
   const int half = n_rot / 2;
   float* sn = cs + half;
@@ -304,11 +310,11 @@ void unary(const Launch& L, Unary op, Rows x, Rows y) {
   if (contiguous(x) && contiguous(y)) x = flat(x), y = flat(y);
   const dim3 g = ew_grid(x);
   switch (op) {
-    case Unary::Silu: unary_kernel<Unary::Silu><<<g, 256, 0, L.stream>>>(x, y); break;
-    case Unary::Sigmoid: unary_kernel<Unary::Sigmoid><<<g, 256, 0, L.stream>>>(x, y); break;
-    case Unary::Softplus: unary_kernel<Unary::Softplus><<<g, 256, 0, L.stream>>>(x, y); break;
-    case Unary::Gelu: unary_kernel<Unary::Gelu><<<g, 256, 0, L.stream>>>(x, y); break;
-    case Unary::GeluErf: unary_kernel<Unary::GeluErf><<<g, 256, 0, L.stream>>>(x, y); break;
+    case Unary::Silu: pdl::launch(L, g, dim3(256), 0, unary_kernel<Unary::Silu>, x, y); break;
+    case Unary::Sigmoid: pdl::launch(L, g, dim3(256), 0, unary_kernel<Unary::Sigmoid>, x, y); break;
+    case Unary::Softplus: pdl::launch(L, g, dim3(256), 0, unary_kernel<Unary::Softplus>, x, y); break;
+    case Unary::Gelu: pdl::launch(L, g, dim3(256), 0, unary_kernel<Unary::Gelu>, x, y); break;
+    case Unary::GeluErf: pdl::launch(L, g, dim3(256), 0, unary_kernel<Unary::GeluErf>, x, y); break;
   }
   KILN_CUDA_LAUNCHED("unary");
 }
@@ -341,7 +347,7 @@ void scale(const Launch& L, Rows x, float s, Rows y) {
   check_same(x, y, "scale");
   if (x.ne0 == 0 || n_rows(x) == 0) return;
   if (contiguous(x) && contiguous(y)) x = flat(x), y = flat(y);
-  scale_kernel<<<ew_grid(x), 256, 0, L.stream>>>(x, s, y);
+  pdl::launch(L, ew_grid(x), dim3(256), 0, scale_kernel, x, s, y);
   KILN_CUDA_LAUNCHED("scale");
 }
 
@@ -380,8 +386,8 @@ void rope_multi(const Launch& L, Rows x, const int32_t* pos, const kernels::Rope
   const double nd = p.multi == kernels::RopeParams::Multi::Vision ? p.n_rot / 2 : p.n_rot;
   const int64_t work = x.n1 * (p.n_rot / 2);
   const int threads = work >= 256 ? 256 : work > 64 ? 128 : 64;
-  rope_multi_kernel<<<unsigned(x.n2), threads, size_t(p.n_rot) * sizeof(float), L.stream>>>(
-      x, pos, p.n_rot, nd, p.freq_base, p.freq_scale, tab);
+  pdl::launch(L, dim3(unsigned(x.n2)), dim3(threads), size_t(p.n_rot) * sizeof(float), rope_multi_kernel, x, pos, p.n_rot,
+              nd, p.freq_base, p.freq_scale, tab);
   KILN_CUDA_LAUNCHED("rope_multi");
 }
 
@@ -393,8 +399,8 @@ void rope(const Launch& L, Rows x, const int32_t* pos, const kernels::RopeParams
   if (n_rows(x) == 0) return;
   const int64_t work = x.n1 * (p.n_rot / 2);
   const int threads = work >= 256 ? 256 : work > 64 ? 128 : 64;
-  rope_kernel<<<unsigned(x.n2), threads, size_t(p.n_rot) * sizeof(float), L.stream>>>(x, pos, p.n_rot, p.neox,
-                                                                                        p.freq_base, p.freq_scale);
+  pdl::launch(L, dim3(unsigned(x.n2)), dim3(threads), size_t(p.n_rot) * sizeof(float), rope_kernel, x, pos, p.n_rot,
+              p.neox, p.freq_base, p.freq_scale);
   KILN_CUDA_LAUNCHED("rope");
 }
 

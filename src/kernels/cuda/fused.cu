@@ -36,6 +36,7 @@ __global__ void delta_gates_kernel(Rows beta, Rows g, const float* __restrict__ 
 // x = x * (1/sqrt(mean(x^2) + eps)) * w * silu(z).
 template <int NV, bool WARP>
 __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows z, float eps, float inv_n) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
   const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);
@@ -68,6 +69,7 @@ __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows 
 // for the same reason.
 template <int NV, bool WARP>
 __global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w, Rows y, float eps, float inv_n) {
+  pdl::begin();  // pdl.cuh: nothing global before this
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
   const int64_t r = WARP ? int64_t(blockIdx.x) * kWarpRows + (threadIdx.x >> 5) : int64_t(blockIdx.x);

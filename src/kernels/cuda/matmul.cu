@@ -179,6 +179,13 @@ bool matvec_bulk(int sm) {
   return sm >= 90 && (p == 1 || (p == -1 && !env_off));
 }
 void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
+bool pdl_all() {
+  static const bool off = [] {
+    const char* v = std::getenv("KILN_CUDA_PDL_ALL");
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  }();
+  return !off;
+}
 bool matvec_pdl(int sm) {
   static const bool env_off = [] {
     const char* v = std::getenv("KILN_CUDA_PDL");

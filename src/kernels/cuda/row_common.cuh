@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -122,18 +123,20 @@ __device__ __forceinline__ void row_store(float* p, int64_t n, int64_t i0, int64
   for (int j = 0; j < NV; ++j)
     if (i0 + j * step < n) p[i0 + j * step] = v[j];
 }
-// Launches K<NV, WARP><<<...>>>(args...) with the form and NV that fit rows of ne0.
-#define KILN_LAUNCH_ROWS(L, ne0, nr, K, ...)                                                     \
-  do {                                                                                          \
-    const int64_t ne0_ = (ne0), nr_ = (nr);                                                     \
-    const unsigned wb_ = unsigned((nr_ + kWarpRows - 1) / kWarpRows);                           \
-    if (ne0_ <= 128) K<4, true><<<wb_, 32 * kWarpRows, 0, (L).stream>>>(__VA_ARGS__);           \
-    else if (ne0_ <= 256) K<8, true><<<wb_, 32 * kWarpRows, 0, (L).stream>>>(__VA_ARGS__);      \
-    else if (ne0_ <= 1024) K<32, true><<<wb_, 32 * kWarpRows, 0, (L).stream>>>(__VA_ARGS__);    \
-    else if (ne0_ <= 4 * kRowThreads) K<4, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__);  \
-    else if (ne0_ <= 8 * kRowThreads) K<8, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__);  \
-    else if (ne0_ <= 16 * kRowThreads) K<16, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__); \
-    else K<0, false><<<unsigned(nr_), kRowThreads, 0, (L).stream>>>(__VA_ARGS__);                \
+// Launches K<NV, WARP>(args...) with the form and NV that fit rows of ne0 (programmatic dependent
+// launch where on: K starts with pdl::begin()).
+#define KILN_LAUNCH_ROWS(L, ne0, nr, K, ...)                                                                   \
+  do {                                                                                                        \
+    const int64_t ne0_ = (ne0), nr_ = (nr);                                                                   \
+    const dim3 wg_{unsigned((nr_ + kWarpRows - 1) / kWarpRows)}, wt_{32 * kWarpRows}, bg_{unsigned(nr_)},    \
+        bt_{unsigned(kRowThreads)};                                                                           \
+    if (ne0_ <= 128) pdl::launch((L), wg_, wt_, 0, K<4, true>, __VA_ARGS__);                                  \
+    else if (ne0_ <= 256) pdl::launch((L), wg_, wt_, 0, K<8, true>, __VA_ARGS__);                             \
+    else if (ne0_ <= 1024) pdl::launch((L), wg_, wt_, 0, K<32, true>, __VA_ARGS__);                           \
+    else if (ne0_ <= 4 * kRowThreads) pdl::launch((L), bg_, bt_, 0, K<4, false>, __VA_ARGS__);                \
+    else if (ne0_ <= 8 * kRowThreads) pdl::launch((L), bg_, bt_, 0, K<8, false>, __VA_ARGS__);                \
+    else if (ne0_ <= 16 * kRowThreads) pdl::launch((L), bg_, bt_, 0, K<16, false>, __VA_ARGS__);              \
+    else pdl::launch((L), bg_, bt_, 0, K<0, false>, __VA_ARGS__);                                             \
   } while (0)
 
 }  // namespace
