@@ -723,6 +723,24 @@
     const files = Array.from(e.clipboardData.files || []).filter((f) => f.type.startsWith('image/'));
     if (files.length) { e.preventDefault(); addImages(files); }
   });
+  // Files dragged onto the page: images join the next message (with vision); no file dropped
+  // anywhere on the page makes the browser navigate away from the conversation.
+  const hasFiles = (e) => !!e.dataTransfer && Array.from(e.dataTransfer.types || []).includes('Files');
+  document.addEventListener('dragover', (e) => {
+    if (!hasFiles(e)) return;
+    e.preventDefault();
+    e.dataTransfer.dropEffect = server.vision ? 'copy' : 'none';
+    $('composer').classList.toggle('dropping', !!server.vision);
+  });
+  document.addEventListener('dragleave', (e) => {
+    if (!e.relatedTarget) $('composer').classList.remove('dropping');
+  });
+  document.addEventListener('drop', (e) => {
+    $('composer').classList.remove('dropping');
+    if (!hasFiles(e)) return;
+    e.preventDefault();
+    if (server.vision) addImages(Array.from(e.dataTransfer.files || []));
+  });
   $('messages').addEventListener('click', (e) => {
     const b = e.target.closest('button.copy-code');
     if (!b) return;

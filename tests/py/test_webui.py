@@ -15,9 +15,13 @@ import time
 import urllib.error
 import urllib.request
 
+import base64
+
 import pytest
+import requests
 from playwright.sync_api import expect, sync_playwright
 from server_harness import KilnServer, gen_model
+from test_server_vision import FIX as VISION, TEMPLATE as VISION_TEMPLATE, data_url, png
 
 CHROMIUM = "/usr/bin/chromium"
 ALIAS = "tiny-webui"
@@ -456,6 +460,87 @@ def test_waits_for_model_load(browser, kiln_bin, model, work_dir):
         expect(page.locator("#model-name")).to_have_text("loading the model\u2026")
         expect(page.locator("#model-name")).to_have_text(ALIAS, timeout=20000)
         assert http(s.url + "props")[0] == 200
+        assert watch.errors == []
+    finally:
+        ctx.close()
+        s.stop()
+
+
+# Dispatches a paste (into the target) or a dragover + drop (onto it) carrying one file.
+FILE_EVENT = """({ target, kind, b64, name, mime }) => {
+  const bin = atob(b64), u = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
+  const dt = new DataTransfer();
+  dt.items.add(new File([u], name, { type: mime }));
+  const el = document.querySelector(target);
+  if (kind === 'paste') {
+    const ev = new ClipboardEvent('paste', { clipboardData: dt, bubbles: true, cancelable: true });
+    el.dispatchEvent(ev);
+    return { prevented: ev.defaultPrevented };
+  }
+  const over = new DragEvent('dragover', { dataTransfer: dt, bubbles: true, cancelable: true });
+  el.dispatchEvent(over);
+  const highlighted = document.getElementById('composer').classList.contains('dropping');
+  const drop = new DragEvent('drop', { dataTransfer: dt, bubbles: true, cancelable: true });
+  el.dispatchEvent(drop);
+  return { prevented: over.defaultPrevented && drop.defaultPrevented, highlighted,
+           after: document.getElementById('composer').classList.contains('dropping') };
+}"""
+
+
+def test_images_attach_paste_drop(browser, kiln_bin, work_dir):
+    """Issue #17's web UI part, against kiln serve with the tiny Qwen3.5-VL fixture and its projector:
+    an image from the file chooser, one pasted into the input and one dropped on the page become
+    thumbnails (one removed again, a dropped text file ignored); the request carries the remaining two
+    as image_url parts, byte for byte (Playwright's view of the request); the server counts their
+    tokens (the same request without them has fewer prompt tokens, asked here directly); the
+    conversation keeps them across a reload."""
+    tmpl = pathlib.Path(work_dir) / "webui-vision.jinja"
+    tmpl.write_text(VISION_TEMPLATE)
+    s = KilnServer(kiln_bin, VISION / "model.gguf", ["-c", "512", "--alias", ALIAS, "--mmproj", VISION / "mmproj.gguf",
+                                                     "--chat-template-file", tmpl, "--image-min-tokens", "4"])
+    imgs = [(VISION / "img0.png").read_bytes(), png(16, 16, bytes(range(256)) * 3 + b"\0" * 16 * 1),
+            png(24, 12, (b"\0" + b"\x80\x10\xf0" * 24) * 12)]
+    ctx, page, watch = new_page(browser)
+    try:
+        page.goto(s.url + "/")
+        expect(page.locator("#model-name")).to_have_text(ALIAS)
+        expect(page.locator("#attach")).to_be_visible()
+        set_settings(page, max_tokens=4, extra=EXTRA)
+        thumbs = page.locator("#attachments img")
+        page.set_input_files("#file-input", files=[{"name": "a.png", "mimeType": "image/png", "buffer": imgs[0]}])
+        expect(thumbs).to_have_count(1)
+        ev = page.evaluate(FILE_EVENT, {"target": "#input", "kind": "paste", "b64": base64.b64encode(imgs[1]).decode(),
+                                        "name": "b.png", "mime": "image/png"})
+        assert ev["prevented"], ev
+        expect(thumbs).to_have_count(2)
+        ev = page.evaluate(FILE_EVENT, {"target": "#messages", "kind": "drop", "b64": base64.b64encode(imgs[2]).decode(),
+                                        "name": "c.png", "mime": "image/png"})
+        assert ev == {"prevented": True, "highlighted": True, "after": False}, ev
+        expect(thumbs).to_have_count(3)
+        page.evaluate(FILE_EVENT, {"target": "#messages", "kind": "drop", "b64": base64.b64encode(b"notes").decode(),
+                                   "name": "n.txt", "mime": "text/plain"})
+        page.wait_for_timeout(300)
+        expect(thumbs).to_have_count(3)  # not an image: ignored (and the page stayed)
+        page.locator("#attachments .thumb").nth(1).locator("button").click()
+        expect(thumbs).to_have_count(2)
+        page.fill("#input", "what is in these pictures?")
+        with page.expect_request(lambda r: "chat/completions" in r.url) as req:
+            content, reasoning, t, _ = send_and_capture(page, lambda: page.click("#send"))
+        body = req.value.post_data_json
+        parts = body["messages"][-1]["content"]
+        assert [p["image_url"]["url"] for p in parts if p["type"] == "image_url"] == [data_url(imgs[0]), data_url(imgs[2])]
+        assert t["predicted_n"] <= 4
+        expect(thumbs).to_have_count(0)
+        expect(page.locator(".msg.user").last.locator("img")).to_have_count(2)
+        # The server took both images: without them the same request has fewer prompt tokens.
+        ask = lambda msgs: requests.post(s.url + "/v1/chat/completions", json={**body, "messages": msgs, "stream": False,
+                                                                               "max_tokens": 1}, timeout=60).json()
+        with_images = ask(body["messages"])["usage"]["prompt_tokens"]
+        text_only = ask(body["messages"][:-1] + [{"role": "user", "content": "what is in these pictures?"}])
+        assert with_images >= text_only["usage"]["prompt_tokens"] + 2 * 4, (with_images, text_only["usage"])
+        page.reload()
+        expect(page.locator(".msg.user").last.locator("img")).to_have_count(2)
         assert watch.errors == []
     finally:
         ctx.close()
