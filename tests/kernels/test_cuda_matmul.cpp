@@ -623,7 +623,7 @@ TEST(CudaMatmulBench, Decode) {
           for (int ks : {1, 2, 4}) {
             dt::MvArgs a;
             a.w_stride = rb, a.k = s.k, a.n = s.n, a.x = x.p, a.x_stride = s.k, a.y = y.p, a.y_stride = s.n;
-            a.m = 1, a.ks = ks, a.xv = true;
+            a.m = 1, a.ks = ks, a.xv = true, a.bulk = dt::matvec_bulk(gpu.sm);
             a.xq = static_cast<const int8_t*>(L.ws);
             a.xs = static_cast<const uint8_t*>(L.ws) + dt::q8_x_meta_offset(s.k, 1);
             const double t1 = elapsed(reps, [&](int i) {
