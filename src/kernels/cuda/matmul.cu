@@ -64,13 +64,19 @@ int64_t block_elems(GgmlType t) {
 }
 
 std::atomic<int> g_x_mode{0};
-std::atomic<int> g_pdl{-1};  // -1: from the environment
+std::atomic<int> g_pdl{-1}, g_bulk{-1};  // -1: from the environment
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
 bool env_f32x() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_MMV_F32X");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = env_is("KILN_CUDA_MMV_F32X", "1");
   return on;
+}
+// A switch that is on for sm_90+ unless set off by the setter (g) or by NAME=0 in the environment.
+bool sm90_switch(int sm, const std::atomic<int>& g, bool env_off) {
+  const int p = g.load();
+  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
 }
 
 void mv_q8(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s) {
@@ -168,31 +174,19 @@ bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
 
 namespace detail {
 void set_matvec_x_mode(int mode) { g_x_mode.store(mode); }
-std::atomic<int> g_bulk{-1};  // -1: from the environment
 void set_matvec_bulk(bool on) { g_bulk.store(on ? 1 : 0); }
 bool matvec_bulk(int sm) {
-  static const bool env_off = [] {
-    const char* v = std::getenv("KILN_CUDA_MV_BULK");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  const int p = g_bulk.load();
-  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
+  static const bool env_off = env_is("KILN_CUDA_MV_BULK", "0");
+  return sm90_switch(sm, g_bulk, env_off);
 }
 void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
-bool pdl_all() {
-  static const bool off = [] {
-    const char* v = std::getenv("KILN_CUDA_PDL_ALL");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  return !off;
-}
 bool matvec_pdl(int sm) {
-  static const bool env_off = [] {
-    const char* v = std::getenv("KILN_CUDA_PDL");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  const int p = g_pdl.load();
-  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
+  static const bool env_off = env_is("KILN_CUDA_PDL", "0");
+  return sm90_switch(sm, g_pdl, env_off);
+}
+bool pdl_all() {
+  static const bool off = env_is("KILN_CUDA_PDL_ALL", "0");
+  return !off;
 }
 bool matvec_uses_q8(GgmlType t) {
   const int mode = g_x_mode.load();
