@@ -175,6 +175,21 @@ Status Engine::load_vision() {
   return {};
 }
 
+// The draft model's KV cache types: -ctkd / -ctvd, else the target's.
+static Result<std::pair<model::GgmlType, model::GgmlType>> draft_cache_types(const SpecOptions& so, model::GgmlType tk,
+                                                                      model::GgmlType tv) {
+  std::pair<model::GgmlType, model::GgmlType> r{tk, tv};
+  for (auto [s, t] : {std::pair{&so.type_k_draft, &r.first}, std::pair{&so.type_v_draft, &r.second}})
+    if (!s->empty()) {
+      auto ty = gguf::type_from_name(*s);
+      if (!ty || (*ty != model::GgmlType::F32 && *ty != model::GgmlType::F16 && *ty != model::GgmlType::Q8_0 &&
+                  *ty != model::GgmlType::Q4_0))
+        return err("-ctkd/-ctvd {}: the draft model's KV cache types are f32, f16, q8_0, q4_0", *s);
+      *t = *ty;
+    }
+  return r;
+}
+
 // --spec-type draft-simple: the draft model (-md) with its own memory (the target runner's slots and
 // context, -ctkd/-ctvd, -ngld), after checking that it shares the target's vocabulary.
 Result<std::unique_ptr<DraftModel>> Engine::load_draft_model(const Runner& target) {
@@ -201,16 +216,10 @@ Result<std::unique_ptr<DraftModel>> Engine::load_draft_model(const Runner& targe
   o.n_batch = target.n_batch();
   o.n_max = so.n_max;
   o.n_threads = opt_.n_threads;
-  o.type_k = opt_.type_k;
-  o.type_v = opt_.type_v;
-  for (auto [s, t] : {std::pair{&so.type_k_draft, &o.type_k}, std::pair{&so.type_v_draft, &o.type_v}})
-    if (!s->empty()) {
-      auto ty = gguf::type_from_name(*s);
-      if (!ty || (*ty != model::GgmlType::F32 && *ty != model::GgmlType::F16 && *ty != model::GgmlType::Q8_0 &&
-                  *ty != model::GgmlType::Q4_0))
-        return err("-ctkd/-ctvd {}: the draft model's KV cache types are f32, f16, q8_0, q4_0", *s);
-      *t = *ty;
-    }
+  auto types = draft_cache_types(so, opt_.type_k, opt_.type_v);
+  KILN_TRY(types);
+  o.type_k = types->first;
+  o.type_v = types->second;
   auto d = DraftModel::create(**m, o);
   KILN_TRY(d);
   KILN_LOG_INFO("draft model {}: {} layers, {} vocabulary", so.model_draft, (*m)->config().n_layer,
@@ -251,6 +260,25 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.n_gpu_layers = opt_.n_gpu_layers;
   o.cache_ram_bytes = opt_.cache_ram_bytes;
   o.image_max_tokens = opt_.image_max_tokens;
+  // The draft model of draft-simple is planned beside the target (its metadata only).
+  std::unique_ptr<gguf::File> draft_file;
+  std::optional<model::ModelShape> draft;
+  if (opt_.spec.type == SpecType::DraftSimple && !opt_.spec.model_draft.empty()) {
+    gguf::OpenOptions dopt;
+    dopt.limits.metadata_only = true;
+    auto df = gguf::File::open(opt_.spec.model_draft, dopt);
+    if (!df.ok()) return err("-md/--model-draft {}", df.error().message);
+    draft_file = std::move(*df);
+    auto ds = model::ModelShape::from_file(*draft_file);
+    KILN_TRY(ds);
+    draft = std::move(*ds);
+    auto types = draft_cache_types(opt_.spec, opt_.type_k, opt_.type_v);
+    KILN_TRY(types);
+    o.draft = &*draft;
+    o.draft_n_gpu_layers = opt_.spec.n_gpu_layers_draft < 0 ? model::kGpuLayersAuto : opt_.spec.n_gpu_layers_draft;
+    o.draft_type_k = types->first;
+    o.draft_type_v = types->second;
+  }
   model::FitOptions fo;
   fo.fit = opt_.fit;
   fo.fit_ctx = opt_.fit_ctx;

@@ -201,7 +201,9 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
                                   p.n_parallel, p.n_ctx_slot, type_str(o.type_k), type_str(o.type_v)),
           kh, kg);
     if (lay->n_rec > 0)
-      add("recurrent state", fmt::format("{} delta-net layers x {} slot(s) (conv + SSM, f32)", lay->n_rec, p.n_parallel),
+      add("recurrent state",
+          fmt::format("{} delta-net layers x {} slot(s){} (conv + SSM, f32)", lay->n_rec, p.n_parallel,
+                      o.n_spec > 0 ? fmt::format(" x (1 + {} speculative keep states)", o.n_spec) : std::string()),
           rh, rg);
   }
 
@@ -280,6 +282,29 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   // The prefix cache's blocks and snapshots live in host RAM, bounded by --cache-ram.
   if (o.cache_ram_bytes > 0) add("prefix cache", "--cache-ram", uint64_t(o.cache_ram_bytes), 0);
   else if (o.cache_ram_bytes < 0) add("prefix cache", "--cache-ram -1: unlimited (not counted)", 0, 0);
+
+  // The draft model of --spec-type draft-simple, as engine/draft_model.cpp sizes it.
+  if (o.draft) {
+    PlanOptions d;
+    d.n_ctx = p.n_ctx;  // the target's context: the draft holds the same sequences
+    d.n_parallel = p.n_parallel;
+    d.n_batch = d.n_ubatch = std::max<int64_t>(p.n_step, int64_t(p.n_parallel) * (o.n_draft + 2));
+    d.n_outputs_max = p.n_parallel;
+    d.type_k = o.draft_type_k, d.type_v = o.draft_type_v;
+    d.n_threads = o.n_threads, d.delta_chunk_min = o.delta_chunk_min, d.flash_attn = o.flash_attn;
+    d.n_spec = int(o.n_draft) + 1;
+    const int dngl = resolve_gpu_layers(o.draft_n_gpu_layers, o.draft->cfg.n_layer, gpu.has_value());
+    auto dp = plan_memory(*o.draft, nullptr, d, dngl, gpu);
+    if (!dp.ok()) return err("-md/--model-draft {}: {}", o.draft->path, dp.error().message);
+    for (PlanPart& part : dp->parts)
+      if (part.host > 0 || part.gpu > 0) {
+        part.name = "draft " + part.name;
+        if (part.name == "draft weights")
+          part.detail = fmt::format("{} ({} of {} layers on the GPU)", o.draft->path, std::min<int64_t>(dngl, o.draft->cfg.n_layer),
+                                    o.draft->cfg.n_layer);
+        p.parts.push_back(std::move(part));
+      }
+  }
   return p;
 }
 
@@ -292,11 +317,11 @@ std::string MemoryPlan::table() const {
   else where = fmt::format("{} of {} layers on {}", n_gpu_layers, n_layer, dev);
   s += fmt::format("memory plan for {}: -ngl {} ({}), context {} ({} slot(s) x {}), {} tokens per step\n", model,
                    n_gpu_layers, where, n_ctx, n_parallel, n_ctx_slot, n_step);
-  s += fmt::format("  {:<20} {:>12} {:>12}  {}\n", "part", "host MiB", dev + " MiB", "counted as");
+  s += fmt::format("  {:<22} {:>12} {:>12}  {}\n", "part", "host MiB", dev + " MiB", "counted as");
   for (const auto& p : parts)
-    s += fmt::format("  {:<20} {:>12.1f} {:>12.1f}  {}{}\n", p.name, mib(p.host), mib(p.gpu), p.detail,
+    s += fmt::format("  {:<22} {:>12.1f} {:>12.1f}  {}{}\n", p.name, mib(p.host), mib(p.gpu), p.detail,
                      p.estimate ? " (estimate)" : "");
-  s += fmt::format("  {:<20} {:>12.1f} {:>12.1f}\n", "total", mib(host_total()), mib(gpu_total()));
+  s += fmt::format("  {:<22} {:>12.1f} {:>12.1f}\n", "total", mib(host_total()), mib(gpu_total()));
   if (gpu) {
     const uint64_t avail = gpu->cap > 0 ? std::min(gpu->free, gpu->cap) : gpu->free;
     s += fmt::format("  {}: {:.1f} MiB {} - {:.1f} MiB target = {:.1f} MiB usable; the plan needs {:.1f} MiB: {}\n", dev,

@@ -62,6 +62,13 @@ struct PlanOptions {
   int64_t n_draft = 16;          // draft tokens per step (llama-server's --draft-max default)
   int n_spec = 0;                // speculative decoding: recurrent keep slots per sequence (MemoryOptions::n_spec)
   int64_t image_max_tokens = 1024;  // image tokens (after the projector's merge) one image may give
+  // --spec-type draft-simple: the draft model (-md), planned as the engine runs it — its weights with
+  // draft_n_gpu_layers (-ngld; auto: all) on the GPU, its KV (-ctkd/-ctvd) and recurrent state with
+  // n_draft + 1 keep slots for every slot at the target's slot context, its Context (steps of
+  // max(step, slots x (n_draft + 2)) tokens, one logits row per slot); parts named "draft ...".
+  const ModelShape* draft = nullptr;  // not owned
+  int draft_n_gpu_layers = kGpuLayersAuto;
+  gguf::GgmlType draft_type_k = gguf::GgmlType::F16, draft_type_v = gguf::GgmlType::F16;
 };
 
 // Where memory is planned and how much may be used there.

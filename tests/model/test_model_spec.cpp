@@ -177,7 +177,9 @@ TEST_P(SpecRollback, Errors) {
   ASSERT_TRUE(e.cx->decode(verify_batch({toks[0], toks[1], toks[2]}, 0, 0), *ms).ok());
   EXPECT_FALSE(ms->seq_accept(0, 4, 0).ok());   // beyond the run
   EXPECT_FALSE(ms->seq_accept(0, 0, 0).ok());   // nothing kept
-  if (ms->has_recurrent()) EXPECT_FALSE(ms->seq_accept(0, 2, 2).ok());  // keep slot 2 of 2
+  if (ms->has_recurrent()) {
+    EXPECT_FALSE(ms->seq_accept(0, 2, 2).ok());  // keep slot 2 of 2
+  }
   EXPECT_TRUE(ms->seq_accept(0, 2, 1).ok());
   EXPECT_EQ(ms->seq_pos(0), 2);
 }

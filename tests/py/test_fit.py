@@ -24,7 +24,8 @@ def run(kiln_bin, *args, env=None):
 def models(kiln_bin, tmp_path_factory):
     d = tmp_path_factory.mktemp("fit")
     out = {}
-    for name, preset, mix, extra in [("9b", "qwen35-9b", "iq4_xs", ["--mtp"]), ("27b", "qwen35-27b", "q4_k_m", [])]:
+    for name, preset, mix, extra in [("9b", "qwen35-9b", "iq4_xs", ["--mtp"]), ("27b", "qwen35-27b", "q4_k_m", []),
+                                     ("0.8b", "qwen35-0.8b", "q4_k_m", [])]:
         p = d / f"{name}.meta.gguf"
         r = run(kiln_bin, "gguf", "gen", "--preset", preset, "--mix", mix, *extra, "--meta-only", "-q", "-o", p)
         assert r.returncode == 0, r.stderr
@@ -99,8 +100,12 @@ def test_user1_qwen35_9b_64k_projector_mtp_on_8gib(kiln_bin, models):
     assert 0 < ngl < 33  # the projector and the MTP head cost layers on 8 GiB
     host, gpu = row(r.stdout, "projector")
     assert gpu == pytest.approx(models["mmproj_bytes"] / MIB, abs=0.05)
-    # 8 attention layers x 2 (K, V) x 4 heads x 256 x f16 x 65536 positions = 2 GiB on the GPU
-    assert row(r.stdout, "KV cache")[1] == pytest.approx(2048.0, abs=0.05)
+    # Attention layers (every 4th, il = 3, 7, ..., 31) on the GPU (il >= 32 - ngl) x 2 (K, V) x 4 heads x
+    # 256 x f16 x 65536 positions: 256 MiB each.
+    n_attn_gpu = sum(1 for il in range(3, 32, 4) if il >= 32 - min(ngl, 32))
+    assert row(r.stdout, "KV cache")[1] == pytest.approx(256.0 * n_attn_gpu, abs=0.05)
+    # Speculation keeps --draft-max (16) recurrent states per slot beside the live one, as the engine does.
+    assert "x 17" in r.stdout or "17 output rows" in r.stdout
     assert "fits" in r.stdout
     # Every layer and the output with 64K cannot fit: fail at once, naming the parts.
     r = run(kiln_bin, "fit", "-m", models["9b"], "--mmproj", models["mmproj"], "-c", 65536,
@@ -147,3 +152,27 @@ def test_environment_cap_and_bad_flags(kiln_bin, models):
     assert r.returncode == 2 and "--device-memory" in r.stderr
     r = run(kiln_bin, "fit", "-m", models["27b"], "--spec-type", "draft-mtp", "--device-memory", "24GiB")
     assert r.returncode == 1 and "no MTP block" in r.stderr
+
+
+def test_draft_model_is_planned(kiln_bin, models):
+    """--spec-type draft-simple -md: the draft model's weights, KV and recurrent state are parts of the
+    plan ("draft ..."), on the GPU with -ngld, with its own cache types (-ctkd/-ctvd); they take room
+    the target's layers had. The draft's KV by hand: Qwen3.5-0.8B has 6 attention layers x 2 (K, V) x
+    2 heads x 256 dims; at 32768 positions in q8_0 (34 bytes per 32 values) that is 204 MiB."""
+    base = ["fit", "-m", models["9b"], "-c", 32768, "--device-memory", "8GiB"]
+    r0 = run(kiln_bin, *base, "--spec-type", "ngram-simple")
+    assert r0.returncode == 0, r0.stderr
+    r = run(kiln_bin, *base, "--spec-type", "draft-simple", "-md", models["0.8b"], "-ctkd", "q8_0", "-ctvd", "q8_0")
+    assert r.returncode == 0, r.stderr
+    assert row(r.stdout, "draft weights")[1] > 300  # all its layers on the GPU
+    assert row(r.stdout, "draft KV cache")[1] == pytest.approx(6 * 2 * 2 * 256 * 34 / 32 * 32768 / MIB, abs=0.05)
+    assert row(r.stdout, "draft recurrent state")[1] > 0
+    assert chosen(r.stdout)[0] <= chosen(r0.stdout)[0]
+    # -ngld 0: the draft stays on the host.
+    r = run(kiln_bin, *base, "--spec-type", "draft-simple", "-md", models["0.8b"], "-ngld", 0)
+    assert r.returncode == 0, r.stderr
+    host, gpu = row(r.stdout, "draft weights")
+    assert gpu == 0 and host > 300
+    # The pair goes together.
+    r = run(kiln_bin, *base, "--spec-type", "draft-simple")
+    assert r.returncode == 2 and "-md" in r.stderr

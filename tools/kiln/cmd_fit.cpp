@@ -20,7 +20,8 @@ int cmd_fit(int argc, char** argv) {
   CLI::App app{"plan the memory of a run (weights, KV, recurrent state, scratch, MTP, projector) and fit "
                "-ngl / -c to a GPU without loading the model",
                "kiln fit"};
-  std::string model_path, mmproj, spec_type = "none";
+  std::string model_path, mmproj, spec_type = "none", model_draft, ctkd, ctvd;
+  int ngld = -1;
   int64_t ctx = 0, n_batch = 2048, n_ubatch = 512, cache_ram = 8192, n_draft = 16, image_tokens = 1024;
   int n_parallel = 1, threads = 0;
   app.add_option("-m,--model", model_path, "GGUF model (a metadata-only file is enough)")->required();
@@ -32,12 +33,27 @@ int cmd_fit(int argc, char** argv) {
   app.add_option("--ubatch-size", n_ubatch, "tokens per step (-ub, default 512)");
   app.add_option("-t,--threads", threads, "CPU threads (CPU workspaces depend on them)");
   app.add_option("--cache-ram", cache_ram, "prefix cache RAM in MiB (-cram; -1 unlimited, 0 off; default 8192)");
-  app.add_option("--spec-type", spec_type, "none|draft-mtp: draft-mtp plans the MTP head, its KV and draft scratch");
+  app.add_option("--spec-type", spec_type,
+                 "none|ngram-simple|draft-mtp|draft-simple: keep slots for every speculative type; draft-mtp plans the "
+                 "MTP head, its KV and draft scratch, draft-simple the draft model (-md)");
+  app.add_option("--model-draft", model_draft, "draft model for --spec-type draft-simple (-md; metadata-only is enough)");
+  app.add_option("--n-gpu-layers-draft", ngld, "the draft model's GPU layers (-ngld; default all)");
+  app.add_option("--cache-type-k-draft", ctkd, "the draft model's K cache type (-ctkd; default -ctk)");
+  app.add_option("--cache-type-v-draft", ctvd, "the draft model's V cache type (-ctvd; default -ctv)");
   app.add_option("--draft-max", n_draft, "draft tokens per step for --spec-type (default 16)");
   app.add_option("--image-max-tokens", image_tokens, "image tokens one image may give (the image-batch estimate)");
   ModelFlags flags;
   flags.add(app, "K cache type (-ctk): f16, q8_0, q4_0, f32", "V cache type (-ctv)");
   flags.add_fit(app);
+  static char a_md[] = "--model-draft", a_ngld[] = "--n-gpu-layers-draft", a_ctkd[] = "--cache-type-k-draft",
+              a_ctvd[] = "--cache-type-v-draft";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-md") argv[i] = a_md;
+    else if (a == "-ngld") argv[i] = a_ngld;
+    else if (a == "-ctkd") argv[i] = a_ctkd;
+    else if (a == "-ctvd") argv[i] = a_ctvd;
+  }
   normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -45,8 +61,10 @@ int cmd_fit(int argc, char** argv) {
     std::fprintf(stderr, "kiln fit: %s\n", m.c_str());
     return 2;
   };
-  if (spec_type != "none" && spec_type != "draft-mtp")
-    return bad("--spec-type " + spec_type + ": expected none or draft-mtp");
+  if (spec_type != "none" && spec_type != "ngram-simple" && spec_type != "draft-mtp" && spec_type != "draft-simple")
+    return bad("--spec-type " + spec_type + ": expected none, ngram-simple, draft-mtp or draft-simple");
+  if ((spec_type == "draft-simple") != !model_draft.empty())
+    return bad("--spec-type draft-simple and -md/--model-draft go together");
   model::MemoryOptions mo;
   model::ContextOptions co;
   auto lo = flags.resolve(mo, co);
@@ -87,6 +105,27 @@ int cmd_fit(int argc, char** argv) {
   po.cache_ram_bytes = cache_ram < 0 ? -1 : cache_ram * (int64_t(1) << 20);
   po.spec_mtp = spec_type == "draft-mtp";
   po.n_draft = n_draft;
+  po.n_spec = spec_type == "none" ? 0 : int(n_draft);  // keep slots, as the engine (SpecOptions::n_keep)
+  po.n_outputs_max = int64_t(po.n_parallel) * (1 + po.n_spec);  // and its logits rows (runner_outputs_max)
+  std::unique_ptr<gguf::File> df;
+  std::optional<model::ModelShape> draft;
+  if (!model_draft.empty()) {
+    auto d = gguf::File::open(model_draft, oo);
+    if (!d) return bad(d.error().message);
+    df = std::move(*d);
+    auto ds = model::ModelShape::from_file(*df);
+    if (!ds) return bad(ds.error().message);
+    draft = std::move(*ds);
+    po.draft = &*draft;
+    po.draft_n_gpu_layers = ngld < 0 ? model::kGpuLayersAuto : ngld;
+    po.draft_type_k = mo.type_k, po.draft_type_v = mo.type_v;
+    for (auto [s, t] : {std::pair{&ctkd, &po.draft_type_k}, std::pair{&ctvd, &po.draft_type_v}})
+      if (!s->empty()) {
+        auto ty = parse_cache_type(*s, "-ctkd/-ctvd");
+        if (!ty) return bad(ty.error().message);
+        *t = *ty;
+      }
+  }
   po.image_max_tokens = image_tokens;
   if (!*gpu && lo->n_gpu_layers != 0)
     std::fprintf(stderr, "kiln fit: no usable GPU (%s) and no --device-memory: planning for the CPU only\n",
