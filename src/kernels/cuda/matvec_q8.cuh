@@ -16,7 +16,7 @@
 //   the kernels before). Segmented launches (MvArgs::nseg, matmul_n): the CTAs of up to 4 weights of
 //   the same type and x in one grid, each CTA taking its weight, rows and y from the segment table;
 //   one column (decode), instantiated apart so the plain kernels keep their registers.
-//   BULK (sm_90+, the launcher's choice when the weights are 16-byte aligned): the same ring, filled
+//   BULK (sm_90+, MvArgs::bulk from matvec_bulk(); any row alignment): the same ring, filled
 //   by the tensor memory accelerator instead: lanes 0..3 each issue one cp.async.bulk of their row's
 //   step (from the 16-byte aligned address at or below its first byte to the one at or above its
 //   last: whole aligned vectors, never another page) completing on the slot's mbarrier; the warp
@@ -108,7 +108,7 @@ __device__ __forceinline__ MvSegSel mv_seg(const MvArgs& a) {
 }
 
 // Resident CTAs per SM the kernel is built for (registers): the bulk kernel's ring fills 6 CTAs' worth
-// of shared memory (mvq_carveout asks for the largest carveout).
+// of shared memory (mvq_go asks for the largest carveout).
 template <int M, bool BULK>
 inline constexpr int kMvqCtasPerSm = BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
 
@@ -327,7 +327,8 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
   }
 }
 
-// Launches a bulk kernel instance, asking once for the carveout that lets kMvqCtasPerSm CTAs reside.
+// Launches a kernel instance; for a bulk one, first asks (once) for the shared-memory carveout that lets
+// kMvqCtasPerSm CTAs reside.
 template <typename K>
 void mvq_go(bool bulk, const MvArgs& a, dim3 grid, cudaStream_t s, K kernel) {
   if (bulk) {
