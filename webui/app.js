@@ -29,7 +29,7 @@
   if (!Array.isArray(convs)) convs = [];
   let currentId = localStorage.getItem(KEYS.current);
   if (!convs.some((c) => c.id === currentId)) currentId = null;
-  const server = { alias: '', nCtx: 0, vision: false, ok: false };
+  const server = { alias: '', nCtx: 0, vision: false, imageMaxPixels: 0, ok: false };
   let busy = null;           // { controller, conv, msg } while a reply streams
   let pendingImages = [];    // data: URLs attached to the next message
   let editing = false;       // the last user message is being edited
@@ -184,6 +184,7 @@
       const dgs = p.default_generation_settings || {};
       server.nCtx = p.n_ctx_slot || dgs.n_ctx || p.n_ctx || 0;
       server.vision = !!(p.modalities && p.modalities.vision);
+      server.imageMaxPixels = Number(p.image_max_pixels) || 0;
       server.ok = true;
     } catch (e) {
       // Older or other servers: the model list still names the model.
@@ -685,13 +686,42 @@
     t.style.height = Math.min(t.scrollHeight, window.innerHeight * 0.4) + 'px';
   }
 
-  function addImages(files) {
-    for (const f of files) {
-      if (!f.type.startsWith('image/')) continue;
+  // An image file as a data: URL; above the most pixels the server gives the model
+  // (/props image_max_pixels) it is scaled down first (aspect kept; JPEG stays JPEG, the rest
+  // becomes PNG), which the model could not tell apart and which keeps requests and the stored
+  // conversation small. Images the browser cannot decode are sent as they are (the server judges).
+  async function imageUrl(f) {
+    const original = () => new Promise((resolve, reject) => {
       const r = new FileReader();
-      r.onload = () => { pendingImages.push(String(r.result)); renderControls(); };
+      r.onload = () => resolve(String(r.result));
+      r.onerror = () => reject(r.error);
       r.readAsDataURL(f);
-    }
+    });
+    const max = server.imageMaxPixels;
+    if (!max || typeof createImageBitmap !== 'function') return original();
+    let bmp;
+    try { bmp = await createImageBitmap(f); } catch (e) { return original(); }
+    const w = bmp.width, h = bmp.height;
+    if (w * h <= max) { bmp.close(); return original(); }
+    const s = Math.sqrt(max / (w * h));
+    const c = document.createElement('canvas');
+    c.width = Math.max(1, Math.floor(w * s));
+    c.height = Math.max(1, Math.floor(h * s));
+    c.getContext('2d').drawImage(bmp, 0, 0, c.width, c.height);
+    bmp.close();
+    return f.type === 'image/jpeg' ? c.toDataURL('image/jpeg', 0.92) : c.toDataURL('image/png');
+  }
+
+  function addImages(files) {
+    const images = Array.from(files).filter((f) => f.type.startsWith('image/'));
+    // In the order given, whichever finishes first.
+    Promise.allSettled(images.map(imageUrl)).then((rs) => {
+      rs.forEach((r, i) => {
+        if (r.status === 'fulfilled') pendingImages.push(r.value);
+        else showError('Could not read the image ' + images[i].name + '.');
+      });
+      renderControls();
+    });
   }
 
   // ---------------------------------------------------------------------------------------------

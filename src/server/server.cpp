@@ -204,6 +204,12 @@ void Server::Impl::h_props(const httplib::Request&, httplib::Response& res) {
                   {"bos_token", valid_utf8(mi.bos_text)},
                   {"eos_token", valid_utf8(mi.eos_text)},
                   {"modalities", {{"vision", mi.vision}, {"audio", false}}},
+                  // kiln's: the most pixels an image can give the model (--image-max-tokens x the
+                  // pixels of one token); larger images are scaled down to it anyway (the web UI does
+                  // so before sending).
+                  {"image_max_pixels", mi.vision ? opt.image_max_tokens * mi.vision_patch * mi.vision_patch *
+                                                       mi.vision_merge * mi.vision_merge
+                                                 : 0},
                   {"build_info", "kiln " KILN_SERVER_VERSION},
                   {"is_sleeping", false}});
 }

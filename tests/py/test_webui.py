@@ -547,6 +547,45 @@ def test_images_attach_paste_drop(browser, kiln_bin, work_dir):
         s.stop()
 
 
+def test_large_image_is_scaled_down(browser, kiln_bin, work_dir):
+    """An image above the most pixels the server gives the model (/props image_max_pixels =
+    --image-max-tokens x (patch x merge)^2, read here from the projector's own metadata) is scaled down
+    in the page before it is sent, aspect kept; a small one goes as it is."""
+    import gguf
+    meta = gguf.GGUFReader(str(VISION / "mmproj.gguf")).fields
+    tok_px = int(meta["clip.vision.patch_size"].parts[-1][0]) * int(meta["clip.vision.spatial_merge_size"].parts[-1][0])
+    tmpl = pathlib.Path(work_dir) / "webui-vision.jinja"
+    tmpl.write_text(VISION_TEMPLATE)
+    s = KilnServer(kiln_bin, VISION / "model.gguf", ["-c", "512", "--alias", ALIAS, "--mmproj", VISION / "mmproj.gguf",
+                                                     "--chat-template-file", tmpl, "--image-max-tokens", "64"])
+    max_px = 64 * tok_px * tok_px
+    big = png(600, 400, (b"\0" + b"\x20\x90\xe0" * 600) * 400)  # 240000 pixels > 64 x 32^2 = 65536
+    small = png(40, 30)
+    ctx, page, watch = new_page(browser)
+    try:
+        assert requests.get(s.url + "/props", timeout=10).json()["image_max_pixels"] == max_px
+        page.goto(s.url + "/")
+        expect(page.locator("#attach")).to_be_visible()
+        set_settings(page, max_tokens=2, extra=EXTRA)
+        page.set_input_files("#file-input", files=[{"name": "big.png", "mimeType": "image/png", "buffer": big},
+                                                  {"name": "small.png", "mimeType": "image/png", "buffer": small}])
+        expect(page.locator("#attachments img")).to_have_count(2)
+        page.fill("#input", "look")
+        with page.expect_request(lambda r: "chat/completions" in r.url) as req:
+            send_and_capture(page, lambda: page.click("#send"))
+        urls = [p["image_url"]["url"] for p in req.value.post_data_json["messages"][-1]["content"]
+                if p["type"] == "image_url"]
+        assert len(urls) == 2 and urls[1] == data_url(small)  # in the order given; the small one untouched
+        head = base64.b64decode(urls[0].split(",", 1)[1])
+        assert urls[0].startswith("data:image/png;base64,") and head[12:16] == b"IHDR"
+        w, h = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+        assert w * h <= max_px and w * h > 0.95 * max_px and abs(w / h - 1.5) < 0.02, (w, h)
+        assert watch.errors == []
+    finally:
+        ctx.close()
+        s.stop()
+
+
 def test_phone_layout(browser, server, artifacts):
     ctx, page, watch = new_page(browser, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
                                 device_scale_factor=2)
