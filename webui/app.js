@@ -688,8 +688,8 @@
 
   // An image file as a data: URL; above the most pixels the server gives the model
   // (/props image_max_pixels) it is scaled down first (aspect kept; JPEG stays JPEG, the rest
-  // becomes PNG), which the model could not tell apart and which keeps requests and the stored
-  // conversation small. Images the browser cannot decode are sent as they are (the server judges).
+  // becomes PNG) — the server would scale it to about that size anyway — which keeps requests and
+  // the stored conversation small. Images the browser cannot decode are sent as they are (the server judges).
   async function imageUrl(f) {
     const original = () => new Promise((resolve, reject) => {
       const r = new FileReader();
