@@ -301,13 +301,7 @@ void print_md_memory(const std::vector<TestResult>& rs) {
 
 // CLI11 has no multi-letter single-dash options: llama-bench's -ub/-pg/-ctk/-ctv/-fa to long forms.
 void normalize_bench_flags(int argc, char** argv) {
-  static char ub[] = "--ubatch-size", pg[] = "--n-prompt-gen", mg[] = "--main-gpu";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-ub") argv[i] = ub;
-    else if (a == "-pg") argv[i] = pg;
-    else if (a == "-mg") argv[i] = mg;
-  }
+  tools::rename_flags(argc, argv, {{"-ub", "--ubatch-size"}, {"-pg", "--n-prompt-gen"}, {"-mg", "--main-gpu"}});
   tools::normalize_llama_flags(argc, argv);
 }
 

@@ -45,15 +45,8 @@ int cmd_fit(int argc, char** argv) {
   ModelFlags flags;
   flags.add(app, "K cache type (-ctk): f16, q8_0, q4_0, f32", "V cache type (-ctv)");
   flags.add_fit(app);
-  static char a_md[] = "--model-draft", a_ngld[] = "--n-gpu-layers-draft", a_ctkd[] = "--cache-type-k-draft",
-              a_ctvd[] = "--cache-type-v-draft";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-md") argv[i] = a_md;
-    else if (a == "-ngld") argv[i] = a_ngld;
-    else if (a == "-ctkd") argv[i] = a_ctkd;
-    else if (a == "-ctvd") argv[i] = a_ctvd;
-  }
+  rename_flags(argc, argv, {{"-md", "--model-draft"}, {"-ngld", "--n-gpu-layers-draft"}, {"-ctkd", "--cache-type-k-draft"},
+                            {"-ctvd", "--cache-type-v-draft"}});
   normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
 
@@ -74,19 +67,25 @@ int cmd_fit(int argc, char** argv) {
   auto gpu = flags.budget(*lo, /*simulate=*/true);
   if (!gpu) return bad(gpu.error().message);
 
-  gguf::OpenOptions oo;
-  oo.limits.metadata_only = true;
-  auto f = gguf::File::open(model_path, oo);
+  // Header-only opens; the files stay open while the shapes that point into them are used.
+  std::vector<std::unique_ptr<gguf::File>> files;
+  auto open_meta = [&](const std::string& path) -> Result<const gguf::File*> {
+    gguf::OpenOptions oo;
+    oo.limits.metadata_only = true;
+    auto f = gguf::File::open(path, oo);
+    KILN_TRY(f);
+    files.push_back(std::move(*f));
+    return files.back().get();
+  };
+  auto f = open_meta(model_path);
   if (!f) return bad(f.error().message);
   auto shape = model::ModelShape::from_file(**f);
   if (!shape) return bad(shape.error().message);
-  std::unique_ptr<gguf::File> pf;
   std::optional<model::ProjectorShape> proj;
   if (!mmproj.empty()) {
-    auto p = gguf::File::open(mmproj, oo);
-    if (!p) return bad(p.error().message);
-    pf = std::move(*p);
-    auto ps = model::ProjectorShape::from_file(*pf);
+    auto pf = open_meta(mmproj);
+    if (!pf) return bad(pf.error().message);
+    auto ps = model::ProjectorShape::from_file(**pf);
     if (!ps) return bad(ps.error().message);
     proj = std::move(*ps);
   }
@@ -101,19 +100,16 @@ int cmd_fit(int argc, char** argv) {
   po.n_threads = threads;
   po.flash_attn = co.flash_attn;
   po.n_gpu_layers = lo->n_gpu_layers;
-  po.n_outputs_max = po.n_parallel;  // as `kiln serve` runs: one logits row per slot
   po.cache_ram_bytes = cache_ram < 0 ? -1 : cache_ram * (int64_t(1) << 20);
   po.spec_mtp = spec_type == "draft-mtp";
   po.n_draft = n_draft;
   po.n_spec = spec_type == "none" ? 0 : int(n_draft);  // keep slots, as the engine (SpecOptions::n_keep)
-  po.n_outputs_max = int64_t(po.n_parallel) * (1 + po.n_spec);  // and its logits rows (runner_outputs_max)
-  std::unique_ptr<gguf::File> df;
+  po.n_outputs_max = int64_t(po.n_parallel) * (1 + po.n_spec);  // one logits row per slot and kept draft, as kiln serve
   std::optional<model::ModelShape> draft;
   if (!model_draft.empty()) {
-    auto d = gguf::File::open(model_draft, oo);
+    auto d = open_meta(model_draft);
     if (!d) return bad(d.error().message);
-    df = std::move(*d);
-    auto ds = model::ModelShape::from_file(*df);
+    auto ds = model::ModelShape::from_file(**d);
     if (!ds) return bad(ds.error().message);
     draft = std::move(*ds);
     po.draft = &*draft;

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "model_cli.h"
 #include "subcommand.h"
 
 namespace {
@@ -42,14 +43,7 @@ int cmd_spec_bench(int argc, char** argv) {
   app.add_option("-c,--ctx-size", ctx, "total context (default: np * (npp + ntg + 16))");
   app.add_option("-o,--output", out, "md or jsonl");
   // llama.cpp's short spellings (CLI11 takes one-character short names only).
-  static char a_md[] = "--model-draft", a_np[] = "--parallel", a_npp[] = "--npp", a_ntg[] = "--ntg";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-md") argv[i] = a_md;
-    else if (a == "-np") argv[i] = a_np;
-    else if (a == "-npp") argv[i] = a_npp;
-    else if (a == "-ntg") argv[i] = a_ntg;
-  }
+  tools::rename_flags(argc, argv, {{"-md", "--model-draft"}, {"-np", "--parallel"}, {"-npp", "--npp"}, {"-ntg", "--ntg"}});
   CLI11_PARSE(app, argc, argv);
   auto fail = [](const std::string& m) {
     std::fprintf(stderr, "kiln spec-bench: %s\n", m.c_str());

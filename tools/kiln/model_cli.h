@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,28 +19,28 @@
 
 namespace kiln::tools {
 
-// CLI11 has no multi-letter single-dash options: rewrite llama.cpp's -ctk/-ctv/-ngl style flags to
-// their long forms in place before parsing.
+// CLI11 has no multi-letter single-dash options: rename_flags rewrites llama.cpp's spellings (e.g.
+// "-npp") to the long names the command declares, in place before parsing. The names are literals
+// that CLI11 only reads.
+struct FlagAlias {
+  const char* from;
+  const char* to;
+};
+inline void rename_flags(int argc, char** argv, std::initializer_list<FlagAlias> aliases) {
+  for (int i = 1; i < argc; ++i)
+    for (const FlagAlias& a : aliases)
+      if (std::strcmp(argv[i], a.from) == 0) {
+        argv[i] = const_cast<char*>(a.to);
+        break;
+      }
+}
+// The model, cache and fit flags every model command shares (-ctk/-ctv/-ngl style).
 inline void normalize_llama_flags(int argc, char** argv) {
-  static char ctk[] = "--cache-type-k", ctv[] = "--cache-type-v", fa[] = "--flash-attn", ngl[] = "--n-gpu-layers",
-              dev[] = "--device", mg[] = "--main-gpu", fit[] = "--fit", fitt[] = "--fit-target", fitc[] = "--fit-ctx",
-              np[] = "--parallel", mm[] = "--mmproj", ub[] = "--ubatch-size", cram[] = "--cache-ram";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-fit") argv[i] = fit;
-    else if (a == "-fitt") argv[i] = fitt;
-    else if (a == "-fitc") argv[i] = fitc;
-    else if (a == "-np") argv[i] = np;
-    else if (a == "-mm") argv[i] = mm;
-    else if (a == "-ub") argv[i] = ub;
-    else if (a == "-cram") argv[i] = cram;
-    else if (a == "-ctk") argv[i] = ctk;
-    else if (a == "-ctv") argv[i] = ctv;
-    else if (a == "-fa") argv[i] = fa;
-    else if (a == "-ngl") argv[i] = ngl;
-    else if (a == "-dev") argv[i] = dev;
-    else if (a == "-mg") argv[i] = mg;
-  }
+  rename_flags(argc, argv,
+               {{"-fit", "--fit"}, {"-fitt", "--fit-target"}, {"-fitc", "--fit-ctx"}, {"-np", "--parallel"},
+                {"-mm", "--mmproj"}, {"-ub", "--ubatch-size"}, {"-cram", "--cache-ram"}, {"-ctk", "--cache-type-k"},
+                {"-ctv", "--cache-type-v"}, {"-fa", "--flash-attn"}, {"-ngl", "--n-gpu-layers"}, {"-dev", "--device"},
+                {"-mg", "--main-gpu"}});
 }
 
 inline Result<gguf::GgmlType> parse_cache_type(const std::string& s, const char* flag) {
