@@ -110,6 +110,10 @@ def test_batched_bench_jsonl(kiln_bin, tiny):
     bad = subprocess.run([str(kiln_bin), "batched-bench", "-m", str(tiny), "-npl", "600"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "-npl 600" in bad.stderr
+    # A context shorter than the warm-up prompt (npp + ntg = 10) runs too.
+    r = subprocess.run([str(kiln_bin), "batched-bench", *NGL_ARGS, "-m", str(tiny), "-npp", "8", "-ntg", "2",
+                        "-npl", "1", "-t", "1", "-o", "jsonl"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     # -c: llama-batched-bench's n_kv_max, split among the sequences; too few cells for npp + ntg fail.
     r = subprocess.run([str(kiln_bin), "batched-bench", *NGL_ARGS, "-m", str(tiny), "-c", "96", "-npp", "16", "-ntg",
                         "4", "-npl", "3", "-t", "1", "-o", "jsonl"], capture_output=True, text=True, timeout=120)

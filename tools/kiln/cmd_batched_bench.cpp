@@ -73,15 +73,8 @@ int cmd_batched_bench(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "CPU threads (default: all cores)");
   app.add_option("-o,--output-format", output, "md or jsonl")->check(CLI::IsMember({"md", "jsonl"}));
   flags.add(app, "-ctk: K cache type (f32, f16, q8_0, q4_0)", "-ctv: V cache type");
-  static char a_npp[] = "--npp", a_ntg[] = "--ntg", a_npl[] = "--npl", a_pps[] = "--pps", a_of[] = "--output-format";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-npp") argv[i] = a_npp;
-    else if (a == "-ntg") argv[i] = a_ntg;
-    else if (a == "-npl") argv[i] = a_npl;
-    else if (a == "-pps") argv[i] = a_pps;
-    else if (a == "--output") argv[i] = a_of;
-  }
+  tools::rename_flags(argc, argv,
+                      {{"-npp", "--npp"}, {"-ntg", "--ntg"}, {"-npl", "--npl"}, {"-pps", "--pps"}, {"--output", "--output-format"}});
   tools::normalize_llama_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
   auto fail = [](const Error& e) {
@@ -139,9 +132,10 @@ int cmd_batched_bench(int argc, char** argv) {
     all.clear();
     return {};
   };
-  {  // warm-up: one short prompt
+  {  // warm-up: one short prompt (at most the context)
     model::Batch w;
-    for (int i = 0; i < 16; ++i) w.add(tok(), i, 0, i == 15);
+    const int n_warm = int(std::min<int64_t>(16, max_ctx));
+    for (int i = 0; i < n_warm; ++i) w.add(tok(), i, 0, i == n_warm - 1);
     if (auto st = flush(w); !st) return fail(st.error());
     (*mem)->seq_clear(0);
   }
