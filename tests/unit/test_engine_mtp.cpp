@@ -5,7 +5,6 @@
 // random-weight MTP is never confident), and a model without an MTP block is refused by name.
 #include <gtest/gtest.h>
 
-#include <random>
 
 #include "engine/engine.h"
 #include "engine_spec_util.h"
@@ -18,17 +17,7 @@ using namespace kiln::engine::spec_test;
 namespace {
 
 std::unique_ptr<Engine> open(const std::string& preset, int np, SpecOptions spec, int64_t cache_ram = 0) {
-  EngineOptions eo;
-  eo.n_ctx = 512 * np;
-  eo.n_parallel = np;
-  eo.n_ubatch = 64;
-  eo.n_threads = 2;
-  eo.cache_ram_bytes = cache_ram;
-  eo.cache_block = 16;
-  eo.spec = spec;
-  auto e = Engine::load(test::generated_model("kiln-engine-mtp-test", preset, gguf::GgmlType::Q8_0, 13), eo);
-  KILN_CHECK(e.ok(), "engine: {}", e.ok() ? "" : e.error().message);
-  return std::move(*e);
+  return open_engine(test::generated_model("kiln-engine-mtp-test", preset, gguf::GgmlType::Q8_0, 13), np, std::move(spec), cache_ram);
 }
 
 SpecOptions mtp(int n_max = 3) {
@@ -39,60 +28,25 @@ SpecOptions mtp(int n_max = 3) {
   return s;
 }
 
-std::vector<int32_t> prompt(uint32_t seed, int n = 24) {
-  std::mt19937 g(seed);
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = 300 + int32_t(g() % 400);
-  return p;
-}
-
 class EngineMtp : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineMtp, GreedyEqualsPlainAloneAndBatched) {
   const std::string preset = "tiny-" + GetParam() + "-mtp";
-  std::vector<std::vector<int32_t>> plain;
-  {
-    auto e = open(preset, 1, {});
-    for (uint32_t s = 0; s < 4; ++s) {
-      auto h = e->submit(req(prompt(s), 32));
-      plain.push_back(collect(h).tokens);
-    }
-  }
-  int64_t drafted = 0, accepted = 0;
-  {  // alone
-    auto e = open(preset, 1, mtp());
-    for (uint32_t s = 0; s < 4; ++s) {
-      auto h = e->submit(req(prompt(s), 32));
-      const Out o = collect(h);
-      EXPECT_EQ(o.tokens, plain[s]) << "prompt " << s;
-      drafted += o.t.draft_n;
-      accepted += o.t.draft_n_accepted;
-    }
-  }
+  const PromptFn p = [](uint32_t s) { return random_prompt(s); };
+  const auto plain = greedy_outputs(*open(preset, 1, {}), 4, 32, p);
+  const auto [drafted, accepted] = expect_alone_equal(*open(preset, 1, mtp()), plain, 32, p);
   EXPECT_GT(drafted, 0) << "no MTP draft was verified";
   std::printf("[%s] draft-mtp alone: %lld drafted, %lld accepted\n", preset.c_str(), (long long)drafted,
               (long long)accepted);
-  {  // 4 slots drafting in the same steps, a long prompt prefilling next to them
-    auto e = open(preset, 5, mtp(4));
-    std::vector<RequestHandle> hs;
-    for (uint32_t s = 0; s < 4; ++s) hs.push_back(e->submit(req(prompt(s), 32)));
-    auto hl = e->submit(req(prompt(99, 300), 8));
-    int64_t d = 0;
-    for (uint32_t s = 0; s < 4; ++s) {
-      const Out o = collect(hs[s]);
-      EXPECT_EQ(o.tokens, plain[s]) << "batched prompt " << s;
-      d += o.t.draft_n;
-    }
-    EXPECT_GT(d, 0);
-    collect(hl);
-  }
+  // 4 slots drafting in the same steps, a long prompt prefilling next to them
+  EXPECT_GT(expect_batched_equal(*open(preset, 5, mtp(4)), plain, 32, p, random_prompt(99, 300)), 0);
 }
 
 TEST_P(EngineMtp, PrefixCacheHitEqualsPlain) {
   const std::string preset = "tiny-" + GetParam() + "-mtp";
-  const auto [base1, base2, p2] = two_turns([&] { return open(preset, 1, {}); }, prompt(7), prompt(8), 20);
+  const auto [base1, base2, p2] = two_turns([&] { return open(preset, 1, {}); }, random_prompt(7), random_prompt(8), 20);
   auto e = open(preset, 2, mtp(), int64_t(64) << 20);
-  auto h1 = e->submit(req(prompt(7), 20));
+  auto h1 = e->submit(req(random_prompt(7), 20));
   EXPECT_EQ(collect(h1).tokens, base1);
   auto h2 = e->submit(req(p2, 20));
   const Out o = collect(h2);
@@ -107,8 +61,8 @@ TEST_P(EngineMtp, SeededSamplingEqualsPlain) {
   auto spec = open(preset, 1, mtp());
   int64_t drafted = 0;
   for (uint32_t seed = 1; seed <= 6; ++seed) {
-    auto a = plain->submit(req(prompt(3), 12, 1.0f, seed));
-    auto b = spec->submit(req(prompt(3), 12, 1.0f, seed));
+    auto a = plain->submit(req(random_prompt(3), 12, 1.0f, seed));
+    auto b = spec->submit(req(random_prompt(3), 12, 1.0f, seed));
     const Out oa = collect(a), ob = collect(b);
     EXPECT_EQ(oa.tokens, ob.tokens) << "seed " << seed;
     drafted += ob.t.draft_n;

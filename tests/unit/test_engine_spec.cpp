@@ -24,17 +24,7 @@ std::string model_path(const std::string& preset) {
 }
 
 std::unique_ptr<Engine> open(const std::string& preset, int np, SpecOptions spec, int64_t cache_ram = 0) {
-  EngineOptions eo;
-  eo.n_ctx = 512 * np;
-  eo.n_parallel = np;
-  eo.n_ubatch = 64;
-  eo.n_threads = 2;
-  eo.cache_ram_bytes = cache_ram;
-  eo.cache_block = 16;
-  eo.spec = spec;
-  auto e = Engine::load(model_path(preset), eo);
-  KILN_CHECK(e.ok(), "engine: {}", e.ok() ? "" : e.error().message);
-  return std::move(*e);
+  return open_engine(model_path(preset), np, std::move(spec), cache_ram);
 }
 
 SpecOptions ngram(int n_max = 4) {
@@ -61,46 +51,31 @@ class EngineSpec : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineSpec, GreedyEqualsPlainAloneAndBatched) {
   const std::string preset = "tiny-" + GetParam();
-  std::vector<std::vector<int32_t>> plain;
-  {
-    auto e = open(preset, 1, {});
-    for (uint32_t s = 0; s < 4; ++s) {
-      auto h = e->submit(req(prompt(s), 40));
-      plain.push_back(collect(h).tokens);
-    }
-  }
-  int64_t drafted = 0, accepted = 0;
+  const PromptFn p = [](uint32_t s) { return prompt(s); };
+  const auto plain = greedy_outputs(*open(preset, 1, {}), 4, 40, p);
+  Drafts d;
   {  // alone
     auto e = open(preset, 1, ngram());
-    for (uint32_t s = 0; s < 4; ++s) {
-      auto h = e->submit(req(prompt(s), 40));
-      const Out o = collect(h);
-      EXPECT_EQ(o.tokens, plain[s]) << "prompt " << s;
-      drafted += o.t.draft_n;
-      accepted += o.t.draft_n_accepted;
-    }
+    d = expect_alone_equal(*e, plain, 40, p);
     const Metrics m = e->metrics();
-    EXPECT_EQ(m.draft_tokens, uint64_t(drafted));
-    EXPECT_EQ(m.draft_tokens_accepted, uint64_t(accepted));
+    EXPECT_EQ(m.draft_tokens, uint64_t(d.drafted));
+    EXPECT_EQ(m.draft_tokens_accepted, uint64_t(d.accepted));
   }
+  const auto [drafted, accepted] = d;
   EXPECT_GT(drafted, 0) << "no draft was verified: the test does not exercise speculation";
-  if (GetParam() == "llama")  // the tiny qwen35's greedy drafts are all rejected (test_model_spec covers its accepts)
+  if (GetParam() == "llama") {  // the tiny qwen35's greedy drafts are all rejected (test_model_spec covers its accepts)
     EXPECT_GT(accepted, 0) << "no draft was accepted: the rollback after acceptance is untested";
-  if (GetParam() == "qwen35")  // the tiny llama loops: its drafts are all accepted
-    EXPECT_LT(accepted, drafted) << "no draft was rejected: the rollback after rejection is untested";
-  {  // 4 slots speculating in the same steps, a long prompt prefilling next to them
-    auto e = open(preset, 5, ngram());
-    std::vector<RequestHandle> hs;
-    for (uint32_t s = 0; s < 4; ++s) hs.push_back(e->submit(req(prompt(s), 40)));
-    std::vector<int32_t> lp;
-    for (int i = 0; i < 6; ++i) {
-      auto p = prompt(50 + uint32_t(i));
-      lp.insert(lp.end(), p.begin(), p.end());
-    }
-    auto hl = e->submit(req(lp, 8));
-    for (uint32_t s = 0; s < 4; ++s) EXPECT_EQ(collect(hs[s]).tokens, plain[s]) << "batched prompt " << s;
-    collect(hl);
   }
+  if (GetParam() == "qwen35") {  // the tiny llama loops: its drafts are all accepted
+    EXPECT_LT(accepted, drafted) << "no draft was rejected: the rollback after rejection is untested";
+  }
+  // 4 slots speculating in the same steps, a long prompt prefilling next to them
+  std::vector<int32_t> lp;
+  for (int i = 0; i < 6; ++i) {
+    auto q = prompt(50 + uint32_t(i));
+    lp.insert(lp.end(), q.begin(), q.end());
+  }
+  expect_batched_equal(*open(preset, 5, ngram()), plain, 40, p, lp);
 }
 
 TEST_P(EngineSpec, PrefixCacheHitEqualsPlain) {
