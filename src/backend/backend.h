@@ -225,6 +225,12 @@ class Device {
   // Wraps caller-owned host memory (e.g. the GGUF mapping) without copying; nullptr when the
   // device cannot read host memory in place. The memory must outlive the Buffer.
   virtual std::unique_ptr<Buffer> wrap(const void* host, size_t bytes) = 0;
+  // Host memory (host_ptr() set, 64-byte aligned, uninitialised) for transfers with this device's
+  // streams: page-locked on CUDA, so downloads and uploads run at the bus's speed without staging
+  // through a driver buffer (ordinary memory above kMaxPinnedBytes or when the driver refuses);
+  // ordinary memory on the CPU.
+  virtual std::unique_ptr<Buffer> alloc_host(size_t bytes) = 0;
+  static constexpr size_t kMaxPinnedBytes = size_t(1) << 30;
   virtual std::unique_ptr<Stream> create_stream() = 0;
 };
 

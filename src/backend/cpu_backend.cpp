@@ -539,6 +539,7 @@ class CpuDevice final : public Device {
   std::unique_ptr<Buffer> wrap(const void* host, size_t bytes) override {
     return std::make_unique<CpuBuffer>(*this, const_cast<void*>(host), bytes, false);
   }
+  std::unique_ptr<Buffer> alloc_host(size_t bytes) override { return alloc(bytes); }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CpuStream>(*this, pool_); }
 
  private:

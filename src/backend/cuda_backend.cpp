@@ -83,6 +83,34 @@ class CudaBuffer final : public Buffer {
   size_t n_;
 };
 
+// Host memory from alloc_host: page-locked (cudaHostAlloc) or, failing that, ordinary.
+class CudaHostBuffer final : public Buffer {
+ public:
+  CudaHostBuffer(Device& dev, size_t n) : dev_(dev), n_(n) {
+    const size_t bytes = std::max<size_t>(64, (n + 63) & ~size_t(63));
+    if (bytes <= Device::kMaxPinnedBytes && cudaHostAlloc(&p_, bytes, cudaHostAllocDefault) == cudaSuccess) {
+      pinned_ = true;
+    } else {
+      (void)cudaGetLastError();  // a refused page-locked allocation is not an error of later calls
+      p_ = std::aligned_alloc(64, bytes);
+      KILN_CHECK(p_ != nullptr, "host allocation of {} bytes failed", bytes);
+    }
+  }
+  ~CudaHostBuffer() override {
+    if (pinned_) cudaFreeHost(p_);
+    else std::free(p_);
+  }
+  Device& device() const override { return dev_; }
+  size_t size() const override { return n_; }
+  void* host_ptr() const override { return p_; }
+
+ private:
+  Device& dev_;
+  void* p_ = nullptr;
+  size_t n_;
+  bool pinned_ = false;
+};
+
 class CudaGraph final : public Graph {
  public:
   CudaGraph(int ordinal, cudaGraph_t g, cudaGraphExec_t e) : ordinal_(ordinal), graph_(g), exec_(e) {}
@@ -122,6 +150,10 @@ class CudaDevice final : public Device {
     return std::make_unique<CudaBuffer>(*this, p, bytes);
   }
   std::unique_ptr<Buffer> wrap(const void*, size_t) override { return nullptr; }  // weights are uploaded
+  std::unique_ptr<Buffer> alloc_host(size_t bytes) override {
+    DeviceScope ds(ordinal_);
+    return std::make_unique<CudaHostBuffer>(*this, bytes);
+  }
   std::unique_ptr<Stream> create_stream() override;
 
   int ordinal() const { return ordinal_; }

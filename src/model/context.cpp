@@ -42,15 +42,21 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   graph_step = devs.size() == 2 && !devs[0].layers && out_dev == 1;
   runs.reserve(size_t(B));
   out_idx.reserve(size_t(B));
-  logits.resize(size_t(c.n_vocab) * size_t(n_out_max));
-  if (opt.embeddings) embd.resize(size_t(c.n_embd) * size_t(n_out_max));
+  backend::Device& od = *devs[size_t(out_dev)].dev;
+  logits_n = size_t(c.n_vocab) * size_t(n_out_max);
+  logits_host = od.alloc_host(logits_n * sizeof(float));
+  logits = static_cast<float*>(logits_host->host_ptr());
+  if (opt.embeddings) {
+    embd_host = od.alloc_host(size_t(c.n_embd) * size_t(n_out_max) * sizeof(float));
+    embd = static_cast<float*>(embd_host->host_ptr());
+  }
   for (Dev& d : devs) {
     d.st = d.dev->create_stream();
     plan(d);
     d.arena.allocate(*d.dev);
     reserve(d);
   }
-  if (out_dev == 0) logits_buf = host->wrap(logits.data(), logits.size() * sizeof(float));
+  if (out_dev == 0) logits_buf = host->wrap(logits, logits_n * sizeof(float));
 }
 
 // Scratch of one device (model/scratch.h, the layout the memory planner counts).
@@ -207,7 +213,7 @@ Context::~Context() = default;
 const float* Context::embedding(int64_t i) const {
   KILN_CHECK(opt_.embeddings, "embedding({}): the context was created without ContextOptions::embeddings", i);
   KILN_CHECK(i >= 0 && i < n_out_, "embedding({}) with {} outputs", i, n_out_);
-  return impl_->embd.data() + size_t(i) * size_t(model_.config().n_embd);
+  return impl_->embd + size_t(i) * size_t(model_.config().n_embd);
 }
 
 std::vector<Context::DeviceUse> Context::memory_use() const {
@@ -217,7 +223,7 @@ std::vector<Context::DeviceUse> Context::memory_use() const {
     u.device = d.dev;
     u.arena = d.arena.planned();
     u.workspace = d.ws;
-    if (d.dev->type() == DeviceType::Cpu) u.logits = impl_->logits.size() * sizeof(float);
+    if (d.dev->type() == DeviceType::Cpu) u.logits = impl_->logits_n * sizeof(float);
     out.push_back(u);
   }
   return out;
@@ -225,7 +231,7 @@ std::vector<Context::DeviceUse> Context::memory_use() const {
 
 const float* Context::logits(int64_t i) const {
   KILN_CHECK(i >= 0 && i < n_out_, "logits({}) with {} outputs", i, n_out_);
-  return impl_->logits.data() + size_t(i) * size_t(model_.config().n_vocab);
+  return impl_->logits + size_t(i) * size_t(model_.config().n_vocab);
 }
 
 Status Context::decode(const Batch& b, Memory& mem) {
@@ -396,8 +402,8 @@ Status Context::decode(const Batch& b, Memory& mem) {
     }
   }
   if (n_out > 0 && o.dev->type() != DeviceType::Cpu)
-    o.st->download(s.logits.data(), o.logits, size_t(c.n_vocab * n_out) * sizeof(float));
-  if (n_out > 0 && opt_.embeddings) o.st->download(s.embd.data(), o.hidden, size_t(c.n_embd * n_out) * sizeof(float));
+    o.st->download(s.logits, o.logits, size_t(c.n_vocab * n_out) * sizeof(float));
+  if (n_out > 0 && opt_.embeddings) o.st->download(s.embd, o.hidden, size_t(c.n_embd * n_out) * sizeof(float));
   for (Impl::Dev& d : s.devs) d.st->synchronize();
   for (const Run& r : s.runs) mem.set_seq_pos(r.seq, r.pos0 + r.n);
   n_out_ = n_out;

@@ -64,8 +64,11 @@ struct Context::Impl {
   std::vector<int32_t> mpos;      // [4, T] M-RoPE streams from Batch::mpos
   std::vector<int32_t> out_idx;
   std::vector<int32_t> rseq, keep;          // hybrid: per token, Memory::rec_slot / rec_keep_slot (-1)
-  std::vector<float> logits;                // [V, n_out_max]
-  std::vector<float> embd;                  // [E, n_out_max] with ContextOptions::embeddings
+  // Host rows the output device's results land in (Device::alloc_host: page-locked for a GPU).
+  std::unique_ptr<backend::Buffer> logits_host, embd_host;
+  float* logits = nullptr;  // [V, n_out_max] in logits_host
+  size_t logits_n = 0;
+  float* embd = nullptr;    // [E, n_out_max] in embd_host, with ContextOptions::embeddings
   std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
   std::vector<int32_t> hsrc, hshift, hdst, hzero;  // MTP: per token (mtp.cpp)
 

@@ -158,7 +158,7 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
     o.st->download(best_id.data(), o.dids, size_t(T) * 4);
     o.st->download(best_p.data(), o.dprob, size_t(T) * 4);
     if (keep_logits && o.dev->type() != DeviceType::Cpu)
-      o.st->download(s.logits.data(), o.logits, size_t(V * T) * sizeof(float));
+      o.st->download(s.logits, o.logits, size_t(V * T) * sizeof(float));
     for (Impl::Dev& d : s.devs) d.st->synchronize();
     n_out_ = keep_logits ? T : 0;  // logits(i): this step's row i (the last step's rows remain readable)
     prev = act;

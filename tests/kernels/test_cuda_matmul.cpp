@@ -220,7 +220,20 @@ std::vector<Case> cases_for(GgmlType t) {
       {kq ? 768 : 800, 77, {1, 3, 9, 64}, pad, true},                    // misaligned rows and x
       {kq ? 1280 : 1056, 1025, {1, 5, 16, 64}, 0, false},
       {kq ? 8448 : 8224, 33, {1, 8, 17}, 0, false},                      // several steps per warp
+      // k a multiple of 256 for every type (the small-batch mat-mul, mmq.cu, 8 / 16 / 24 / 32 columns
+      // per tile row): k split in 2 with a partial last row tile, misaligned rows and x split and not,
+      // k split in 4 (more splits than steps in the ring), one step (no split)
+      {2048, 130, {9, 24, 33}, 0, false},
+      {2048, 130, {20}, pad, true},
+      {1024, 130, {12, 32}, pad, true},
+      {4096, 70, {16, 17}, 0, false},
+      {256, 200, {16, 64}, 0, false},
   };
+}
+
+// Whether matmul takes the small-batch mat-mul (mmq.cu) for these shapes on this GPU.
+bool uses_mmq(const cu::Launch& L, GgmlType t, int64_t k, int64_t n, int64_t m) {
+  return cu::detail::mmq_on(L.sm) && cu::detail::mmq_plan(t, k, n, m).ok;
 }
 
 std::map<std::string, std::map<std::string, double>> g_report;  // type -> path -> worst error
@@ -240,14 +253,15 @@ void every_type(int mode) {
       const Weights w = make_weights(t, c.k, c.n, c.pad, seed++);
       Dev<uint8_t> dw(w.bytes);
       for (int64_t m : c.ms) {
-        if (q8 && m > 16) continue;
+        cu::Launch L = gpu.launch(cu::matmul_workspace(t, c.k, c.n, m));
+        const bool mmq = uses_mmq(L, t, c.k, c.n, m);
+        if (q8 && (m > 16 || mmq)) continue;  // int8 x only on the mat-vec path
         SCOPED_TRACE("k=" + std::to_string(c.k) + " n=" + std::to_string(c.n) + " m=" + std::to_string(m) +
-                     (c.pad ? " padded rows" : "") + (c.odd_x ? " odd x stride" : ""));
+                     (c.pad ? " padded rows" : "") + (c.odd_x ? " odd x stride" : "") + (mmq ? " mmq" : ""));
         const int64_t xs = c.odd_x ? c.k + 1 : c.k + 4, ys = c.n + 3, xoff = c.odd_x ? 1 : 0;
         const std::vector<float> x = kt::randv(size_t(xs * m + xoff), seed++);
         Dev<float> dx(x);
         Dev<float> dy(size_t(ys * m));
-        cu::Launch L = gpu.launch(cu::matmul_workspace(t, c.k, c.n, m));
         cu::matmul(L, t, dw.p, w.stride, c.k, c.n, dx.p + xoff, xs, dy.p, ys, m);
         gpu.sync();
         const std::vector<float> y = dy.down();
@@ -269,10 +283,10 @@ void every_type(int mode) {
           rep["q8_stat"] = std::max(rep["q8_stat"], qa.worst_stat);
           continue;
         }
-        const bool mv = m <= 16;
+        const bool mv = m <= 16 && !mmq;
         const double bound = mv ? kMvBound : (t == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
         EXPECT_LE(err.worst, bound);
-        double& rep = g_report[tn][mv ? "matvec" : "gemm"];
+        double& rep = g_report[tn][mv ? "matvec" : mmq ? "mmq" : "gemm"];
         rep = std::max(rep, err.worst);
       }
     }
@@ -283,15 +297,24 @@ TEST(CudaMatmul, EveryTypeEveryPath) {
   KILN_REQUIRE_GPU();
   every_type(1);
   every_type(2);
-  std::printf("\nworst |y - ref| / sum|w x| per type (bounds: matvec F32 x %.0e, gemm %.0e F16 / %.0e F32)\n"
+  std::printf("\nworst |y - ref| / sum|w x| per type (bounds: matvec F32 x %.0e, gemm and mmq %.0e F16 / %.0e F32)\n"
               "int8 x: against x~ (bound %.0e), |y - ref| / deterministic bound (<= 1), sqrt(k) |y - ref| / S "
               "(bound %.0e)\n", kMvBound, kF16GemmBound, kF32GemmBound, kMvBound, kQ8Rel);
   for (auto& [tn, m] : g_report) {
-    std::printf("  %-7s matvec %.2e  gemm %.2e", tn.c_str(), m["matvec"], m["gemm"]);
+    std::printf("  %-7s matvec %.2e  gemm %.2e  mmq %.2e", tn.c_str(), m["matvec"], m["gemm"], m["mmq"]);
     if (m.count("q8_tilde"))
       std::printf("  int8 x: x~ %.2e  det %.3f  stat %.2e", m["q8_tilde"], m["q8_det"], m["q8_stat"]);
     std::printf("\n");
   }
+}
+
+// The small-batch mat-mul's (and the mat-vec's) shared-memory ring filled with cp.async instead of
+// bulk copies, as on sm_80 / sm_89: the same cases and bounds.
+TEST(CudaMatmul, EveryTypeWithoutBulkCopies) {
+  KILN_REQUIRE_GPU();
+  cu::detail::set_matvec_bulk(false);
+  every_type(1);
+  cu::detail::set_matvec_bulk(true);
 }
 
 // Three int8-x mat-vecs enqueued back to back on one workspace (quantize_x of the next call must not
@@ -452,7 +475,8 @@ TEST(CudaMatmul, MatmulNSharedX) {
             for (int i = 0; i < nw; ++i) {
               const std::vector<float> y = dy[size_t(i)]->down();
               const int64_t ys = ws[i].y_stride, n = mix.n[i];
-              const bool q8 = mode >= 2 && m <= 16 && cu::detail::matvec_q8_supported(mix.t[i]);
+              const bool mmq = uses_mmq(L, mix.t[i], k, n, m);
+              const bool q8 = mode >= 2 && m <= 16 && !mmq && cu::detail::matvec_q8_supported(mix.t[i]);
               ErrAcc err;
               Q8Acc qa;
               int64_t touched = 0;
@@ -476,10 +500,11 @@ TEST(CudaMatmul, MatmulNSharedX) {
                 q8_all.worst_det = std::max(q8_all.worst_det, qa.worst_det);
                 q8_all.worst_stat = std::max(q8_all.worst_stat, qa.worst_stat);
               } else {
-                const double bound =
-                    m <= 16 ? kMvBound : (mix.t[i] == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
-                EXPECT_LE(err.worst, bound) << "weight " << i << " (" << kiln::gguf::type_name(mix.t[i]) << ")";
-                if (m <= 16) worst_f32 = std::max(worst_f32, err.worst);
+                const bool mv = m <= 16 && !mmq;
+                const double bound = mv ? kMvBound : (mix.t[i] == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
+                EXPECT_LE(err.worst, bound) << "weight " << i << " (" << kiln::gguf::type_name(mix.t[i]) << ")"
+                                            << (mmq ? " mmq" : "");
+                if (mv) worst_f32 = std::max(worst_f32, err.worst);
               }
             }
             for (auto* p : dy) delete p;
@@ -589,7 +614,7 @@ TEST(CudaMatmulBench, Decode) {
         for (size_t o = 0; o < bytes; o += pat)
           ck(cudaMemcpy(ws.back()->p + o, host.data(), std::min(pat, bytes - o), cudaMemcpyHostToDevice), "fill");
       }
-      const int64_t mmax = gemm && !vocab ? 2048 : 8;
+      const int64_t mmax = gemm && !vocab ? 2048 : 32;
       const std::vector<float> xh = kt::randv(size_t(s.k * mmax), 3);
       Dev<float> x(xh);
       Dev<float> y(size_t(s.n * mmax));
@@ -635,6 +660,23 @@ TEST(CudaMatmulBench, Decode) {
         }
         std::printf("\n");
       }
+      // Batched decode: the small-batch mat-mul (mmq.cu) against the paths before it (two int8 mat-vec
+      // passes up to 16 columns, else W dequantized to F16 for cuBLAS).
+      if (cu::detail::mmq_plan(t, s.k, s.n, 16).ok)
+        for (int64_t m : {9, 16, 24, 32}) {
+          double sec[3];  // before, mmq with bulk copies, mmq with cp.async (the sm_80 / sm_89 ring)
+          for (int v : {1, 2, 0}) {
+            cu::detail::set_mmq(v != 0);
+            cu::detail::set_matvec_bulk(v != 2);
+            sec[v] = time_it(m, vocab ? 5 : 20);
+          }
+          cu::detail::set_mmq(true);
+          cu::detail::set_matvec_bulk(true);
+          std::printf("BENCH batched %-6s %5lld %6lld m=%-3lld | mmq %8.2f us %7.1f GB/s | cp.async %8.2f us | before "
+                      "%8.2f us %7.1f GB/s | %.2fx\n",
+                      tn, (long long)s.k, (long long)s.n, (long long)m, sec[1] * 1e6, double(bytes) / sec[1] * 1e-9,
+                      sec[2] * 1e6, sec[0] * 1e6, double(bytes) / sec[0] * 1e-9, sec[0] / sec[1]);
+        }
       if (gemm && !vocab)
         for (int64_t m : {512, 2048}) {
           const double sec = time_it(m, 5);

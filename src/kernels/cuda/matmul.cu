@@ -1,7 +1,8 @@
 // kernels/cuda/matmul.cu — the mat-mul launchers of cuda_ops.h: matmul, matmul_n, matmul_id,
 //   get_rows (matmul_supported and the workspace sizes are in workspace.cpp, compiled in every build). matmul_n: one x for up to 4
 //   weights (x quantized once per x order; m = 1: one segmented int8 launch per weight type).
-// Owns: the choice of path. m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
+// Owns: the choice of path. kMmqMinM..kMmqMaxM columns of a block type (k a multiple of 256, sm_80+,
+//   KILN_CUDA_MMQ=0: off): the small-batch tensor-core mat-mul (mmq.cu). Else m <= 16 columns: the fused mat-vec kernels, 8 columns per pass, F32
 //   sums — for the types of matvec_q8_supported x is first quantized to int8 per 32 values
 //   (quantize_x, into the workspace) and the int8 kernel (matvec_q8.cuh) takes __dp4a sums; the other
 //   types, or all with KILN_CUDA_MMV_F32X=1 (or set_matvec_x_mode), use the F32-x kernel (matvec.cuh).
@@ -64,7 +65,7 @@ int64_t block_elems(GgmlType t) {
 }
 
 std::atomic<int> g_x_mode{0};
-std::atomic<int> g_pdl{-1}, g_bulk{-1};  // -1: from the environment
+std::atomic<int> g_pdl{-1}, g_bulk{-1}, g_mmq{-1};  // -1: from the environment
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
@@ -73,10 +74,10 @@ bool env_f32x() {
   static const bool on = env_is("KILN_CUDA_MMV_F32X", "1");
   return on;
 }
-// A switch that is on for sm_90+ unless set off by the setter (g) or by NAME=0 in the environment.
-bool sm90_switch(int sm, const std::atomic<int>& g, bool env_off) {
+// A switch that is on for sm_`min_sm`+ unless set off by the setter (g) or by NAME=0 in the environment.
+bool sm_switch(int sm, int min_sm, const std::atomic<int>& g, bool env_off) {
   const int p = g.load();
-  return sm >= 90 && (p == 1 || (p == -1 && !env_off));
+  return sm >= min_sm && (p == 1 || (p == -1 && !env_off));
 }
 
 void mv_q8(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s) {
@@ -177,12 +178,17 @@ void set_matvec_x_mode(int mode) { g_x_mode.store(mode); }
 void set_matvec_bulk(bool on) { g_bulk.store(on ? 1 : 0); }
 bool matvec_bulk(int sm) {
   static const bool env_off = env_is("KILN_CUDA_MV_BULK", "0");
-  return sm90_switch(sm, g_bulk, env_off);
+  return sm_switch(sm, 90, g_bulk, env_off);
 }
 void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
 bool matvec_pdl(int sm) {
   static const bool env_off = env_is("KILN_CUDA_PDL", "0");
-  return sm90_switch(sm, g_pdl, env_off);
+  return sm_switch(sm, 90, g_pdl, env_off);
+}
+void set_mmq(bool on) { g_mmq.store(on ? 1 : 0); }
+bool mmq_on(int sm) {
+  static const bool env_off = env_is("KILN_CUDA_MMQ", "0");
+  return sm_switch(sm, 80, g_mmq, env_off);
 }
 bool pdl_all() {
   static const bool off = env_is("KILN_CUDA_PDL_ALL", "0");
@@ -214,6 +220,11 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
                   (long long)(2 * detail::q8_x_bytes(k, m)));
     detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, detail::matvec_pdl(L.sm),
                       L.stream);
+  }
+  if (m >= detail::kMmqMinM &&
+      detail::mmq(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m)) {
+    launched("matmul");
+    return;
   }
   if (m > kMvMaxM) {
     gemm(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m);
@@ -282,11 +293,13 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
     detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, pre_mask, L.ws, detail::matvec_pdl(L.sm), L.stream);
   }
   bool done[detail::kMvMaxSeg] = {};
-  // Large m (every weight), empty weights and the F32-x types: one matmul each (on the mat-vec path
-  // the F32-x kernel reads no workspace, so the int8 weights' quantized x below is not disturbed).
+  // Large m (every weight), empty weights, the F32-x types and the small-batch mat-mul's weights: one
+  // matmul each (on the mat-vec path the F32-x kernel reads no workspace, so the int8 weights'
+  // quantized x below is not disturbed; the others run before it is made).
   for (int i = 0; i < n_w; ++i) {
     const MatmulW& W = ws[i];
-    if (W.n == 0 || m > kMvMaxM || !detail::matvec_uses_q8(W.wt)) {
+    const bool mmq = m >= detail::kMmqMinM && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
+    if (W.n == 0 || m > kMvMaxM || !detail::matvec_uses_q8(W.wt) || mmq) {
       if (W.n > 0) matmul(L, W.wt, W.w, W.w_stride, k, W.n, x, x_stride, W.y, W.y_stride, m);
       done[i] = true;
     }

@@ -100,6 +100,15 @@ void set_matvec_bulk(bool on);
 bool matvec_bulk(int sm);
 bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path takes int8 x for t now
 
+// The small-batch quantized mat-mul (mmq.cu): y = W x for kMmqMinM..kMmqMaxM columns when
+// mmq_plan(t, k, n, m).ok, the device is sm_80+ and the switch is on; false (nothing enqueued)
+// otherwise. Uses the workspace as mmq_plan lays it out.
+bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
+         int64_t x_stride, float* y, int64_t y_stride, int64_t m);
+// On for sm_80+ unless the environment has KILN_CUDA_MMQ=0 or set_mmq(false) (tests, comparisons).
+void set_mmq(bool on);
+bool mmq_on(int sm);
+
 // Rows of a weight / table of type t into F32 (half = false) or F16 (half = true) rows of k values:
 // output row r (out + r * out_stride elements) = source row (ids ? ids[r] : r) of src (rows
 // row_stride bytes apart), r < n_rows. F16 output: out 16-byte aligned, out_stride a multiple of 8.

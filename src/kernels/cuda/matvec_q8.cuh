@@ -28,6 +28,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/dequant_q8.cuh"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matvec.cuh"  // kMvThreads, kMvWarps, mv_cp16 / commit / wait, mv_warp_sum
@@ -49,42 +50,6 @@ struct MvqGeom {
 };
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a(int(a), int(b), c); }
-
-// mbarrier and bulk-copy primitives (sm_90+; the BULK kernels are only launched there).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mb_init(uint32_t bar, int count) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-__device__ __forceinline__ void mb_init_fence() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-// Arrives on the barrier, expecting `bytes` more of transfer, and copies `bytes` (a multiple of 16)
-// from the 16-byte aligned global address src to shared address dst, completing on the barrier.
-__device__ __forceinline__ void mb_bulk_load(uint32_t bar, uint32_t dst, const void* src, uint32_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "fence.proxy.async.shared::cta;\n"
-      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %3;\n"
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%1], [%2], %3, [%0];" ::"r"(bar),
-      "r"(dst), "l"(src), "r"(bytes)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity) {
-#if __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-#endif
-}
 
 // The CTA's weight: the launch's own, or in a segmented launch the segment whose CTAs hold blockIdx.x
 // (segments in CTA order; compile-time indices, so the table stays in parameter space).

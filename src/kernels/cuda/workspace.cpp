@@ -66,6 +66,33 @@ size_t q8_x_bytes(int64_t k, int64_t ncols) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+bool mmq_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::IQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m) {
+  MmqPlan p;
+  if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < kMmqMinM || m > kMmqMaxM || n < 1) return p;
+  p.ok = true;
+  // From the shapes alone (the workspace and recorded graphs must not depend on the device): about
+  // two waves of 2 CTAs per SM on a 132-SM GPU.
+  const int64_t tiles = ceil_div(n, 64), steps = k / 256;
+  int64_t nks = 1;
+  while (tiles * nks < 528 && steps >= 8 * nks) nks *= 2;
+  p.steps_per = ceil_div(steps, nks);
+  p.nks = int(ceil_div(steps, p.steps_per));
+  p.part_off = align256(size_t(m) * size_t(k) * 2);
+  p.cnt_off = p.part_off + (p.nks > 1 ? align256(size_t(p.nks) * size_t(m) * size_t(n) * 4) : 0);
+  p.bytes = p.cnt_off + (p.nks > 1 ? align256(size_t(tiles) * 4) : 0);
+  return p;
+}
+
 void attn_set_splits(AttnPlan& pl, int64_t n_kv, int64_t ns) {
   ns = std::max<int64_t>(1, ns);
   pl.chunk = ceil_div(ceil_div(n_kv, ns), kAttnMinChunk) * kAttnMinChunk;
@@ -114,8 +141,9 @@ bool matmul_supported(GgmlType wt) { return detail::block_bytes(wt) != 0; }
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
   // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
-  if (m <= detail::kMvMaxM) return detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0;
-  return detail::gemm_plan(wt, k, n, m).bytes;
+  const size_t mmq = detail::mmq_plan(wt, k, n, m).bytes;  // 0 where it does not apply
+  if (m <= detail::kMvMaxM) return std::max(mmq, detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0);
+  return std::max(mmq, detail::gemm_plan(wt, k, n, m).bytes);
 }
 
 size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {

@@ -47,6 +47,21 @@ bool matvec_q8_supported(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q
 size_t q8_x_meta_offset(int64_t k, int64_t ncols);
 size_t q8_x_bytes(int64_t k, int64_t ncols);
 
+// The small-batch quantized mat-mul (mmq.cu): kMmqMinM..kMmqMaxM columns, the block types of
+// mmq_type, k a multiple of 256. Row tiles of 64; the k range cut into nks splits of steps_per steps
+// of 256 (more splits while the grid is under ~528 CTAs, each split keeping >= 4 steps). Workspace:
+// x as F16 [m][k] at 0, the splits' partial sums F32 [nks][m][n] at part_off and one counter per
+// row tile at cnt_off (nks > 1), bytes in all.
+inline constexpr int64_t kMmqMinM = 9, kMmqMaxM = 32;
+struct MmqPlan {
+  bool ok = false;
+  int nks = 1;
+  int64_t steps_per = 0;
+  size_t part_off = 0, cnt_off = 0, bytes = 0;
+};
+bool mmq_type(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
+MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m);
+
 // The attention work layout, a function of (head_dim, n_head, n_head_kv, n_tok, n_kv) only, so that
 // attention_workspace and the launcher agree.
 struct AttnPlan {

@@ -1,0 +1,344 @@
+// kernels/cuda/mmq.cu — the quantized mat-mul for small batches (kMmqMinM..kMmqMaxM columns: batched
+//   decode): y[:, c] = W x[:, c] on tensor cores, each weight byte read from memory once for all
+//   columns.
+// Owns: mmq_x_kernel (x to F16 in the weights' "pairs" order, see below) and mmq_kernel. A CTA of 4
+//   warps takes 64 rows of W (16 per warp) and all m columns over a range of k (a k split: the plan's
+//   nks CTAs per row tile, summed by the last CTA of the tile to arrive, in split order: results do not
+//   depend on timing). k advances in steps of 256 elements through a ring of 2-3 shared-memory
+//   stages (3 CTAs per SM), each holding the step's bytes of the 64 weight rows (one bulk copy per row on sm_90+,
+//   16-byte cp.async copies before; the 16-byte aligned range around the row's bytes) and the step's
+//   256 x values of every column as F16. Per 32-element unit a lane (g = lane / 4, t = lane % 4)
+//   decodes elements 4t..4t+3 and 16+4t..16+4t+3 of rows g and g + 8 (lane_unit: codes placed in F16
+//   mantissas, scaled in F16) into the A fragments of two mma.sync m16n8k16 (F16 in, F32
+//   accumulators). The k order
+//   inside a unit is permuted the same way for both operands: positions 8t..8t+7, as "pairs" (position
+//   2i + h holds element i + 16h, the kXPairs order of the int8 path), are the slots lane t holds, so
+//   the B fragments of a column are one 16-byte shared-memory read.
+// Must not: allocate or synchronize; read outside the 16-byte vectors holding W's rows or the m
+//   columns of x. Launched only where mmq_plan(...).ok and the device is sm_80+.
+// Threading: the launcher only enqueues on L.stream.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/bulk_copy.cuh"
+#include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/matmul_internal.h"
+#include "kernels/cuda/matvec.cuh"  // mv_cp16 / commit / wait
+#include "kernels/cuda/pdl.cuh"
+
+namespace kiln::cuda::detail {
+namespace {
+
+constexpr int kThreads = 128, kRows = 64;  // 4 warps x 16 rows
+constexpr int kStepK = 256;                // elements of k per stage
+constexpr int kXCol = 2 * kStepK + 64;     // bytes of one column's x per stage (+64: no bank conflicts)
+
+template <GgmlType T>
+struct Geo {
+  using D = dq::Q<T>;
+  static constexpr int kUPB = D::kQK / 32;              // units per block
+  static constexpr int kRB = D::kBS * kStepK / D::kQK;  // bytes of one row's step
+  static constexpr int kVR = (kRB + 15) / 16 + 1;       // 16-byte vectors around them at most
+  static constexpr int kSlot = 16 * (kVR | 1);          // an odd number of vectors: row reads hit distinct banks
+  static constexpr int kW = kRows * kSlot;
+  template <int NT>
+  static constexpr int stage() {
+    return kW + 8 * NT * kXCol;
+  }
+  // Stages in the ring: 3 where that still lets 3 CTAs share an SM's 227 KiB, else 2.
+  template <int NT>
+  static constexpr int stages() {
+    return 3 * (stage<NT>() + 8) <= 75 * 1024 ? 3 : 2;
+  }
+  template <int NT>
+  static constexpr int smem() {
+    return stages<NT>() * (stage<NT>() + 8);  // + the stages' mbarriers
+  }
+};
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The codes (dq::Q<T>: b = q + kOff) of elements 4t..4t+3 (lo, byte j = element 4t + j) and
+// 16+4t..16+4t+3 (hi) of unit u of block b: the 4 bytes of each that lane t needs, no more.
+template <GgmlType T, int A>
+__device__ __forceinline__ void lane_codes(const uint8_t* b, int u, int t, uint32_t& lo, uint32_t& hi) {
+  using dq::al;
+  using dq::ld_u32;
+  constexpr uint32_t k4 = 0x0F0F0F0Fu;
+  if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::IQ4_NL) {
+    constexpr int o = T == GgmlType::Q4_1 ? 4 : 2;  // qs: element j = lo(qs[j]), j + 16 = hi(qs[j])
+    const uint32_t q = ld_u32<al(A, 2)>(b + o + 4 * t);
+    lo = q & k4, hi = (q >> 4) & k4;
+    if constexpr (T == GgmlType::IQ4_NL) lo = dq::iq4_lookup(lo), hi = dq::iq4_lookup(hi);
+  } else if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+    constexpr int o = T == GgmlType::Q5_1 ? 4 : 2;  // qh (bit i: bit 4 of element i) | qs
+    const uint32_t qh = ld_u32<al(A, 2)>(b + o), q = ld_u32<al(A, 2)>(b + o + 4 + 4 * t);
+    lo = (q & k4) | dq::spread4(qh >> (4 * t)) << 4, hi = ((q >> 4) & k4) | dq::spread4(qh >> (16 + 4 * t)) << 4;
+  } else if constexpr (T == GgmlType::Q8_0) {
+    lo = ld_u32<al(A, 2)>(b + 2 + 4 * t) ^ 0x80808080u, hi = ld_u32<al(A, 2)>(b + 18 + 4 * t) ^ 0x80808080u;
+  } else if constexpr (T == GgmlType::IQ4_XS) {
+    const uint32_t q = ld_u32<al(A, 4)>(b + 8 + 16 * u + 4 * t);
+    lo = dq::iq4_lookup(q & k4), hi = dq::iq4_lookup((q >> 4) & k4);
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    constexpr int o = T == GgmlType::Q5_K ? 48 : 16;  // qs: unit u = nibble u % 2 of a 32-byte chunk
+    const uint8_t* c = b + o + 32 * (u >> 1);
+    const int s = 4 * (u & 1);
+    lo = (ld_u32<al(A, 4)>(c + 4 * t) >> s) & k4, hi = (ld_u32<al(A, 4)>(c + 16 + 4 * t) >> s) & k4;
+    if constexpr (T == GgmlType::Q5_K) {  // qh[32] at 16: bit u of byte l is bit 4 of element l
+      lo |= ((ld_u32<al(A, 4)>(b + 16 + 4 * t) >> u) & 0x01010101u) << 4;
+      hi |= ((ld_u32<al(A, 4)>(b + 32 + 4 * t) >> u) & 0x01010101u) << 4;
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+    const int h = u >> 2, c = u & 3, sl = 4 * (c >> 1), sh = 2 * c;
+    const uint8_t* l = b + 64 * h + 32 * (c & 1);
+    const uint8_t* q = b + 128 + 32 * h;
+    lo = ((ld_u32<al(A, 2)>(l + 4 * t) >> sl) & k4) | ((ld_u32<al(A, 2)>(q + 4 * t) >> sh) & 0x03030303u) << 4;
+    hi = ((ld_u32<al(A, 2)>(l + 16 + 4 * t) >> sl) & k4) | ((ld_u32<al(A, 2)>(q + 16 + 4 * t) >> sh) & 0x03030303u) << 4;
+  } else {
+    static_assert(T == GgmlType::Q4_0, "no lane codes for this type (mmq_type)");
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+__device__ __forceinline__ __half2 as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
+__device__ __forceinline__ uint32_t as_u32(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// Elements (4t + j, 16 + 4t + j), j = 0..3, of unit u of block blk as F16 pairs p[j]: each code b
+// placed in the mantissa of 1024 (exact), minus 1024 + kOff (exact), times the half's scale (and plus
+// its offset), in F16: d * q (+ m) with d and m rounded to F16 first — within two F16 roundings of
+// the host dequantizer's value (the cuBLAS path's dequant_rows rounds once).
+template <GgmlType T, int A>
+__device__ __forceinline__ void lane_unit(const uint8_t* blk, int u, int t, uint32_t (&p)[4]) {
+  using D = dq::Q<T>;
+  uint32_t lo, hi;
+  lane_codes<T, A>(blk, u, t, lo, hi);
+  const dq::Scales s = D::template scales<A>(blk, u);
+  const __half2 d = __floats2half2_rn(s.d[0], s.d[1]), m = __floats2half2_rn(s.m[0], s.m[1]);
+  const __half2 bias = __float2half2_rn(1024.f + float(D::kOff));
+  const uint32_t w[2] = {prmt(lo, hi, 0x5140), prmt(lo, hi, 0x7362)};  // (lo_j, hi_j) byte pairs
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __half2 q = __hsub2(as_h2(prmt(w[j >> 1], 0x64646464u, (j & 1) ? 0x4342u : 0x4140u)), bias);
+    p[j] = as_u32(D::kMin ? __hfma2(q, d, m) : __hmul2(q, d));
+  }
+}
+
+struct QArgs {
+  const uint8_t* w;
+  size_t w_stride;
+  int64_t k, n;
+  const __half* x16;  // [m][k], pairs order
+  int m, nks;         // columns; k splits
+  int64_t steps_per;  // steps of 256 per split
+  float* y;
+  int64_t y_stride;
+  float* part;    // [nks][m][n] (nks > 1)
+  unsigned* cnt;  // [row tiles] arrivals (zeroed by mmq_x_kernel)
+};
+
+// x columns (x_stride floats apart) -> F16 [m][k] in pairs order; zeroes the n_cnt counters.
+__global__ void mmq_x_kernel(const float* x, int64_t x_stride, int64_t k, int64_t m, __half2* out, unsigned* cnt,
+                             int64_t n_cnt) {
+  pdl::begin();
+  const int64_t kp = k / 2, total = kp * m, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t c = i / kp, q = i - c * kp;  // pair q of column c: unit q / 16, elements e and e + 16
+    const float* xc = x + c * x_stride + (q >> 4) * 32 + (q & 15);
+    out[i] = __floats2half2_rn(xc[0], xc[16]);
+  }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_cnt; i += stride) cnt[i] = 0;
+}
+
+template <GgmlType T, int A, int NT, bool BULK>
+__global__ void __launch_bounds__(kThreads, 3) mmq_kernel(const QArgs a) {
+  using G = Geo<T>;
+  using D = dq::Q<T>;
+  constexpr int kStage = G::template stage<NT>(), kStages = G::template stages<NT>();
+  extern __shared__ __align__(128) uint8_t sm[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(sm + kStages * kStage);
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int64_t tile = blockIdx.x, row0 = tile * kRows;
+  const int64_t s0 = int64_t(blockIdx.y) * a.steps_per, s1 = min(a.k / kStepK, s0 + a.steps_per);
+  const int nst = int(s1 - s0);
+  if constexpr (BULK) {
+    if (tid == 0) {
+      for (int i = 0; i < kStages; ++i) mb_init(smem_addr(&bars[i]), kThreads);
+      mb_init_fence();
+    }
+    __syncthreads();
+  }
+  pdl::begin();
+
+  // The 16-byte aligned range around row r's bytes of step s.
+  auto row_src = [&](int64_t r, int64_t s) { return a.w + size_t(min(r, a.n - 1)) * a.w_stride + size_t(s) * G::kRB; };
+  auto issue = [&](int64_t s, int slot) {
+    uint8_t* st = sm + slot * kStage;
+    if constexpr (BULK) {
+      const uint32_t bar = smem_addr(&bars[slot]);
+      if (tid < kRows) {
+        const uintptr_t p = uintptr_t(row_src(row0 + tid, s));
+        const uintptr_t lo = p & ~uintptr_t(15), hi = (p + G::kRB + 15) & ~uintptr_t(15);
+        mb_bulk_load(bar, smem_addr(st + tid * G::kSlot), reinterpret_cast<const void*>(lo), uint32_t(hi - lo));
+      } else if (tid - kRows < a.m) {
+        const int c = tid - kRows;
+        mb_bulk_load(bar, smem_addr(st + G::kW + c * kXCol), a.x16 + int64_t(c) * a.k + s * kStepK, 2 * kStepK);
+      } else {
+        mb_arrive(bar);
+      }
+    } else {
+      for (int i = tid; i < kRows * G::kVR; i += kThreads) {
+        const int r = i / G::kVR, v = i - r * G::kVR;
+        const uintptr_t p = uintptr_t(row_src(row0 + r, s));
+        const uintptr_t lo = (p & ~uintptr_t(15)) + 16 * v;
+        if (lo < p + G::kRB) mv_cp16(st + r * G::kSlot + 16 * v, reinterpret_cast<const void*>(lo));
+      }
+      for (int i = tid; i < a.m * (2 * kStepK / 16); i += kThreads) {
+        const int c = i / (2 * kStepK / 16), v = i - c * (2 * kStepK / 16);
+        mv_cp16(st + G::kW + c * kXCol + 16 * v, a.x16 + int64_t(c) * a.k + s * kStepK + 8 * v);
+      }
+      mv_cp_commit();
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    if (i < nst) issue(s0 + i, i);
+    else if constexpr (!BULK) mv_cp_commit();  // one group per stage, so the waits below count right
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const int wr = (tid >> 5) * 16 + g;  // this lane's rows: wr, wr + 8 of the tile
+  for (int i = 0; i < nst; ++i) {
+    const int slot = i % kStages;
+    if constexpr (BULK) {
+      mb_wait(smem_addr(&bars[slot]), uint32_t(i / kStages) & 1u);
+    } else {
+      mv_cp_wait<kStages - 1>();
+      __syncthreads();
+    }
+    const uint8_t* st = sm + slot * kStage;
+    const int64_t s = s0 + i;
+    const uint8_t* r0 = st + wr * G::kSlot + (uintptr_t(row_src(row0 + wr, s)) & 15);
+    const uint8_t* r8 = st + (wr + 8) * G::kSlot + (uintptr_t(row_src(row0 + wr + 8, s)) & 15);
+    const uint8_t* xs = st + G::kW + 16 * t;
+#pragma unroll 2
+    for (int u = 0; u < kStepK / 32; ++u) {
+      uint32_t p0[4], p8[4];
+      lane_unit<T, A>(r0 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, p0);
+      lane_unit<T, A>(r8 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, p8);
+      const uint32_t f0[4] = {p0[0], p8[0], p0[1], p8[1]}, f1[4] = {p0[2], p8[2], p0[3], p8[3]};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int c = min(8 * j + g, a.m - 1);
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * u);
+        mma16816(acc[j], f0, xv.x, xv.y);
+        mma16816(acc[j], f1, xv.z, xv.w);
+      }
+    }
+    __syncthreads();  // every warp is done with the slot
+    if (i + kStages < nst) issue(s + kStages, slot);
+    else if constexpr (!BULK) mv_cp_commit();
+  }
+
+  // acc[j][e]: row row0 + wr + 8 (e >> 1), column 8j + 2t + (e & 1).
+  const bool split = a.nks > 1;
+  float* out = split ? a.part + int64_t(blockIdx.y) * a.m * a.n : a.y;
+  const int64_t ostride = split ? a.n : a.y_stride;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + wr + 8 * (e >> 1);
+      const int col = 8 * j + 2 * t + (e & 1);
+      if (row < a.n && col < a.m) out[int64_t(col) * ostride + row] = acc[j][e];
+    }
+  if (!split) return;
+  __shared__ unsigned last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&a.cnt[tile], 1u) == unsigned(a.nks - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < kRows * a.m; i += kThreads) {
+    const int c = i / kRows;
+    const int64_t row = row0 + (i - c * kRows);
+    if (row >= a.n) continue;
+    float v = 0.f;
+    for (int q = 0; q < a.nks; ++q) v += __ldcg(a.part + (int64_t(q) * a.m + c) * a.n + row);
+    a.y[int64_t(c) * a.y_stride + row] = v;
+  }
+}
+
+template <GgmlType T, int A, int NT, bool BULK>
+void launch_kernel(const Launch& L, const QArgs& q, dim3 grid) {
+  constexpr int smem = Geo<T>::template smem<NT>();
+  static const bool attr_set =
+      cudaFuncSetAttribute(mmq_kernel<T, A, NT, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+      cudaSuccess;
+  (void)attr_set;
+  pdl::launch(L, grid, dim3(kThreads), smem, mmq_kernel<T, A, NT, BULK>, q);
+}
+
+template <GgmlType T>
+void launch_t(const Launch& L, const QArgs& q, dim3 grid, bool bulk) {
+  constexpr int kNat = dq::fast_align<T>();
+  const bool nat = ((uintptr_t(q.w) | q.w_stride) % kNat) == 0;
+  auto go = [&](auto a_tag, auto b_tag) {
+    constexpr int A = decltype(a_tag)::value;
+    constexpr bool B = decltype(b_tag)::value;
+    if (q.m <= 16) launch_kernel<T, A, 2, B>(L, q, grid);
+    else if (q.m <= 24) launch_kernel<T, A, 3, B>(L, q, grid);
+    else launch_kernel<T, A, 4, B>(L, q, grid);
+  };
+  auto with_bulk = [&](auto a_tag) {
+    if (bulk) go(a_tag, std::true_type{});
+    else go(a_tag, std::false_type{});
+  };
+  if (nat) with_bulk(std::integral_constant<int, kNat>{});
+  else with_bulk(std::integral_constant<int, dq::min_align<T>()>{});
+}
+
+}  // namespace
+
+bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
+         int64_t x_stride, float* y, int64_t y_stride, int64_t m) {
+  const MmqPlan p = mmq_plan(t, k, n, m);
+  if (!p.ok || !mmq_on(L.sm) || L.ws == nullptr || L.ws_bytes < p.bytes) return false;
+  auto* base = static_cast<uint8_t*>(L.ws);
+  auto* x16 = reinterpret_cast<__half*>(base);
+  auto* part = reinterpret_cast<float*>(base + p.part_off);
+  auto* cnt = reinterpret_cast<unsigned*>(base + p.cnt_off);
+  const int64_t tiles = (n + kRows - 1) / kRows;
+  const int64_t pairs = k / 2 * m;
+  pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 1024))), dim3(256), 0, mmq_x_kernel, x, x_stride,
+              k, m, reinterpret_cast<__half2*>(x16), cnt, p.nks > 1 ? tiles : int64_t(0));
+  const QArgs q{w, w_stride, k, n, x16, int(m), p.nks, p.steps_per, y, y_stride, part, cnt};
+  const dim3 grid(unsigned(tiles), unsigned(p.nks));
+  const bool bulk = matvec_bulk(L.sm);
+  switch (t) {
+    case GgmlType::Q4_0: launch_t<GgmlType::Q4_0>(L, q, grid, bulk); break;
+    case GgmlType::Q4_1: launch_t<GgmlType::Q4_1>(L, q, grid, bulk); break;
+    case GgmlType::Q5_0: launch_t<GgmlType::Q5_0>(L, q, grid, bulk); break;
+    case GgmlType::Q5_1: launch_t<GgmlType::Q5_1>(L, q, grid, bulk); break;
+    case GgmlType::Q8_0: launch_t<GgmlType::Q8_0>(L, q, grid, bulk); break;
+    case GgmlType::IQ4_NL: launch_t<GgmlType::IQ4_NL>(L, q, grid, bulk); break;
+    case GgmlType::Q4_K: launch_t<GgmlType::Q4_K>(L, q, grid, bulk); break;
+    case GgmlType::Q5_K: launch_t<GgmlType::Q5_K>(L, q, grid, bulk); break;
+    case GgmlType::Q6_K: launch_t<GgmlType::Q6_K>(L, q, grid, bulk); break;
+    case GgmlType::IQ4_XS: launch_t<GgmlType::IQ4_XS>(L, q, grid, bulk); break;
+    default: return false;  // mmq_plan admits only the types above
+  }
+  return true;
+}
+
+}  // namespace kiln::cuda::detail
