@@ -1,11 +1,11 @@
 // kernels/cuda/mmq.cu — the quantized mat-mul for small batches (kMmqMinM..kMmqMaxM columns: batched
 //   decode): y[:, c] = W x[:, c] on tensor cores, each weight byte read from memory once for all
 //   columns.
-// Owns: mmq_x_kernel (x to F16 in the weights' "pairs" order, see below) and mmq_kernel. A CTA of 4
-//   warps takes 64 rows of W (16 per warp) and all m columns over a range of k (a k split: the plan's
+// Owns: mmq_x_kernel (x to F16 in the weights' "pairs" order, see below) and mmq_kernel. A CTA of 8
+//   warps takes kMmqRows = 128 rows of W (16 per warp) and all m columns over a range of k (a k split: the plan's
 //   nks CTAs per row tile, summed by the last CTA of the tile to arrive, in split order: results do not
 //   depend on timing). k advances in steps of 256 elements through a ring of 2-3 shared-memory
-//   stages (3 CTAs per SM), each holding the step's bytes of the 64 weight rows (one bulk copy per row on sm_90+,
+//   stages (2 CTAs per SM), each holding the step's bytes of the 128 weight rows (one bulk copy per row on sm_90+,
 //   16-byte cp.async copies before; the 16-byte aligned range around the row's bytes) and the step's
 //   256 x values of every column as F16. Per 32-element unit a lane (g = lane / 4, t = lane % 4)
 //   decodes elements 4t..4t+3 and 16+4t..16+4t+3 of rows g and g + 8 (lane_unit: codes placed in F16
@@ -32,7 +32,7 @@
 namespace kiln::cuda::detail {
 namespace {
 
-constexpr int kThreads = 128, kRows = 64;  // 4 warps x 16 rows
+constexpr int kRows = int(kMmqRows), kThreads = 2 * kRows;  // a warp per 16 rows
 constexpr int kStepK = 256;                // elements of k per stage
 constexpr int kXCol = 2 * kStepK + 64;     // bytes of one column's x per stage (+64: no bank conflicts)
 
@@ -48,10 +48,10 @@ struct Geo {
   static constexpr int stage() {
     return kW + 8 * NT * kXCol;
   }
-  // Stages in the ring: 3 where that still lets 3 CTAs share an SM's 227 KiB, else 2.
+  // Stages in the ring: 3 where that still lets 2 CTAs share an SM's 227 KiB, else 2.
   template <int NT>
   static constexpr int stages() {
-    return 3 * (stage<NT>() + 8) <= 75 * 1024 ? 3 : 2;
+    return 3 * (stage<NT>() + 8) <= 112 * 1024 ? 3 : 2;
   }
   template <int NT>
   static constexpr int smem() {
@@ -158,7 +158,7 @@ __global__ void mmq_x_kernel(const float* x, int64_t x_stride, int64_t k, int64_
 }
 
 template <GgmlType T, int A, int NT, bool BULK>
-__global__ void __launch_bounds__(kThreads, 3) mmq_kernel(const QArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   using G = Geo<T>;
   using D = dq::Q<T>;
   constexpr int kStage = G::template stage<NT>(), kStages = G::template stages<NT>();

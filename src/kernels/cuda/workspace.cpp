@@ -81,10 +81,10 @@ MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m) {
   if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < kMmqMinM || m > kMmqMaxM || n < 1) return p;
   p.ok = true;
   // From the shapes alone (the workspace and recorded graphs must not depend on the device): about
-  // two waves of 2 CTAs per SM on a 132-SM GPU.
-  const int64_t tiles = ceil_div(n, 64), steps = k / 256;
+  // one wave of 2 CTAs per SM on a 132-SM GPU.
+  const int64_t tiles = ceil_div(n, kMmqRows), steps = k / 256;
   int64_t nks = 1;
-  while (tiles * nks < 528 && steps >= 8 * nks) nks *= 2;
+  while (tiles * nks < 264 && steps >= 8 * nks) nks *= 2;
   p.steps_per = ceil_div(steps, nks);
   p.nks = int(ceil_div(steps, p.steps_per));
   p.part_off = align256(size_t(m) * size_t(k) * 2);

@@ -48,11 +48,11 @@ size_t q8_x_meta_offset(int64_t k, int64_t ncols);
 size_t q8_x_bytes(int64_t k, int64_t ncols);
 
 // The small-batch quantized mat-mul (mmq.cu): kMmqMinM..kMmqMaxM columns, the block types of
-// mmq_type, k a multiple of 256. Row tiles of 64; the k range cut into nks splits of steps_per steps
-// of 256 (more splits while the grid is under ~528 CTAs, each split keeping >= 4 steps). Workspace:
+// mmq_type, k a multiple of 256. Row tiles of kMmqRows; the k range cut into nks splits of steps_per steps
+// of 256 (more splits while the grid is under ~264 CTAs, each split keeping >= 4 steps). Workspace:
 // x as F16 [m][k] at 0, the splits' partial sums F32 [nks][m][n] at part_off and one counter per
 // row tile at cnt_off (nks > 1), bytes in all.
-inline constexpr int64_t kMmqMinM = 9, kMmqMaxM = 32;
+inline constexpr int64_t kMmqMinM = 9, kMmqMaxM = 32, kMmqRows = 128;
 struct MmqPlan {
   bool ok = false;
   int nks = 1;
