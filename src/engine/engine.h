@@ -67,6 +67,9 @@ struct EngineOptions {
   LoadMode load_mode = LoadMode::Mmap;  // --load-mode
   int n_gpu_layers = model::kGpuLayersAuto;  // -ngl (model::LoadOptions::n_gpu_layers)
   int main_gpu = 0;                          // --main-gpu
+  // --cpu-moe / --n-cpu-moe / -ot (model/placement.h): expert tensors of GPU layers in host memory.
+  // Left unset on a MoE model with -ngl auto, fitting may choose --n-cpu-moe (docs/memory.md).
+  model::PlacementOptions placement;
   int64_t cache_ram_bytes = int64_t(8192) << 20;  // --cache-ram (MiB * 2^20): <0 unlimited, 0 off
   int32_t cache_block = 32;                       // prefix-cache block size (tokens)
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to

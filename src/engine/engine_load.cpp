@@ -258,6 +258,8 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.delta_chunk_min = opt_.delta_chunk_min;
   o.flash_attn = opt_.flash_attn;
   o.n_gpu_layers = opt_.n_gpu_layers;
+  o.main_gpu = opt_.main_gpu;
+  o.placement = opt_.placement;
   o.cache_ram_bytes = opt_.cache_ram_bytes;
   o.image_max_tokens = opt_.image_max_tokens;
   // The draft model of draft-simple is planned beside the target (its metadata only).
@@ -293,7 +295,14 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
     opt_.n_ctx = plan->n_ctx;
   }
   // Without a usable GPU the loader falls back to the CPU itself (and says why).
-  return gpu ? plan->n_gpu_layers : opt_.n_gpu_layers;
+  if (!gpu) return opt_.n_gpu_layers;
+  if (plan->n_cpu_moe != opt_.placement.n_cpu_moe) {
+    KILN_LOG_INFO("--fit: the expert tensors of {} layer(s) on the host (--n-cpu-moe {}; set --cpu-moe, --n-cpu-moe or "
+                  "-ot to choose)", plan->n_expert_host, plan->n_cpu_moe >= model::kCpuMoeAll ? std::string("all")
+                                                                   : std::to_string(plan->n_cpu_moe));
+    opt_.placement.n_cpu_moe = plan->n_cpu_moe;
+  }
+  return plan->n_gpu_layers;
 }
 
 void Engine::start_thread(std::string path) {
@@ -324,6 +333,7 @@ void Engine::thread_main(std::string path) {
     // Plan (and fit) before anything is allocated.
     if (auto fitted = fit_memory(**file); !fitted.ok()) return fail(fitted.error().message);
     else lo.n_gpu_layers = *fitted;
+    lo.placement = opt_.placement;  // as given, or the --n-cpu-moe fitting chose
     auto m = model::load_model(std::move(*file), lo);
     if (!m.ok()) return fail(m.error().message);
     model_ = std::move(*m);

@@ -47,6 +47,10 @@ struct Step {
   const ModelConfig& c;
   const ContextOptions& opt;
   int64_t T = 0;
+  // MoE: the device that holds this block's expert tensors when it is not st's (a GPU block whose
+  // experts stay in host memory: --cpu-moe, --n-cpu-moe, -ot; Model::expert_device), with that
+  // device's views for the same T; nullptr when the experts are on st's device. See routed_experts.
+  const Step* experts = nullptr;
 };
 
 // A view of `base`'s memory (F32) as rows [ne0, n1, n2] with strides s1, s2 in floats, starting
@@ -71,6 +75,13 @@ void dense_ffn(const Step& s, const LayerWeights& L);                           
 void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);  // qwen35.cpp
 void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);        // qwen35.cpp
 void moe_ffn(const Step& s, const LayerWeights& L);                                    // qwen35moe.cpp
+// The routed experts of a MoE block (experts.cpp): for token t's expert of rank j, e = ids[j, t],
+//   ye[:, j, t] = down_e(silu(gate_e · cur_t) * up_e · cur_t)
+// reading s.a.cur [E, T] and s.a.ids I32 [K, T] (the router's choice), writing s.a.ye [E, K, T]
+// (s.a.fa, s.a.fb: the hidden slots). With s.experts (the weights on another device, one of the two
+// the host): cur and ids go there, the experts run on its stream into its views, and ye comes back
+// (a download is waited for; an upload is ordered before the ops that follow on s.st).
+void routed_experts(const Step& s, const LayerWeights& L);
 // The MTP block (mtp.cpp): u = eh_proj · [enorm(emb); hnorm(hprev)] ([E, T] each; cat [2E, T] scratch),
 // then gated attention (layer il's KV) and the FFN on u, in place.
 void mtp_block(const Step& s, const LayerWeights& L, int64_t il, Memory& mem, const Tensor& emb, const Tensor& hprev,

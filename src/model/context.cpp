@@ -39,7 +39,14 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
     devs[size_t(out_dev)].mtp = true;
     devs[0].mtp = true;  // the host gathers the block's token embeddings
   }
-  graph_step = devs.size() == 2 && !devs[0].layers && out_dev == 1;
+  // Expert weights kept on another device than their block's (model/placement.h): that device runs them.
+  bool split_experts = false;
+  for (int64_t il = 0; il < c.n_layer + (opt.mtp ? c.n_nextn : 0); ++il) {
+    const int home = il < c.n_layer ? layer_dev[size_t(il)] : out_dev;
+    expert_dev.push_back(dev_index(model.expert_device(il)));
+    if (expert_dev.back() != home) devs[size_t(expert_dev.back())].experts = split_experts = true;
+  }
+  graph_step = devs.size() == 2 && !devs[0].layers && out_dev == 1 && !split_experts;
   runs.reserve(size_t(B));
   out_idx.reserve(size_t(B));
   backend::Device& od = *devs[size_t(out_dev)].dev;
@@ -61,7 +68,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
 
 // Scratch of one device (model/scratch.h, the layout the memory planner counts).
 void Context::Impl::plan(Dev& d) {
-  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp};
+  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp, d.experts};
   plan_scratch(c, opt.n_batch, n_out_max, role, d.arena, d.plan);
 }
 
@@ -72,14 +79,20 @@ void Context::Impl::reserve(Dev& d) {
   const TensorLookup find = [&f](const std::string& n) { return f.find_tensor(n); };
   std::vector<MatShape> mats;
   int64_t n_rec = 0;
+  // A block's mat-muls where they run: the expert stacks on their weights' device, the rest on the block's.
+  auto add_block = [&](int64_t il, bool here) {
+    const bool experts_here = &devs[size_t(expert_dev[size_t(il)])] == &d;
+    for (const MatShape& ms : layer_mats(find, il))
+      if (ms.expert ? experts_here : here) mats.push_back(ms);
+  };
   for (int64_t il = 0; il < c.n_layer; ++il) {
-    if (&devs[size_t(layer_dev[size_t(il)])] != &d) continue;
-    for (const MatShape& ms : layer_mats(find, il)) mats.push_back(ms);
-    n_rec += c.is_recurrent(il) ? 1 : 0;
+    const bool here = &devs[size_t(layer_dev[size_t(il)])] == &d;
+    add_block(il, here);
+    n_rec += here && c.is_recurrent(il) ? 1 : 0;
   }
-  if (d.mtp && d.output) {  // the MTP block: its layer's mat-muls, eh_proj and its own head
+  if (opt.mtp) add_block(c.n_layer, d.output);
+  if (d.mtp && d.output) {  // the MTP block: eh_proj and its own head (its layer's mat-muls above)
     const LayerWeights& L = m.mtp[0];
-    for (const MatShape& ms : layer_mats(find, c.n_layer)) mats.push_back(ms);
     mats.push_back({L.nextn_eh_proj.type, L.nextn_eh_proj.ne[0], L.nextn_eh_proj.ne[1], false});
     if (L.nextn_shared_head_head.present())
       mats.push_back({L.nextn_shared_head_head.type, L.nextn_shared_head_head.ne[0], L.nextn_shared_head_head.ne[1], false});
@@ -157,7 +170,9 @@ bool Context::Impl::fused_with_next(int64_t il) const {
 void Context::Impl::run_layer(Dev& d, int64_t il, Memory& mem, int64_t T) {
   const LayerWeights& L = m.layers[size_t(il)];
   backend::Stream& st = *d.st;
-  const Step s{st, d.a, c, opt, T};
+  Dev& e = experts_of(il);
+  const Step xs{*e.st, e.a, c, opt, T};
+  const Step s{st, d.a, c, opt, T, &e != &d ? &xs : nullptr};
   if (il == 0 || !fused_with_next(il - 1)) st.rms_norm(d.a.x, &L.attn_norm.t, d.a.cur, c.rms_eps);
   if (c.is_recurrent(il)) delta_net(s, L, il, mem);
   else if (arch_is_hybrid(c.arch)) gated_attention(s, L, il, mem);

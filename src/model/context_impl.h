@@ -31,6 +31,7 @@ struct Context::Impl {
     Plan plan;
     bool layers = false, output = false;
     bool mtp = false;  // ContextOptions::mtp: the MTP block runs here (the output's device)
+    bool experts = false;  // runs the routed experts of blocks on another device (their weights are here)
     size_t ws = 0;  // workspace reserved
     // Views for the current batch.
     Act a;
@@ -51,8 +52,9 @@ struct Context::Impl {
   std::unique_ptr<backend::Device> host;  // on the Context's pool
   std::vector<Dev> devs;                  // [0]: the host
   std::vector<int> layer_dev;             // [n_layer]: index into devs
+  std::vector<int> expert_dev;            // [n_layer + n_nextn]: where each block's expert weights are (devs)
   int out_dev = 0;
-  bool graph_step = false;  // every layer and the output on devs[1]
+  bool graph_step = false;  // every layer, its experts and the output on devs[1]
   std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
   uint64_t graph_mem = 0;  // Memory::id of the Memory the graphs write (an address can be reused)
   bool graphs_unsupported = false;
@@ -79,6 +81,8 @@ struct Context::Impl {
   void bind(Dev& d, int64_t T, int64_t n_out);
   bool fused_with_next(int64_t il) const;
   void run_layer(Dev& d, int64_t il, Memory& mem, int64_t T);
+  // The device holding block il's expert weights (il >= n_layer: the MTP blocks, with ContextOptions::mtp).
+  Dev& experts_of(int64_t il) { return devs[size_t(expert_dev[size_t(il)])]; }
   void run_output(Dev& d, int64_t T, int64_t n_out);
   void move_x(Dev& from, Dev& to, int64_t T);
   // MTP (mtp.cpp): the per-token indices of a batch (host), and the catch-up rows on the output

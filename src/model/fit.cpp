@@ -158,6 +158,29 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     p.parts.push_back({std::move(name), std::move(detail), host, g, estimate});
   };
 
+  // Where the expert tensors go (model/placement.h: the loader's decision on the same tensor table).
+  BlockDevices bd;
+  bd.n_layer = c.n_layer;
+  bd.n_nextn = c.n_nextn;
+  bd.gpu_layers = p.n_gpu_layers;
+  bd.mtp_on_gpu = o.spec_mtp && p.output_on_gpu;
+  bd.main_gpu = o.main_gpu;
+  auto experts = place_experts(*m.file, c, bd, o.placement);
+  KILN_TRY(experts);
+  p.n_cpu_moe = o.placement.n_cpu_moe;
+  p.n_expert_host = experts->n_host();
+  // A GPU block's weights as the loader uploads them: one packed buffer of the tensors that go
+  // there; `host_experts` gets the file bytes of expert tensors that stay in the mapping.
+  uint64_t host_experts = 0;
+  auto gpu_block = [&](int64_t il) {
+    std::vector<const gguf::TensorInfo*> up;
+    for (const gguf::TensorInfo* t : block(il)) {
+      if (experts->on_host(il) && is_expert_tensor(t->name)) host_experts += t->n_bytes;
+      else up.push_back(t);
+    }
+    return packed(up);
+  };
+
   // Weights: host tensors stay in the mapping (file bytes); GPU layers are uploaded packed per layer.
   {
     const gguf::TensorInfo* te = m.find("token_embd.weight");
@@ -165,9 +188,8 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     const gguf::TensorInfo* out = m.find("output.weight");
     uint64_t host = te ? te->n_bytes : 0, g = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) {
-      const auto ts = block(il);
-      if (on_gpu(il)) g += packed(ts);
-      else host += file_bytes(ts);
+      if (on_gpu(il)) g += gpu_block(il);
+      else host += file_bytes(block(il));
     }
     std::vector<const gguf::TensorInfo*> head;
     if (on) head.push_back(on);
@@ -178,6 +200,13 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
         fmt::format("{} of {} layers{} on the GPU; token_embd on the host", p.n_gpu_layers > c.n_layer ? c.n_layer : p.n_gpu_layers,
                     c.n_layer, p.output_on_gpu ? " + output" : ""),
         host, g);
+    const int64_t n_trunk = experts->n_host_trunk(c.n_layer);
+    if (n_trunk > 0)
+      add("expert weights", fmt::format("ffn_{{gate,up,down}}_exps of {} GPU layer(s) kept on the host{}", n_trunk,
+                                        p.n_cpu_moe >= kCpuMoeAll ? " (--cpu-moe)"
+                                        : p.n_cpu_moe > 0         ? fmt::format(" (--n-cpu-moe {})", p.n_cpu_moe)
+                                                                  : std::string(" (-ot)")),
+          host_experts, 0);
   }
 
   // KV cache and recurrent state (Memory::layout), on each layer's device.
@@ -210,12 +239,14 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   // Context: one scratch Arena and one workspace per device it runs on (model/scratch.h).
   const bool gpu_layers = p.n_gpu_layers > 0 && gpu;
   const bool host_layers = first_gpu > 0;
+  const bool split_experts = p.n_expert_host > 0;  // the host runs GPU blocks' experts (routed_experts)
   const auto find = [&m](const std::string& n) { return m.find(n); };
   uint64_t scratch[2] = {0, 0}, logits[2] = {0, 0}, ws[2] = {0, 0};
   for (int d = 0; d < 2; ++d) {
     const bool host = d == 0;
     if (!host && !gpu_layers) continue;
-    const ScratchRole role{host, host ? host_layers : true, host ? !p.output_on_gpu : p.output_on_gpu};
+    const ScratchRole role{host, host ? host_layers : true, host ? !p.output_on_gpu : p.output_on_gpu, false,
+                           host && split_experts};
     backend::Arena arena;
     ScratchPlan sp;
     plan_scratch(c, p.n_step, n_out, role, arena, sp);
@@ -226,11 +257,12 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     const auto sizes = backend::workspace_sizes(host ? backend::DeviceType::Cpu : backend::DeviceType::Cuda, o.n_threads);
     std::vector<MatShape> mats;
     int64_t n_rec = 0;
-    for (int64_t il = 0; il < c.n_layer; ++il)
-      if (on_gpu(il) != host) {
-        for (const MatShape& ms : layer_mats(find, il)) mats.push_back(ms);
-        n_rec += c.is_recurrent(il) ? 1 : 0;
-      }
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+      const bool here = on_gpu(il) != host, experts_here = experts->on_host(il) ? host : here;
+      for (const MatShape& ms : layer_mats(find, il))
+        if (ms.expert ? experts_here : here) mats.push_back(ms);
+      n_rec += here && c.is_recurrent(il) ? 1 : 0;
+    }
     const auto om = output_mat(find);
     size_t w = step_workspace(*sizes, c, mats, n_rec, role.output && om ? &*om : nullptr, p.n_step, n_out,
                               o.delta_chunk_min);
@@ -253,12 +285,17 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
       return err("{}: --spec-type draft-mtp: the model has no MTP block ('{}.nextn_predict_layers' is 0 or missing)",
                  m.path, c.arch_str);
     uint64_t w = 0, f = 0;
+    const uint64_t trunk_experts = host_experts;
     for (int64_t i = 0; i < c.n_nextn; ++i) {
-      w += packed(block(c.n_layer + i));
+      w += gpu_block(c.n_layer + i);
       f += file_bytes(block(c.n_layer + i));
     }
     const bool g = p.output_on_gpu;
-    add("MTP head", fmt::format("blk.{}.* ({} block(s)), with the output", c.n_layer, c.n_nextn), g ? 0 : f, g ? w : 0);
+    const uint64_t mtp_host_experts = host_experts - trunk_experts;  // their experts kept on the host
+    add("MTP head",
+        fmt::format("blk.{}.* ({} block(s)), with the output{}", c.n_layer, c.n_nextn,
+                    mtp_host_experts > 0 ? "; its expert tensors on the host" : ""),
+        g ? mtp_host_experts : f, g ? w : 0);
     const uint64_t kv = uint64_t(c.n_nextn) * lay->attn_layer_bytes;
     add("MTP KV", fmt::format("{} attention layer(s) x {} slot(s) x {} positions", c.n_nextn, p.n_parallel, p.n_ctx_slot),
         g ? 0 : kv, g ? kv : 0);
@@ -315,6 +352,7 @@ std::string MemoryPlan::table() const {
   if (!gpu) where = "all on the CPU";
   else if (n_gpu_layers > n_layer) where = fmt::format("all {} layers and the output on {}", n_layer, dev);
   else where = fmt::format("{} of {} layers on {}", n_gpu_layers, n_layer, dev);
+  if (n_expert_host > 0) where += fmt::format("; the expert tensors of {} of them on the host", n_expert_host);
   s += fmt::format("memory plan for {}: -ngl {} ({}), context {} ({} slot(s) x {}), {} tokens per step\n", model,
                    n_gpu_layers, where, n_ctx, n_parallel, n_ctx_slot, n_step);
   s += fmt::format("  {:<22} {:>12} {:>12}  {}\n", "part", "host MiB", dev + " MiB", "counted as");
@@ -344,6 +382,8 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
                             const std::optional<DeviceBudget>& gpu) {
   const ModelConfig& c = m.cfg;
   const bool auto_ngl = o.n_gpu_layers == kGpuLayersAuto;
+  // Experts move only when nothing about their placement was asked for (llama-server's fit: n_cpu_moe).
+  const bool auto_experts = auto_ngl && !o.placement.given() && c.n_expert > 0;
   const int ngl0 = resolve_gpu_layers(o.n_gpu_layers, c.n_layer, gpu.has_value());
   auto first = plan_memory(m, proj, o, ngl0, gpu);
   KILN_TRY(first);
@@ -351,26 +391,43 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
   // A context left unset: the largest (a multiple of 256, at least --fit-ctx) that fits with ngl0.
   const int64_t total = resolve_total_context(o.n_ctx, c.n_ctx_train);
   PlanOptions po = o;
+  // po.n_ctx fits with ngl (and po's placement): the largest multiple of 256 up to `total` that does.
+  auto grow_context = [&](int ngl) -> Result<MemoryPlan> {
+    int64_t lo = po.n_ctx, hi = total;  // lo fits
+    po.n_ctx = total;
+    auto top = plan_memory(m, proj, po, ngl, gpu);
+    KILN_TRY(top);
+    if (top->fits()) return top;
+    while (hi - lo > 256) {  // hi does not fit
+      const int64_t mid = (lo + (hi - lo) / 2) / 256 * 256;
+      if (mid <= lo) break;
+      po.n_ctx = mid;
+      auto pm = plan_memory(m, proj, po, ngl, gpu);
+      KILN_TRY(pm);
+      (pm->fits() ? lo : hi) = mid;
+    }
+    po.n_ctx = lo;
+    return plan_memory(m, proj, po, ngl, gpu);
+  };
   if (o.n_ctx == 0) {
-    const int64_t lo_ctx = std::min<int64_t>(std::max<int64_t>(f.fit_ctx, 1), total);
-    po.n_ctx = lo_ctx;
+    po.n_ctx = std::min<int64_t>(std::max<int64_t>(f.fit_ctx, 1), total);
     auto low = plan_memory(m, proj, po, ngl0, gpu);
     KILN_TRY(low);
-    if (low->fits()) {
-      int64_t lo = lo_ctx, hi = total;  // lo fits, hi does not
-      while (hi - lo > 256) {
-        const int64_t mid = (lo + (hi - lo) / 2) / 256 * 256;
-        if (mid <= lo) break;
-        po.n_ctx = mid;
-        auto pm = plan_memory(m, proj, po, ngl0, gpu);
-        KILN_TRY(pm);
-        (pm->fits() ? lo : hi) = mid;
-      }
-      po.n_ctx = lo;
-      return plan_memory(m, proj, po, ngl0, gpu);
-    }
+    if (low->fits()) return grow_context(ngl0);
   } else {
     po.n_ctx = o.n_ctx;
+  }
+  // MoE: the expert tensors of the first N blocks to the host, the smallest N that fits (every block
+  // with experts counts: the MTP blocks after the trunk); an unset context then grows back.
+  if (auto_experts) {
+    const int n_blocks = int(c.n_layer + c.n_nextn);
+    for (int n = 1; n <= n_blocks; ++n) {
+      po.placement.n_cpu_moe = n;
+      auto pn = plan_memory(m, proj, po, ngl0, gpu);
+      KILN_TRY(pn);
+      if (pn->fits()) return o.n_ctx == 0 ? grow_context(ngl0) : pn;
+    }
+    po.placement.n_cpu_moe = kCpuMoeAll;  // then layers, each GPU layer's experts on the host
   }
   // Then layers: the most that fit (0 always does: nothing is then on the GPU).
   if (auto_ngl)
@@ -383,6 +440,8 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
   KILN_TRY(bad);
   std::string hints;
   if (!auto_ngl) hints += "; -ngl auto (or fewer layers) lets fit choose";
+  if (c.n_expert > 0 && !auto_experts && bad->n_expert_host < c.n_layer)
+    hints += "; --cpu-moe / --n-cpu-moe N keep expert tensors on the host";
   if (o.n_ctx > 0) hints += fmt::format("; a smaller -c (now {}) or leaving it unset", o.n_ctx);
   if (o.type_k == gguf::GgmlType::F16 || o.type_v == gguf::GgmlType::F16) hints += "; -ctk/-ctv q8_0 halve the KV cache";
   return err("{}: the plan does not fit {}: it needs {:.1f} MiB and {:.1f} MiB are usable ({} target {:.1f} MiB): {}{}",

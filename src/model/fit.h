@@ -57,6 +57,10 @@ struct PlanOptions {
   int delta_chunk_min = 0;
   bool flash_attn = true;
   int n_gpu_layers = kGpuLayersAuto;  // -ngl (N, kGpuLayersAll, kGpuLayersAuto)
+  int main_gpu = 0;              // -mg: the CUDA<i> that -ot rules may name
+  // --cpu-moe / --n-cpu-moe / -ot (model/placement.h): expert tensors of GPU blocks on the host. Left
+  // unset (given() false) on a MoE model with -ngl auto, fitting moves experts before layers.
+  PlacementOptions placement;
   int64_t cache_ram_bytes = 0;   // --cache-ram in bytes (< 0 unlimited: not counted, said so)
   bool spec_mtp = false;         // --spec-type draft-mtp: the MTP head, its KV and draft scratch
   int64_t n_draft = 16;          // draft tokens per step (llama-server's --draft-max default)
@@ -99,6 +103,8 @@ struct MemoryPlan {
   int64_t n_layer = 0;
   int n_gpu_layers = 0;          // resolved count: layers il >= n_layer - n on the GPU; > n_layer: the output too
   bool output_on_gpu = false;
+  int n_cpu_moe = 0;             // --n-cpu-moe the plan was made with (fitting may choose it; kCpuMoeAll: --cpu-moe)
+  int64_t n_expert_host = 0;     // GPU blocks (trunk and MTP) whose expert tensors are on the host
   int64_t n_ctx = 0, n_ctx_slot = 0;  // total and per slot
   int n_parallel = 1;
   int64_t n_step = 0;            // tokens per step (Context n_batch)
@@ -128,8 +134,12 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
                                const std::optional<DeviceBudget>& gpu);
 
 // Fitting: the plan kiln runs with. With a GPU and fit on: -ngl auto tries all layers first; a
-// context left unset is lowered (down to fit_ctx) before layers are; then the most layers that fit.
-// Explicit -c / -ngl are kept; if the plan with them does not fit, the error names each GPU part.
+// context left unset is lowered (down to fit_ctx) before layers are; on a MoE model with no
+// --cpu-moe / --n-cpu-moe / -ot, the expert tensors of the first N layers go to the host next (the
+// smallest N that fits; an unset context then grows back to the largest that fits with it); then the
+// most layers that fit (with every expert on the host).
+// Explicit -c / -ngl / expert flags are kept; if the plan with them does not fit, the error names
+// each GPU part.
 // fit off: the values as given (auto = all layers on a GPU), no check. Without a GPU: the CPU plan.
 Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, const PlanOptions& o,
                             const FitOptions& f, const std::optional<DeviceBudget>& gpu);

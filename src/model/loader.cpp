@@ -6,6 +6,8 @@
 #include <cstring>
 #include <unordered_set>
 
+#include <fmt/format.h>
+
 #include "core/log.h"
 #include "kernels/ops.h"
 #include "model/model.h"
@@ -140,7 +142,8 @@ uint64_t bound_weight_bytes(const gguf::TensorInfo& t) {
 }
 
 // Placement (LoadOptions::n_gpu_layers): the GPU layers' weights (and the output's when all are
-// placed) are uploaded once; everything else keeps its host Tensor.
+// placed) are uploaded once, one buffer per block; everything else keeps its host Tensor, and so do
+// the expert tensors of GPU blocks that LoadOptions::placement keeps on the host (model/placement.h).
 Status place_model(Model& m, const LoadOptions& opt) {
   const ModelConfig& c = m.cfg_;
   const bool have_gpu = backend::cuda_device_count() > 0;
@@ -151,20 +154,38 @@ Status place_model(Model& m, const LoadOptions& opt) {
     KILN_LOG_WARN("n_gpu_layers {}: {}; running on the CPU", opt.n_gpu_layers, backend::cuda_unavailable_reason());
     ngl = 0;
   }
+  ngl = std::min<int64_t>(ngl, c.n_layer + 1);
   m.layer_dev_.assign(size_t(c.n_layer), m.host_.get());
+  m.expert_dev_.assign(size_t(c.n_layer + c.n_nextn), m.host_.get());
   m.out_dev_ = m.host_.get();
+  BlockDevices bd;
+  bd.n_layer = c.n_layer;
+  bd.n_nextn = c.n_nextn;
+  bd.gpu_layers = int(ngl);
+  bd.mtp_on_gpu = opt.mtp && ngl > c.n_layer;
+  bd.main_gpu = opt.main_gpu;
+  auto experts = place_experts(m.file(), c, bd, opt.placement);  // also checks the rules when all is on the CPU
+  KILN_TRY(experts);
   if (ngl == 0) return {};
   if (opt.main_gpu < 0 || opt.main_gpu >= backend::cuda_device_count())
     return err("main_gpu {}: there are {} CUDA device(s)", opt.main_gpu, backend::cuda_device_count());
   backend::Device& gpu = backend::cuda_device(opt.main_gpu);
   auto st = gpu.create_stream();
-  const int64_t first = std::max<int64_t>(0, c.n_layer - ngl);
-  for (int64_t il = first; il < c.n_layer; ++il) {
+  // One block's weights onto the GPU, its experts too unless they stay on the host.
+  auto upload_block = [&](LayerWeights& L, int64_t il, const Weight* keep_on_host) {
+    const bool host_experts = experts->on_host(il);
     std::vector<Weight*> ws;
-    for_each_weight(m.layers[size_t(il)], [&](Weight& w) {
-      if (w.present()) ws.push_back(&w);
+    for_each_weight(L, [&](Weight& w) {
+      const bool expert = &w == &L.ffn_gate_exps || &w == &L.ffn_up_exps || &w == &L.ffn_down_exps;
+      if (w.present() && &w != keep_on_host && !(expert && host_experts)) ws.push_back(&w);
     });
     m.info_.gpu_bytes += upload_weights(gpu, *st, ws, m.bufs_);
+    m.expert_dev_[size_t(il)] = host_experts ? m.host_.get() : &gpu;
+    m.info_.n_expert_host += host_experts ? 1 : 0;
+  };
+  const int64_t first = std::max<int64_t>(0, c.n_layer - ngl);
+  for (int64_t il = first; il < c.n_layer; ++il) {
+    upload_block(m.layers[size_t(il)], il, nullptr);
     m.layer_dev_[size_t(il)] = &gpu;
   }
   m.info_.n_gpu_layers = c.n_layer - first;
@@ -174,17 +195,14 @@ Status place_model(Model& m, const LoadOptions& opt) {
     m.out_dev_ = &gpu;
     m.info_.output_on_gpu = true;
     if (opt.mtp)  // the MTP block runs where the output does (model/mtp.cpp); embeddings are gathered on the host
-      for (LayerWeights& L : m.mtp) {
-        std::vector<Weight*> ws;
-        for_each_weight(L, [&](Weight& w) {
-          if (w.present() && &w != &L.nextn_embed_tokens) ws.push_back(&w);
-        });
-        m.info_.gpu_bytes += upload_weights(gpu, *st, ws, m.bufs_);
-      }
+      for (size_t i = 0; i < m.mtp.size(); ++i) upload_block(m.mtp[i], c.n_layer + int64_t(i), &m.mtp[i].nextn_embed_tokens);
   }
   st->synchronize();
-  KILN_LOG_INFO("{}: {} of {} layers{} on {} ({:.1f} MiB)", m.file().path(), m.info_.n_gpu_layers, c.n_layer,
-                m.info_.output_on_gpu ? " and the output" : "", gpu.name(), double(m.info_.gpu_bytes) / (1 << 20));
+  KILN_LOG_INFO("{}: {} of {} layers{} on {} ({:.1f} MiB){}", m.file().path(), m.info_.n_gpu_layers, c.n_layer,
+                m.info_.output_on_gpu ? " and the output" : "", gpu.name(), double(m.info_.gpu_bytes) / (1 << 20),
+                m.info_.n_expert_host > 0
+                    ? fmt::format("; the expert tensors of {} of them on the host", m.info_.n_expert_host)
+                    : std::string());
   return {};
 }
 

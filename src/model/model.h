@@ -26,6 +26,7 @@
 #include "core/result.h"
 #include "gguf/reader.h"
 #include "model/config.h"
+#include "model/placement.h"
 
 namespace kiln::model {
 
@@ -92,6 +93,8 @@ struct LoadOptions {
   int n_gpu_layers = 0;
   int main_gpu = 0;  // the CUDA device (ordinal) of the GPU layers
   bool mtp = false;  // the MTP block will run (--spec-type draft-mtp): placed with the output
+  // --cpu-moe / --n-cpu-moe / -ot: expert tensors of GPU blocks kept in host memory (model/placement.h).
+  PlacementOptions placement;
   // Called with (tensors checked, total) while validating; optional.
   std::function<void(size_t, size_t)> progress;
 };
@@ -104,6 +107,7 @@ struct LoadInfo {
   int64_t n_gpu_layers = 0;          // trunk layers placed on the GPU (after clamping / CPU fallback)
   bool output_on_gpu = false;
   uint64_t gpu_bytes = 0;            // weight bytes uploaded to the GPU
+  int64_t n_expert_host = 0;         // GPU blocks (trunk and MTP) whose expert tensors stay on the host
 };
 
 class Model {
@@ -122,6 +126,9 @@ class Model {
   // device (the wrapped mapping, token_embd).
   backend::Device& layer_device(int64_t il) const { return *layer_dev_[size_t(il)]; }
   backend::Device& output_device() const { return *out_dev_; }
+  // Where the expert tensors of block il (trunk layers, then the MTP blocks) are: the block's device,
+  // or the host when the placement keeps them there (the Context runs those experts on the host).
+  backend::Device& expert_device(int64_t il) const { return *expert_dev_[size_t(il)]; }
   backend::Device& host_device() const { return *host_; }
 
  private:
@@ -135,6 +142,7 @@ class Model {
   std::unique_ptr<backend::Device> host_;        // wraps the mapping (and owned_)
   std::vector<backend::Device*> layer_dev_;      // [n_layer]: host_ or a CUDA device
   backend::Device* out_dev_ = nullptr;
+  std::vector<backend::Device*> expert_dev_;     // [n_layer + n_nextn]
   std::vector<std::unique_ptr<backend::Buffer>> bufs_;  // wraps and GPU uploads (destroyed before host_)
 };
 

@@ -87,7 +87,9 @@ void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
   const Tensor& mh = mem.mtp_h();
   st.get_rows(mh, d.hsrc, dense_view(d.hprev, E, T));
   st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hshift, as_rows(d.hprev, E, T + 1));
-  const Step s{st, d.a, c, opt, T};
+  Dev& e = experts_of(c.n_layer);
+  const Step xs{*e.st, e.a, c, opt, T};
+  const Step s{st, d.a, c, opt, T, &e != &d ? &xs : nullptr};
   mtp_block(s, L, c.n_layer, mem, d.emb, d.hprev, d.cat, d.a.x);
   // Each run's last hidden state (and a verify run's kept ones) into the sequence's slots.
   st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hdst, as_rows(mh, E, mh.ne[1]));
@@ -146,7 +148,9 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
     o.st->upload(o.a.seq, seq.data(), size_t(T) * 4);
     o.st->upload(o.hsrc, src.data(), size_t(T) * 4);
     o.st->get_rows(j == 0 ? mem.mtp_h() : prev_h, o.hsrc, dense_view(o.hprev, E, T));
-    const Step st{*o.st, o.a, c, opt_, T};
+    Impl::Dev& e = s.experts_of(c.n_layer);
+    const Step xs{*e.st, e.a, c, opt_, T};
+    const Step st{*o.st, o.a, c, opt_, T, &e != &o ? &xs : nullptr};
     mtp_block(st, L, c.n_layer, mem, o.emb, o.hprev, o.cat, o.a.x);
     o.st->rms_norm(o.a.x, &head_norm, o.hidden, c.rms_eps);
     o.st->matmul(head, o.hidden, o.logits);

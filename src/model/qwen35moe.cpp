@@ -7,6 +7,9 @@
 //       + sigmoid(ffn_gate_inp_shexp·m) · down_sh(silu(gate_sh·m) * up_sh·m)
 // Only backend::Stream ops (model/blocks.h): the routing stays on the device (matmul_id reads the
 // expert ids there); the CPU backend's matmul_id gathers per expert exactly as this file once did.
+// Where the expert tensors live (the block's device, or the host with --cpu-moe / --n-cpu-moe / -ot)
+// is routed_experts' concern (experts.cpp); the router, the weighted sum and the shared expert always
+// run on the block's device.
 #include "model/blocks.h"
 
 namespace kiln::model {
@@ -15,19 +18,15 @@ using backend::Binary;
 
 void moe_ffn(const Step& s, const LayerWeights& L) {
   const ModelConfig& c = s.c;
-  const int64_t T = s.T, E = c.n_embd, X = c.n_expert, K = c.n_expert_used, F = c.n_ff_exp, Fs = c.n_ff_shexp;
+  const int64_t T = s.T, E = c.n_embd, X = c.n_expert, K = c.n_expert_used, Fs = c.n_ff_shexp;
   // Router logits: on AVX-512 hosts an F32 router is ggml's mat-mul order (tinyBLAS when n_expert % 4
   // == 0, for every column count; see kernels::matmul).
   const Tensor router = dense_view(s.a.router, X, T);
   s.st.matmul(L.ffn_gate_inp.t, s.a.cur, router);
   s.st.topk_route(router, int(K), c.expert_weights_norm, c.expert_weights_scale, s.a.ids, s.a.wts);
-  // Slot (j, t): token t's expert of rank j. gate/up read token t's column (nx = 1), down its slot's.
-  const Tensor cur = dense_view(s.a.cur, E, 1, T);
-  const Tensor fa = dense_view(s.a.fa, F, K, T), fb = dense_view(s.a.fb, F, K, T), ye = dense_view(s.a.ye, E, K, T);
-  s.st.matmul_id(L.ffn_gate_exps.t, cur, s.a.ids, fa);
-  s.st.matmul_id(L.ffn_up_exps.t, cur, s.a.ids, fb);
-  s.st.binary(Binary::SwiGlu, fa, fb, fa);  // per slot column of F
-  s.st.matmul_id(L.ffn_down_exps.t, fa, s.a.ids, ye);
+  // Slot (j, t): token t's expert of rank j, its output in ye[:, j, t].
+  routed_experts(s, L);
+  const Tensor ye = dense_view(s.a.ye, E, K, T);
   s.st.binary(Binary::Mul, ye, dense_view(s.a.wts, 1, K, T), ye);  // weight w[j, t] on slot (j, t)
   // The weighted slots summed in rank order, as llama.cpp's chain of adds over its mul_mat_id views.
   const Tensor out = dense_view(s.a.tmp, E, 1, T);

@@ -43,6 +43,14 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
     if (c.rope_sections[0] + c.rope_sections[1] + c.rope_sections[2] + c.rope_sections[3] > 0)
       p.mpos = i32(4 * B);                               // [B, 4] M-RoPE streams (images)
   }
+  if (role.experts && p.cur == ScratchPlan::kNone) {  // routed_experts on another device's blocks
+    const int64_t ff = std::max({c.n_ff, c.n_ff_shexp, c.n_ff_exp * K});
+    p.cur = f32(E);                                      // [E, B]
+    p.fa = f32(ff);                                      // as above (the expert slots use n_ff_exp * K)
+    p.fb = f32(ff);
+    p.ids = A.reserve_tensor(gguf::GgmlType::I32, {K, B, 1, 1});  // [K, B]
+    p.ye = f32(E * K);                                   // [E, K, B]
+  }
   if (role.output) {
     p.out_idx = i32(n_out_max);                          // [n_out_max]
     p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});  // [E, n_out_max]

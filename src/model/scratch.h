@@ -40,6 +40,9 @@ struct ScratchPlan {
 struct ScratchRole {
   bool host = false, layers = false, output = false;
   bool mtp = false;  // the MTP block runs here (with `output`): a layer's activations and its own inputs
+  // The routed experts of blocks on another device run here (their weights are here: --cpu-moe):
+  // the FFN input, the router's ids, the hidden slots and the expert outputs.
+  bool experts = false;
 };
 
 // Reserves one device's scratch in A (the residual stream always; block activations and per-token

@@ -158,6 +158,21 @@ const std::vector<Opt>& table() {
         });
     add_int({"-mg", "--main-gpu"}, env_of("MAIN_GPU"), "i", "CUDA device ordinal (default 0)", 0, 64,
         [](ServerOptions& so, int64_t x) { so.engine.main_gpu = int(x); });
+    add_bool({"-cmoe", "--cpu-moe"}, env_of("CPU_MOE"),
+             "keep the expert tensors of every MoE layer in host memory; the host runs them (docs/memory.md)",
+             &ServerOptions::cpu_moe);
+    add_int({"-ncmoe", "--n-cpu-moe"}, env_of("N_CPU_MOE"), "N",
+        "keep the expert tensors of the first N MoE layers in host memory (default 0; unset, --fit may choose N)", 0,
+        1 << 20, [](ServerOptions& so, int64_t x) { so.n_cpu_moe = int(x); });
+    add({"-ot", "--override-tensor"}, env_of("OVERRIDE_TENSOR"), "PATTERN=DEVICE[,…]",
+        "tensors whose name matches the regex go to DEVICE (CPU or CUDA<i>); kiln moves the expert tensors of GPU "
+        "layers (e.g. 'exps=CPU'); repeatable, matched in order before --cpu-moe / --n-cpu-moe",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto r = model::parse_tensor_overrides(v);
+          if (!r.ok()) return err("{}: {}", src, r.error().message);
+          so.override_tensor.push_back(v);
+          return {};
+        });
     add({"-fa", "--flash-attn"}, env_of("FLASH_ATTN"), "on|off|auto",
         "on/auto: kiln's streaming attention (batch-invariant); off: llama.cpp's non-flash attention "
         "arithmetic, bit for bit on AVX-512 hosts (results then depend on batch composition)",
@@ -447,7 +462,7 @@ Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const
   }
   // 2. Command line. A flag given there replaces what the variables set (the API keys from
   //    --api-key replace LLAMA_API_KEY; --api-key-file adds to them).
-  bool keys_from_cli = false;
+  bool keys_from_cli = false, ot_from_cli = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     std::string value;
@@ -489,6 +504,10 @@ Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const
       so.api_keys.clear();
       keys_from_cli = true;
     }
+    if (o->names.front() == "-ot" && !ot_from_cli) {  // -ot on the command line replaces LLAMA_ARG_OVERRIDE_TENSOR
+      so.override_tensor.clear();
+      ot_from_cli = true;
+    }
     KILN_TRY(o->set(so, value, "option " + a));
   }
   // Duplicates and empty keys are dropped.
@@ -497,6 +516,9 @@ Result<ServerOptions> parse_server_args(int argc, const char* const* argv, const
     if (!k.empty() && std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
   so.api_keys = std::move(keys);
   so.engine.embeddings = so.embedding;
+  auto pl = model::placement_options(so.cpu_moe, so.n_cpu_moe, so.override_tensor);
+  KILN_TRY(pl);
+  so.engine.placement = std::move(*pl);
   return so;
 }
 

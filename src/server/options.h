@@ -26,6 +26,9 @@ struct ServerOptions {
   int port = 8080;                      // --port
   engine::EngineOptions engine;         // -c -np -b -ub -t -ctk -ctv --load-mode --cache-ram
   std::string n_gpu_layers = "auto";    // -ngl as given (parsed into engine.n_gpu_layers)
+  bool cpu_moe = false;                 // --cpu-moe      } combined into engine.placement
+  int n_cpu_moe = 0;                    // --n-cpu-moe N  } (model::placement_options) after parsing
+  std::vector<std::string> override_tensor;  // -ot values (repeatable; the command line's replace the variable's)
   std::string flash_attn = "auto";      // -fa on|off|auto: off = llama.cpp's non-flash attention arithmetic
   std::string fit = "on";               // --fit on|off (engine.fit; --fit-target, --fit-ctx, --device-memory: engine.*)
   std::string mmproj;                   // -mm/--mmproj: the vision projector (engine.mmproj); --no-mmproj clears it

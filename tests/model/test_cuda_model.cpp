@@ -7,6 +7,8 @@
 //  - logits of two sequences prefilled in one batch, then decode steps with both sequences in one
 //    batch (replayed from CUDA graphs);
 //  - partial offload (-ngl 1 .. n_layer + 1) within the same bounds;
+//  - MoE expert offload (--cpu-moe, --n-cpu-moe, -ot: GPU layers whose routed experts run on the
+//    host) within the same bounds against the CPU run and against the all-GPU run;
 //  - sequence memory on the device: snapshot -> other tokens -> restore -> continue, and seq_copy,
 //    give the logits of an uninterrupted run (same device, same arithmetic: tight bound).
 // The bounds hold the GPU's own arithmetic (F16 tensor-core prefill, its own summation orders)
@@ -231,6 +233,58 @@ TEST(CudaModelOffload, PartialLayersNoWorseThanCpu) {
     EXPECT_EQ((*mg)->info().n_gpu_layers, std::min<int64_t>(ngl, L));
     EXPECT_EQ((*mg)->info().output_on_gpu, ngl > L);
     check_no_worse(exact, cpu, run_model(**mg, mo, 9), "offload -ngl " + std::to_string(ngl));
+  }
+}
+
+// MoE expert offload: every layer on the GPU, the expert tensors of some in host memory (the host runs
+// their matmul_id; router, shared expert and weighted sum on the GPU). No worse than the CPU run and
+// than the all-GPU run, by the bounds of the partial-offload test above.
+TEST(CudaModelOffload, MoeExpertsOnHostNoWorseThanCpuAndGpu) {
+  REQUIRE_GPU();
+  const auto path = test::generated_model("kiln_test_cuda_model", "tiny-qwen35moe", GgmlType::Q8_0, 11);
+  MemoryOptions mo;
+  mo.n_ctx = 128;
+  mo.n_seq = 2;
+  MemoryOptions mo_exact = mo;
+  mo_exact.type_k = mo_exact.type_v = GgmlType::F32;
+  LoadOptions all;
+  all.n_gpu_layers = kGpuLayersAll;
+  auto mx = load_model(dequantized_copy(path), {});
+  auto mc = load_model(path, {});
+  auto mg = load_model(path, all);
+  ASSERT_TRUE(mx.ok() && mc.ok() && mg.ok());
+  const Rows exact = run_model(**mx, mo_exact, 13), cpu = run_model(**mc, mo, 13), gpu = run_model(**mg, mo, 13);
+  struct Offload {
+    const char* what;
+    int ngl;
+    bool cpu_moe;
+    int n_cpu_moe;
+    std::vector<std::string> ot;
+    int64_t n_host;  // blocks whose experts run on the host
+  };
+  const Offload cases[] = {
+      {"-ngl all --cpu-moe", kGpuLayersAll, true, 0, {}, 4},
+      {"-ngl all --n-cpu-moe 1", kGpuLayersAll, false, 1, {}, 1},
+      {"-ngl all -ot blk.(1|3).ffn_*_exps=CPU", kGpuLayersAll, false, 0, {"blk\\.(1|3)\\.ffn_.*_exps=CPU"}, 2},
+      {"-ngl 3 --n-cpu-moe 2", 3, false, 2, {}, 1},  // layer 0 on the CPU, layer 1's experts on the host
+  };
+  for (const Offload& k : cases) {
+    LoadOptions lo;
+    lo.n_gpu_layers = k.ngl;
+    auto pl = placement_options(k.cpu_moe, k.n_cpu_moe, k.ot);
+    ASSERT_TRUE(pl.ok()) << pl.error().message;
+    lo.placement = *pl;
+    auto m = load_model(path, lo);
+    ASSERT_TRUE(m.ok()) << k.what << ": " << m.error().message;
+    EXPECT_EQ((*m)->info().n_expert_host, k.n_host) << k.what;
+    for (int64_t il = 0; il < (*m)->config().n_layer; ++il) {
+      const bool host_experts = (*m)->expert_device(il).type() == backend::DeviceType::Cpu;
+      const bool gpu_layer = (*m)->layer_device(il).type() == backend::DeviceType::Cuda;
+      if (!gpu_layer) EXPECT_TRUE(host_experts) << k.what << " layer " << il;
+    }
+    const Rows rows = run_model(**m, mo, 13);
+    check_no_worse(exact, cpu, rows, std::string("expert offload ") + k.what + " vs CPU");
+    check_no_worse(exact, gpu, rows, std::string("expert offload ") + k.what + " vs all-GPU");
   }
 }
 

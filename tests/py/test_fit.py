@@ -176,3 +176,124 @@ def test_draft_model_is_planned(kiln_bin, models):
     # The pair goes together.
     r = run(kiln_bin, *base, "--spec-type", "draft-simple")
     assert r.returncode == 2 and "-md" in r.stderr
+
+
+# ---- MoE expert offload (--cpu-moe, --n-cpu-moe, -ot): Qwen3.5-35B-A3B shapes, metadata only ----
+
+@pytest.fixture(scope="module")
+def moe(kiln_bin, tmp_path_factory):
+    """The 35B-A3B header and, independently of kiln, its expert bytes per layer read with gguf-py."""
+    p = tmp_path_factory.mktemp("fit-moe") / "35b-a3b.meta.gguf"
+    r = run(kiln_bin, "gguf", "gen", "--preset", "qwen35moe-35b-a3b", "--mix", "q4_k_m", "--meta-only", "-q", "-o", p)
+    assert r.returncode == 0, r.stderr
+    assert p.stat().st_size < 16 * MIB
+    experts = [0] * 40
+    # gguf-py maps the tensor data too: read a sparse copy padded past the end of the (absent) data.
+    sparse = p.with_suffix(".sparse.gguf")
+    sparse.write_bytes(p.read_bytes())
+    with open(sparse, "r+b") as f:
+        f.truncate(64 << 30)
+    rd = gguf.GGUFReader(str(sparse))
+    for t in rd.tensors:
+        m = re.match(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$", t.name)
+        if m:
+            experts[int(m.group(1))] += int(t.n_bytes)
+    assert all(e > 0 for e in experts)
+    return p, experts
+
+
+def moe_chosen(stdout):
+    m = re.search(r"^-ngl (\d+) -c (\d+)(?: --n-cpu-moe (\d+)| (--cpu-moe))?$", stdout, re.M)
+    assert m, stdout
+    n = 40 if m.group(4) else int(m.group(3) or 0)
+    return int(m.group(1)), int(m.group(2)), n
+
+
+def test_moe_cpu_moe_and_n_cpu_moe_on_8gib(kiln_bin, moe):
+    path, experts = moe
+    base = ["fit", "-m", path, "-c", 32768, "--device-memory", "8GiB"]
+    r_all = run(kiln_bin, *base, "-ngl", "all", "--fit", "off")
+    assert r_all.returncode == 1  # 35B on 8 GiB: does not fit with the experts on the GPU
+    r = run(kiln_bin, *base, "-ngl", "all", "--cpu-moe")
+    assert r.returncode == 0, r.stderr
+    assert moe_chosen(r.stdout) == (41, 32768, 40)
+    host, gpu = row(r.stdout, "expert weights")
+    assert host == pytest.approx(sum(experts) / MIB, abs=0.05) and gpu == 0
+    # The GPU keeps everything else: the all-GPU weights minus exactly the expert uploads.
+    assert row(r_all.stdout, "weights")[1] - row(r.stdout, "weights")[1] == pytest.approx(sum(experts) / MIB, abs=0.5)
+    assert "the expert tensors of 40 of them on the host" in r.stdout
+    # -ncmoe / -cmoe spellings, and --n-cpu-moe N: the first N layers only.
+    r = run(kiln_bin, *base, "-ngl", "all", "-ncmoe", 30)
+    assert r.returncode == 0, r.stderr
+    assert moe_chosen(r.stdout) == (41, 32768, 30)
+    assert row(r.stdout, "expert weights")[0] == pytest.approx(sum(experts[:30]) / MIB, abs=0.05)
+    r2 = run(kiln_bin, *base, "-ngl", "all", "-cmoe")
+    assert r2.returncode == 0 and moe_chosen(r2.stdout)[2] == 40
+    # -ot with llama.cpp's regex: layers 0-9 by pattern.
+    r = run(kiln_bin, *base, "-ngl", "all", "-ot", r"blk\.[0-9]\.ffn_.*_exps=CPU", "--fit", "off")
+    assert row(r.stdout, "expert weights")[0] == pytest.approx(sum(experts[:10]) / MIB, abs=0.05)
+
+
+def test_moe_fit_moves_experts_before_layers(kiln_bin, moe):
+    path, experts = moe
+    r = run(kiln_bin, "fit", "-m", path, "-c", 32768, "--device-memory", "8GiB")
+    assert r.returncode == 0, r.stderr
+    ngl, ctx, n = moe_chosen(r.stdout)
+    assert ngl == 41 and ctx == 32768 and 0 < n < 40  # every layer stays; the first n layers' experts move
+    assert row(r.stdout, "expert weights")[0] == pytest.approx(sum(experts[:n]) / MIB, abs=0.05)
+    # One layer fewer does not fit.
+    r1 = run(kiln_bin, "fit", "-m", path, "-c", 32768, "--device-memory", "8GiB", "-ngl", "all", "--n-cpu-moe", n - 1)
+    assert r1.returncode == 1, r1.stdout
+    # -c unset: the context comes back after the experts moved.
+    r = run(kiln_bin, "fit", "-m", path, "--device-memory", "8GiB")
+    assert r.returncode == 0, r.stderr
+    ngl, ctx, n = moe_chosen(r.stdout)
+    assert ngl == 41 and n > 0 and ctx > 4096 and ctx % 256 == 0
+    # Explicit flags are kept: --n-cpu-moe 2 cannot hold every layer, so layers move (experts are not changed).
+    r = run(kiln_bin, "fit", "-m", path, "-c", 32768, "--device-memory", "8GiB", "--n-cpu-moe", 2)
+    assert r.returncode == 0, r.stderr
+    ngl, ctx, n = moe_chosen(r.stdout)
+    assert n == 2 and ngl < 41
+    # -ngl all without expert flags: not fitted, the error says what would help.
+    r = run(kiln_bin, "fit", "-m", path, "-c", 32768, "--device-memory", "8GiB", "-ngl", "all")
+    assert r.returncode == 1 and "--cpu-moe" in r.stderr, r.stderr
+    # Without a GPU (no --device-memory): the CPU plan, experts with their layers.
+    r = run(kiln_bin, "fit", "-m", path, "-c", 4096, "--cpu-moe")
+    assert r.returncode == 0, r.stderr
+    assert "expert weights" not in r.stdout
+
+
+def test_moe_flag_errors(kiln_bin, moe, models):
+    path, _ = moe
+    base = ["fit", "-m", path, "-c", 4096, "--device-memory", "8GiB", "-ngl", "all"]
+    r = run(kiln_bin, *base, "-ot", "exps=GPU0")
+    assert r.returncode == 2 and "-ot/--override-tensor 'exps=GPU0'" in r.stderr and "unknown device 'GPU0'" in r.stderr
+    r = run(kiln_bin, *base, "-ot", "blk[=CPU")
+    assert r.returncode == 2 and "bad regular expression 'blk['" in r.stderr, r.stderr
+    r = run(kiln_bin, *base, "-ot", "no_such_tensor=CPU")
+    assert r.returncode != 0 and "'no_such_tensor=CPU': the pattern matches no tensor" in r.stderr, r.stderr
+    r = run(kiln_bin, *base, "-ot", "attn_norm=CPU")
+    assert r.returncode != 0 and "blk.0.attn_norm.weight" in r.stderr and "expert tensors" in r.stderr, r.stderr
+    r = run(kiln_bin, *base, "-ot", "exps=CUDA3")
+    assert r.returncode != 0 and "CUDA3" in r.stderr and "CUDA0" in r.stderr, r.stderr
+    r = run(kiln_bin, *base, "--n-cpu-moe", -2)
+    assert r.returncode == 2 and "--n-cpu-moe -2" in r.stderr, r.stderr
+    r = run(kiln_bin, "fit", "-m", models["9b"], "-c", 4096, "--device-memory", "8GiB", "--cpu-moe")
+    assert r.returncode != 0 and "--cpu-moe" in r.stderr and "no expert tensors" in r.stderr, r.stderr
+
+
+def test_moe_flags_on_a_cpu_run_change_nothing(kiln_bin, tmp_path):
+    """`kiln logits` (the tools share ModelFlags): on the CPU the flags move nothing, logits are identical;
+    a bad rule is refused before anything runs."""
+    m = tmp_path / "tiny-moe.gguf"
+    r = run(kiln_bin, "gguf", "gen", "--preset", "tiny-qwen35moe", "-q", "-o", m)
+    assert r.returncode == 0, r.stderr
+    outs = []
+    for extra in ([], ["--cpu-moe"], ["-ncmoe", 2, "-ot", r"blk\.3\.ffn_.*_exps=CPU"]):
+        out = tmp_path / f"l{len(outs)}.npy"
+        r = run(kiln_bin, "logits", "-m", m, "--tokens", "1,2,3,4,5", "-ngl", 0, *extra, "-o", out)
+        assert r.returncode == 0, r.stderr
+        outs.append(np.load(out))
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+    r = run(kiln_bin, "logits", "-m", m, "--tokens", "1,2,3", "-ngl", 0, "-ot", "exps=nowhere", "-o", tmp_path / "x.npy")
+    assert r.returncode != 0 and "unknown device 'nowhere'" in r.stderr, r.stderr

@@ -110,7 +110,7 @@ struct ModelFacts {
   uint64_t n_params = 0;          // elements of all tensors (llama_model_n_params)
   uint64_t weight_bytes = 0;      // tensors kiln runs
   uint64_t decode_read_bytes = 0; // weight bytes one single-token decode streams
-  std::string backend = "CPU";    // CPU, CUDA (every layer and the output) or CUDA+CPU (partial -ngl)
+  std::string backend = "CPU";    // CPU, CUDA (every layer and the output) or CUDA+CPU (partial -ngl, experts on the host)
   int64_t n_gpu_layers = 0;       // trunk layers on the GPU (llama-bench's n_gpu_layers)
 };
 
@@ -118,7 +118,7 @@ ModelFacts model_facts(const model::Model& m, const std::string& path) {
   ModelFacts f;
   f.path = path;
   f.n_gpu_layers = m.info().n_gpu_layers + (m.info().output_on_gpu ? 1 : 0);
-  if (m.info().output_on_gpu && m.info().n_gpu_layers == m.config().n_layer) f.backend = "CUDA";
+  if (m.info().output_on_gpu && m.info().n_gpu_layers == m.config().n_layer && m.info().n_expert_host == 0) f.backend = "CUDA";
   else if (m.info().n_gpu_layers > 0 || m.info().output_on_gpu) f.backend = "CUDA+CPU";
   const auto& file = m.file();
   const auto& c = m.config();
@@ -325,6 +325,10 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--flash-attn", flash_attn, tools::kFlashAttnHelp);
   app.add_option("--n-gpu-layers", ngl, "-ngl N|auto|all: layers on the GPU (0: CPU)");
   app.add_option("--main-gpu", main_gpu, "-mg: CUDA device ordinal");
+  bool cpu_moe = false;
+  int n_cpu_moe = 0;
+  std::vector<std::string> override_tensor;
+  tools::ModelFlags::add_moe(app, cpu_moe, n_cpu_moe, override_tensor);
   app.add_option("--delta-chunk", delta_chunk, "qwen35: runs of >= N tokens use the chunked gated delta rule (0: never)");
   app.add_option("-r,--repetitions", reps, "timed repetitions per test")->check(CLI::PositiveNumber);
   app.add_option("-o,--output", output, "md, json or jsonl")->check(CLI::IsMember({"md", "json", "jsonl"}));
@@ -345,6 +349,9 @@ int cmd_bench(int argc, char** argv) {
   model::LoadOptions lo;
   lo.n_gpu_layers = *NGL;
   lo.main_gpu = main_gpu;
+  auto PL = model::placement_options(cpu_moe, n_cpu_moe, override_tensor);
+  if (!PL) return fail(PL.error());
+  lo.placement = std::move(*PL);
   auto P = parse_int_list(n_prompt, "-p", 0);
   if (!P) return fail(P.error());
   auto N = parse_int_list(n_gen, "-n", 0);

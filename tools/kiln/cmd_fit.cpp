@@ -1,6 +1,7 @@
 // `kiln fit` — the memory plan of a run without loading it (like llama-fit-params): reads the GGUF
 // metadata and tensor table only (a metadata-only file from `kiln gguf gen --meta-only` will do),
-// prints the plan per part and device, and the -ngl / -c that `kiln serve` would run with. Without
+// prints the plan per part and device, and the -ngl / -c (and, for a MoE model whose experts go to
+// the host, --n-cpu-moe N or --cpu-moe) that `kiln serve` would run with. Without
 // a GPU, --device-memory simulates one. Exit status: 0 when the plan fits, 1 when it cannot (the
 // error names every GPU part and its size), 2 for bad flags.
 // Must not: read tensor data or allocate device memory. Threading: main thread only.
@@ -100,6 +101,8 @@ int cmd_fit(int argc, char** argv) {
   po.n_threads = threads;
   po.flash_attn = co.flash_attn;
   po.n_gpu_layers = lo->n_gpu_layers;
+  po.main_gpu = lo->main_gpu;
+  po.placement = lo->placement;
   po.cache_ram_bytes = cache_ram < 0 ? -1 : cache_ram * (int64_t(1) << 20);
   po.spec_mtp = spec_type == "draft-mtp";
   po.n_draft = n_draft;
@@ -137,7 +140,10 @@ int cmd_fit(int argc, char** argv) {
                  plan->gpu_parts().c_str());
     return 1;
   }
-  std::printf("-ngl %d -c %lld\n", plan->n_gpu_layers, (long long)plan->n_ctx);
+  std::string moe;  // the expert placement kiln serve would load with (fitted, or as given)
+  if (plan->n_cpu_moe >= model::kCpuMoeAll) moe = " --cpu-moe";
+  else if (plan->n_cpu_moe > 0) moe = " --n-cpu-moe " + std::to_string(plan->n_cpu_moe);
+  std::printf("-ngl %d -c %lld%s\n", plan->n_gpu_layers, (long long)plan->n_ctx, moe.c_str());
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 #include "gguf/types.h"
@@ -40,7 +41,7 @@ inline void normalize_llama_flags(int argc, char** argv) {
                {{"-fit", "--fit"}, {"-fitt", "--fit-target"}, {"-fitc", "--fit-ctx"}, {"-np", "--parallel"},
                 {"-mm", "--mmproj"}, {"-ub", "--ubatch-size"}, {"-cram", "--cache-ram"}, {"-ctk", "--cache-type-k"},
                 {"-ctv", "--cache-type-v"}, {"-fa", "--flash-attn"}, {"-ngl", "--n-gpu-layers"}, {"-dev", "--device"},
-                {"-mg", "--main-gpu"}});
+                {"-mg", "--main-gpu"}, {"-cmoe", "--cpu-moe"}, {"-ncmoe", "--n-cpu-moe"}, {"-ot", "--override-tensor"}});
 }
 
 inline Result<gguf::GgmlType> parse_cache_type(const std::string& s, const char* flag) {
@@ -102,6 +103,10 @@ inline Result<LoadMode> parse_load_mode(const std::string& s) {
 struct ModelFlags {
   std::string ctk = "f16", ctv = "f16", load_mode = "mmap", flash_attn = "auto", ngl = "auto", device;
   int main_gpu = 0;
+  // MoE expert offload (model/placement.h): --cpu-moe, --n-cpu-moe N, -ot PATTERN=DEVICE (repeatable).
+  bool cpu_moe = false;
+  int n_cpu_moe = 0;
+  std::vector<std::string> override_tensor;
   // Memory planning (model/fit.h, docs/memory.md): --fit on|off, --fit-target MiB, --fit-ctx N,
   // --device-memory SIZE (or KILN_DEVICE_MEMORY).
   std::string fit = "on", fit_target = "1024", device_memory;
@@ -145,6 +150,17 @@ struct ModelFlags {
                    "N|auto|all (-ngl): layers on the GPU, the last ones first (auto: as many as fit, see --fit; 0: CPU)");
     app.add_option("--device", device, "none|CUDA<i> (-dev): the device to use (none: CPU only)");
     app.add_option("--main-gpu", main_gpu, "CUDA device ordinal (-mg)");
+    add_moe(app, cpu_moe, n_cpu_moe, override_tensor);
+  }
+  // The expert-offload flags, as `kiln bench` also registers them.
+  static void add_moe(CLI::App& app, bool& cpu_moe, int& n_cpu_moe, std::vector<std::string>& ot) {
+    app.add_flag("--cpu-moe", cpu_moe, "(-cmoe) keep the expert tensors of every MoE layer in host memory (run there)");
+    app.add_option("--n-cpu-moe", n_cpu_moe, "N (-ncmoe): keep the expert tensors of the first N layers in host memory");
+    app.add_option("--override-tensor", ot,
+                   "PATTERN=DEVICE[,...] (-ot, repeatable): tensors whose name matches the regex go to DEVICE (CPU or "
+                   "CUDA<i>); kiln moves the expert tensors of GPU layers")
+        ->expected(1)
+        ->take_all();
   }
 
   // Fills mo.type_k/type_v, co.flash_attn and the load options (mode, GPU layers, device).
@@ -167,14 +183,18 @@ struct ModelFlags {
     lo.n_gpu_layers = *ng;
     lo.main_gpu = main_gpu;
     KILN_TRY(apply_device(device, lo));
+    auto pl = model::placement_options(cpu_moe, n_cpu_moe, override_tensor);
+    KILN_TRY(pl);
+    lo.placement = std::move(*pl);
     return lo;
   }
 };
 
 // Plans the run's memory from the file's metadata before loading (model::fit_plan), prints the
-// plan table on stderr (when show) and returns the -ngl to load with: fitted when -ngl is auto.
-inline Result<int> fit_cli(const gguf::File& f, const model::LoadOptions& lo, const model::PlanOptions& po,
-                           const ModelFlags& flags, bool show) {
+// plan table on stderr (when show) and returns the load options to use: -ngl fitted when auto, and the
+// --n-cpu-moe fitting chose for a MoE model whose expert flags were left unset.
+inline Result<model::LoadOptions> fit_cli(const gguf::File& f, model::LoadOptions lo, const model::PlanOptions& po,
+                                          const ModelFlags& flags, bool show) {
   auto shape = model::ModelShape::from_file(f);
   KILN_TRY(shape);
   auto fo = flags.fit_options();
@@ -183,10 +203,16 @@ inline Result<int> fit_cli(const gguf::File& f, const model::LoadOptions& lo, co
   KILN_TRY(gpu);
   model::PlanOptions o = po;
   o.n_gpu_layers = lo.n_gpu_layers;
+  o.main_gpu = lo.main_gpu;
+  o.placement = lo.placement;
   auto plan = model::fit_plan(*shape, nullptr, o, *fo, *gpu);
   KILN_TRY(plan);
   if (show) std::fputs(plan->table().c_str(), stderr);
-  return *gpu ? plan->n_gpu_layers : lo.n_gpu_layers;
+  if (*gpu) {
+    lo.n_gpu_layers = plan->n_gpu_layers;
+    lo.placement.n_cpu_moe = plan->n_cpu_moe;
+  }
+  return lo;
 }
 
 // Loads with a progress bar on stderr (when show_progress) and prints the load time. With `plan`
@@ -206,9 +232,9 @@ inline Result<std::unique_ptr<model::Model>> load_model_cli(const std::string& p
   auto f = gguf::File::open(path, oo);
   KILN_TRY(f);
   if (plan && flags) {
-    auto ngl = fit_cli(**f, lo, *plan, *flags, show_progress);
-    KILN_TRY(ngl);
-    lo.n_gpu_layers = *ngl;
+    auto fitted = fit_cli(**f, lo, *plan, *flags, show_progress);
+    KILN_TRY(fitted);
+    lo = std::move(*fitted);
   }
   auto m = model::load_model(std::move(*f), lo);
   KILN_TRY(m);
