@@ -8,8 +8,9 @@
 //   stages (2 CTAs per SM), each holding the step's bytes of the 128 weight rows (one bulk copy per row on sm_90+,
 //   16-byte cp.async copies before; the 16-byte aligned range around the row's bytes) and the step's
 //   256 x values of every column as F16. Per 32-element unit a lane (g = lane / 4, t = lane % 4)
-//   decodes elements 4t..4t+3 and 16+4t..16+4t+3 of rows g and g + 8 (lane_unit: codes placed in F16
-//   mantissas, scaled in F16) into the A fragments of two mma.sync m16n8k16 (F16 in, F32
+//   decodes elements 4t..4t+3 and 16+4t..16+4t+3 of rows g and g + 8 (lane_codes, unit_pairs: codes
+//   placed in F16 mantissas, scaled in F16; each (row, unit) scale decoded once per step by one of the
+//   4 lanes that use it and shuffled to the others) into the A fragments of two mma.sync m16n8k16 (F16 in, F32
 //   accumulators). The k order
 //   inside a unit is permuted the same way for both operands: positions 8t..8t+7, as "pairs" (position
 //   2i + h holds element i + 16h, the kXPairs order of the int8 path), are the slots lane t holds, so
@@ -25,6 +26,7 @@
 
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/dequant.cuh"
+#include "kernels/cuda/dequant_q8.cuh"  // q8::iq4_pairs
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matvec.cuh"  // mv_cp16 / commit / wait
 #include "kernels/cuda/pdl.cuh"
@@ -66,27 +68,26 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The codes (dq::Q<T>: b = q + kOff) of elements 4t..4t+3 (lo, byte j = element 4t + j) and
-// 16+4t..16+4t+3 (hi) of unit u of block b: the 4 bytes of each that lane t needs, no more.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+__device__ __forceinline__ __half2 as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
+__device__ __forceinline__ uint32_t as_u32(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
+// lane_codes for the types that are not codebooks: lo = codes of elements 4t..4t+3, hi = 16+4t..19+4t.
 template <GgmlType T, int A>
-__device__ __forceinline__ void lane_codes(const uint8_t* b, int u, int t, uint32_t& lo, uint32_t& hi) {
+__device__ __forceinline__ void lane_codes_lo_hi(const uint8_t* b, int u, int t, uint32_t& lo, uint32_t& hi) {
   using dq::al;
   using dq::ld_u32;
   constexpr uint32_t k4 = 0x0F0F0F0Fu;
-  if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::IQ4_NL) {
+  if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1) {
     constexpr int o = T == GgmlType::Q4_1 ? 4 : 2;  // qs: element j = lo(qs[j]), j + 16 = hi(qs[j])
     const uint32_t q = ld_u32<al(A, 2)>(b + o + 4 * t);
     lo = q & k4, hi = (q >> 4) & k4;
-    if constexpr (T == GgmlType::IQ4_NL) lo = dq::iq4_lookup(lo), hi = dq::iq4_lookup(hi);
   } else if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
     constexpr int o = T == GgmlType::Q5_1 ? 4 : 2;  // qh (bit i: bit 4 of element i) | qs
     const uint32_t qh = ld_u32<al(A, 2)>(b + o), q = ld_u32<al(A, 2)>(b + o + 4 + 4 * t);
     lo = (q & k4) | dq::spread4(qh >> (4 * t)) << 4, hi = ((q >> 4) & k4) | dq::spread4(qh >> (16 + 4 * t)) << 4;
   } else if constexpr (T == GgmlType::Q8_0) {
     lo = ld_u32<al(A, 2)>(b + 2 + 4 * t) ^ 0x80808080u, hi = ld_u32<al(A, 2)>(b + 18 + 4 * t) ^ 0x80808080u;
-  } else if constexpr (T == GgmlType::IQ4_XS) {
-    const uint32_t q = ld_u32<al(A, 4)>(b + 8 + 16 * u + 4 * t);
-    lo = dq::iq4_lookup(q & k4), hi = dq::iq4_lookup((q >> 4) & k4);
   } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
     constexpr int o = T == GgmlType::Q5_K ? 48 : 16;  // qs: unit u = nibble u % 2 of a 32-byte chunk
     const uint8_t* c = b + o + 32 * (u >> 1);
@@ -107,27 +108,46 @@ __device__ __forceinline__ void lane_codes(const uint8_t* b, int u, int t, uint3
   }
 }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
-__device__ __forceinline__ __half2 as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
-__device__ __forceinline__ uint32_t as_u32(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
-
-// Elements (4t + j, 16 + 4t + j), j = 0..3, of unit u of block blk as F16 pairs p[j]: each code b
-// placed in the mantissa of 1024 (exact), minus 1024 + kOff (exact), times the half's scale (and plus
-// its offset), in F16: d * q (+ m) with d and m rounded to F16 first — within two F16 roundings of
-// the host dequantizer's value (the cuBLAS path's dequant_rows rounds once).
+// The codes (dq::Q<T>: b = q + kOff) of elements 4t + j and 16 + 4t + j, j = 0..3, of unit u of block
+// b — the 8 that lane t needs, no more — as byte pairs: w[0] = (e 4t, e 16+4t, e 4t+1, e 17+4t),
+// w[1] = (e 4t+2, e 18+4t, e 4t+3, e 19+4t).
 template <GgmlType T, int A>
-__device__ __forceinline__ void lane_unit(const uint8_t* blk, int u, int t, uint32_t (&p)[4]) {
-  using D = dq::Q<T>;
-  uint32_t lo, hi;
-  lane_codes<T, A>(blk, u, t, lo, hi);
-  const dq::Scales s = D::template scales<A>(blk, u);
-  const __half2 d = __floats2half2_rn(s.d[0], s.d[1]), m = __floats2half2_rn(s.m[0], s.m[1]);
-  const __half2 bias = __float2half2_rn(1024.f + float(D::kOff));
-  const uint32_t w[2] = {prmt(lo, hi, 0x5140), prmt(lo, hi, 0x7362)};  // (lo_j, hi_j) byte pairs
+__device__ __forceinline__ void lane_codes(const uint8_t* b, int u, int t, uint32_t (&w)[2]) {
+  if constexpr (T == GgmlType::IQ4_NL || T == GgmlType::IQ4_XS) {
+    // qs word t: element 4t + j in the low nibble of byte j, 16 + 4t + j in the high one; the
+    // codebook lookup of q8::iq4_pairs yields the pairs order directly (values + 128: the codes).
+    const uint32_t q = T == GgmlType::IQ4_XS ? dq::ld_u32<dq::al(A, 4)>(b + 8 + 16 * u + 4 * t)
+                                             : dq::ld_u32<dq::al(A, 2)>(b + 2 + 4 * t);
+    q8::iq4_pairs(q, w[0], w[1]);
+    w[0] ^= 0x80808080u, w[1] ^= 0x80808080u;
+  } else {
+    uint32_t lo, hi;  // byte j: element 4t + j / 16 + 4t + j
+    lane_codes_lo_hi<T, A>(b, u, t, lo, hi);
+    w[0] = prmt(lo, hi, 0x5140), w[1] = prmt(lo, hi, 0x7362);
+  }
+}
+
+// The scale pair (first half, second half of the unit) and offset pair of unit u of block blk,
+// rounded to F16.
+template <GgmlType T, int A>
+__device__ __forceinline__ void unit_scales(const uint8_t* blk, int u, uint32_t& d, uint32_t& m) {
+  const dq::Scales s = dq::Q<T>::template scales<A>(blk, u);
+  d = as_u32(__floats2half2_rn(s.d[0], s.d[1]));
+  m = as_u32(__floats2half2_rn(s.m[0], s.m[1]));
+}
+
+// Elements (4t + j, 16 + 4t + j), j = 0..3, of one unit as F16 pairs p[j] from lane_codes' pairs w
+// and the unit's scales d, m: each code b placed in the mantissa of 1024 (exact), minus 1024 + kOff
+// (exact), times the half's scale (and plus its offset), in F16: d * q (+ m) with d and m rounded to
+// F16 first — within two F16 roundings of the host dequantizer's value (dequant_rows rounds once).
+template <GgmlType T>
+__device__ __forceinline__ void unit_pairs(const uint32_t (&w)[2], uint32_t d, uint32_t m, uint32_t (&p)[4]) {
+  constexpr int kOff = dq::Q<T>::kOff;
+  const __half2 bias = __float2half2_rn(1024.f + float(kOff));
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const __half2 q = __hsub2(as_h2(prmt(w[j >> 1], 0x64646464u, (j & 1) ? 0x4342u : 0x4140u)), bias);
-    p[j] = as_u32(D::kMin ? __hfma2(q, d, m) : __hmul2(q, d));
+    p[j] = as_u32(dq::Q<T>::kMin ? __hfma2(q, as_h2(d), as_h2(m)) : __hmul2(q, as_h2(d)));
   }
 }
 
@@ -230,18 +250,39 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
     const uint8_t* r0 = st + wr * G::kSlot + (uintptr_t(row_src(row0 + wr, s)) & 15);
     const uint8_t* r8 = st + (wr + 8) * G::kSlot + (uintptr_t(row_src(row0 + wr + 8, s)) & 15);
     const uint8_t* xs = st + G::kW + 16 * t;
-#pragma unroll 2
-    for (int u = 0; u < kStepK / 32; ++u) {
-      uint32_t p0[4], p8[4];
-      lane_unit<T, A>(r0 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, p0);
-      lane_unit<T, A>(r8 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, p8);
-      const uint32_t f0[4] = {p0[0], p8[0], p0[1], p8[1]}, f1[4] = {p0[2], p8[2], p0[3], p8[3]};
+    // Scales once per (row, unit) of the step: lane t decodes units 2t, 2t + 1 of rows wr and wr + 8;
+    // the 4 lanes of the row group share them by shuffles below.
+    uint32_t sd[2][2], sm_[2][2];  // [row wr / wr + 8][unit 2t / 2t + 1]
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const int c = min(8 * j + g, a.m - 1);
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * u);
-        mma16816(acc[j], f0, xv.x, xv.y);
-        mma16816(acc[j], f1, xv.z, xv.w);
+    for (int q = 0; q < 2; ++q) {
+      const int u = 2 * t + q;
+      unit_scales<T, A>(r0 + (u / G::kUPB) * D::kBS, u % G::kUPB, sd[0][q], sm_[0][q]);
+      unit_scales<T, A>(r8 + (u / G::kUPB) * D::kBS, u % G::kUPB, sd[1][q], sm_[1][q]);
+    }
+#pragma unroll 1
+    for (int u2 = 0; u2 < kStepK / 64; ++u2) {
+      const int src = (lane & ~3) | u2;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int u = 2 * u2 + q;
+        uint32_t w0[2], w8[2], p0[4], p8[4];
+        lane_codes<T, A>(r0 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, w0);
+        lane_codes<T, A>(r8 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, w8);
+        const uint32_t d0 = __shfl_sync(0xFFFFFFFFu, sd[0][q], src), d8 = __shfl_sync(0xFFFFFFFFu, sd[1][q], src);
+        uint32_t m0 = 0, m8 = 0;
+        if constexpr (D::kMin) {
+          m0 = __shfl_sync(0xFFFFFFFFu, sm_[0][q], src), m8 = __shfl_sync(0xFFFFFFFFu, sm_[1][q], src);
+        }
+        unit_pairs<T>(w0, d0, m0, p0);
+        unit_pairs<T>(w8, d8, m8, p8);
+        const uint32_t f0[4] = {p0[0], p8[0], p0[1], p8[1]}, f1[4] = {p0[2], p8[2], p0[3], p8[3]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const int c = min(8 * j + g, a.m - 1);
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * u);
+          mma16816(acc[j], f0, xv.x, xv.y);
+          mma16816(acc[j], f1, xv.z, xv.w);
+        }
       }
     }
     __syncthreads();  // every warp is done with the slot
