@@ -327,3 +327,36 @@ def test_real_preset_sizes(kiln_bin):
     params = float(last.split(",")[1].split()[0])
     assert 4.5 < gib < 6.0 and 8.5 < params < 10.5, last
     assert "blk.32.nextn.eh_proj.weight" in r.stdout
+
+
+def test_vocab_from_a_llamacpp_vocab_file(kiln_bin, work_dir, shared_data):
+    """--vocab: the file carries the vocab GGUF's tokenizer, padded with unused tokens to n_vocab;
+    llama.cpp and kiln tokenize text with it as llama.cpp does with the vocab file itself."""
+    src = shared_data / "vocab" / "ggml-vocab-qwen35.gguf"
+    if not src.exists():
+        pytest.skip(f"{src} not found")
+    out = gen(kiln_bin, work_dir / "qwen35-realvocab.gguf", "--preset", "tiny-qwen35", "--type", "Q8_0",
+              "--n-vocab", "160000", "--vocab", str(src))
+    r, v = read(out), read(src)
+    n_src = len(field(v, "tokenizer.ggml.tokens"))
+    toks = field(r, "tokenizer.ggml.tokens")
+    types = field(r, "tokenizer.ggml.token_type")
+    assert len(toks) == len(types) == 160000
+    assert toks[:n_src] == field(v, "tokenizer.ggml.tokens") and toks[n_src] == f"[PAD{n_src}]"
+    assert all(int(t) == 5 for t in types[n_src:])
+    assert field(r, "tokenizer.ggml.pre") == field(v, "tokenizer.ggml.pre")
+    assert field(r, "tokenizer.chat_template") == field(v, "tokenizer.chat_template")
+    emb = [t for t in r.tensors if t.name == "token_embd.weight"][0]
+    assert int(emb.shape[1]) == 160000
+    text = b"The kiln is hot. Please call the weather tool for Berlin: 42 times!"
+    ref = llama_cpp.Llama(model_path=str(src), n_ctx=64, verbose=False, vocab_only=True).tokenize(text, add_bos=False)
+    got = llama_cpp.Llama(model_path=str(out), n_ctx=64, verbose=False, vocab_only=True).tokenize(text, add_bos=False)
+    assert got == ref
+    k = subprocess.run([str(kiln_bin), "tokenize", "-m", str(out), "-p", text.decode()], capture_output=True,
+                       text=True, timeout=60)
+    assert k.returncode == 0, k.stderr
+    assert [int(x) for x in k.stdout.split()] == ref
+    # Fewer tokens than the vocab file has: a clear error.
+    bad = subprocess.run([str(kiln_bin), "gguf", "gen", "-q", "-o", str(work_dir / "bad.gguf"), "--preset",
+                          "tiny-qwen35", "--n-vocab", "1000", "--vocab", str(src)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "below the" in bad.stderr and "--vocab" in bad.stderr

@@ -60,6 +60,10 @@ int gguf_gen_main(int argc, char** argv) {
                                       "Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS (default F16)");
   app.add_option("--mix", mix_name, "per-tensor mix like llama-quantize: iq4_xs or q4_k_m (overrides --type)");
   app.add_option("--seed", seed, "random seed (default 42)");
+  std::string vocab;
+  app.add_option("--vocab", vocab,
+                 "take the tokenizer (tokenizer.* metadata) from this GGUF, e.g. llama.cpp's ggml-vocab-qwen35.gguf, "
+                 "padded with unused tokens to n_vocab (raised to its token count if below)");
   app.add_flag("--mtp", mtp, "append one MTP (nextn) block (qwen35, qwen35moe)");
   app.add_option("--n-mtp", n_mtp, "number of MTP blocks");
   app.add_option("-o,--output", out, "output file");
@@ -180,6 +184,20 @@ int gguf_gen_main(int argc, char** argv) {
       return 2;
     }
     opt.type = *t;
+  }
+  if (!vocab.empty()) {
+    auto nv = gen::vocab_size(vocab);
+    if (!nv.ok()) {
+      std::fprintf(stderr, "kiln gguf gen: --vocab: %s\n", nv.error().message.c_str());
+      return 2;
+    }
+    if (n_vocab >= 0 && n_vocab < *nv) {
+      std::fprintf(stderr, "kiln gguf gen: --n-vocab %lld is below the %lld tokens of --vocab %s\n", (long long)n_vocab,
+                   (long long)*nv, vocab.c_str());
+      return 2;
+    }
+    s.n_vocab = std::max(s.n_vocab, *nv);
+    opt.vocab_from = vocab;
   }
   opt.seed = seed;
   opt.n_threads = threads;

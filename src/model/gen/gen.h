@@ -78,7 +78,13 @@ struct GenOptions {
   uint64_t seed = 42;
   int n_threads = 0;  // 0: all cores
   bool meta_only = false;  // write the header only (metadata + tensor table, no data): for `kiln fit`
+  // A GGUF (e.g. llama.cpp's ggml-vocab-qwen35.gguf) whose tokenizer.* metadata the file carries
+  // instead of the generated vocabulary, its token list padded with unused "[PAD<i>]" tokens up to
+  // spec.n_vocab (which must be at least its token count: vocab_size gives it).
+  std::string vocab_from;
 };
+// The token count of a GGUF's tokenizer.ggml.tokens (for GenOptions::vocab_from). Errors name the file.
+Result<int64_t> vocab_size(const std::string& path);
 
 // One planned tensor (name, type, shape), in file order. Exposed for tests and `--dry-run`.
 struct PlannedTensor {

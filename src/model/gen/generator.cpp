@@ -7,6 +7,7 @@
 
 #include "core/fp16.h"
 #include "core/thread_pool.h"
+#include "gguf/reader.h"
 #include "gguf/writer.h"
 #include "model/gen/gen.h"
 #include "tensor/quant.h"
@@ -327,6 +328,68 @@ Result<std::vector<PlannedTensor>> plan(const GenOptions& opt) {
   return out;
 }
 
+namespace {
+
+void write_vocabulary(const Vocabulary& v, gguf::Writer& w) {
+  w.set_string("tokenizer.ggml.model", v.model);
+  w.set_string("tokenizer.ggml.pre", v.pre);
+  w.set("tokenizer.ggml.tokens", gguf::make_string_array(v.tokens));
+  w.set("tokenizer.ggml.token_type", gguf::make_i32_array(v.token_type));
+  w.set("tokenizer.ggml.merges", gguf::make_string_array(v.merges));
+  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(v.bos));
+  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(v.eos));
+  if (v.eot >= 0) w.set_u32("tokenizer.ggml.eot_token_id", uint32_t(v.eot));
+  w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(v.pad));
+  w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
+  w.set_bool("tokenizer.ggml.add_eos_token", false);
+  w.set_string("tokenizer.chat_template", v.chat_template);
+}
+
+Result<const gguf::Value*> find_tokens(const gguf::File& f) {
+  for (const gguf::KV& kv : f.metadata())
+    if (kv.key == "tokenizer.ggml.tokens" && kv.value.type == gguf::ValueType::ARRAY) return &kv.value;
+  return err("{}: no tokenizer.ggml.tokens array", f.path());
+}
+
+// The tokenizer.* metadata of `path`, its tokens (and token types) padded to n_vocab.
+Status copy_vocabulary(const std::string& path, int64_t n_vocab, gguf::Writer& w) {
+  auto f = gguf::File::open(path);
+  if (!f.ok()) return f.error();
+  auto tokens = find_tokens(**f);
+  if (!tokens.ok()) return tokens.error();
+  const int64_t n = int64_t((*tokens)->arr.size());
+  if (n > n_vocab) return err("{}: {} tokens, more than the model's n_vocab {}", path, n, n_vocab);
+  for (const gguf::KV& kv : (*f)->metadata()) {
+    if (kv.key.rfind("tokenizer.", 0) != 0) continue;
+    gguf::Value v = kv.value;
+    if (kv.key == "tokenizer.ggml.tokens") {
+      for (int64_t i = n; i < n_vocab; ++i) {
+        gguf::Value t;
+        t.type = gguf::ValueType::STRING;
+        t.str = "[PAD" + std::to_string(i) + "]";
+        v.arr.push_back(std::move(t));
+      }
+    } else if (kv.key == "tokenizer.ggml.token_type" || kv.key == "tokenizer.ggml.scores") {
+      gguf::Value pad = v.arr.empty() ? gguf::Value{} : v.arr.back();
+      if (kv.key == "tokenizer.ggml.token_type") pad.i = 5, pad.u = 5;  // UNUSED
+      else pad.f = 0;
+      v.arr.resize(size_t(n_vocab), pad);
+    }
+    w.set(kv.key, std::move(v));
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<int64_t> vocab_size(const std::string& path) {
+  auto f = gguf::File::open(path);
+  if (!f.ok()) return f.error();
+  auto tokens = find_tokens(**f);
+  if (!tokens.ok()) return tokens.error();
+  return int64_t((*tokens)->arr.size());
+}
+
 Status generate(const GenOptions& opt, const std::string& path, const std::function<void(size_t, size_t)>& progress) {
   auto defs_r = make_defs(opt);
   if (!defs_r.ok()) return defs_r.error();
@@ -373,18 +436,11 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
     w.set_u32(a + ".expert_feed_forward_length", uint32_t(s.n_ff_exp));
     w.set_u32(a + ".expert_shared_feed_forward_length", uint32_t(s.n_ff_shexp));
   }
-  w.set_string("tokenizer.ggml.model", v.model);
-  w.set_string("tokenizer.ggml.pre", v.pre);
-  w.set("tokenizer.ggml.tokens", gguf::make_string_array(v.tokens));
-  w.set("tokenizer.ggml.token_type", gguf::make_i32_array(v.token_type));
-  w.set("tokenizer.ggml.merges", gguf::make_string_array(v.merges));
-  w.set_u32("tokenizer.ggml.bos_token_id", uint32_t(v.bos));
-  w.set_u32("tokenizer.ggml.eos_token_id", uint32_t(v.eos));
-  if (v.eot >= 0) w.set_u32("tokenizer.ggml.eot_token_id", uint32_t(v.eot));
-  w.set_u32("tokenizer.ggml.padding_token_id", uint32_t(v.pad));
-  w.set_bool("tokenizer.ggml.add_bos_token", v.add_bos);
-  w.set_bool("tokenizer.ggml.add_eos_token", false);
-  w.set_string("tokenizer.chat_template", v.chat_template);
+  if (!opt.vocab_from.empty()) {
+    KILN_TRY(copy_vocabulary(opt.vocab_from, s.n_vocab, w));
+  } else {
+    write_vocabulary(v, w);
+  }
 
   auto pool = std::make_shared<ThreadPool>(opt.n_threads);
   for (size_t ti = 0; ti < defs->size(); ++ti) {
