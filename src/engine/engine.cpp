@@ -248,6 +248,9 @@ void Engine::Impl::prepare(Active& a, int s) {
       for (size_t i = 0; i < starts.size(); ++i)
         if ((i < 2 || i + 2 >= starts.size()) && starts[i] > reused) a.cuts.push_back(starts[i]);
     }
+    // Where the prompt leaves what is cached: a state there lets the next prompt sharing that prefix
+    // (a common document or instruction before differing questions) resume instead of recomputing it.
+    if (const int64_t d = cache->shared_prefix(prompt); d > reused && d < P) a.cuts.push_back(d);
     for (int64_t p = (reused / snap_interval + 1) * snap_interval; p < P; p += snap_interval) a.cuts.push_back(p);
     std::sort(a.cuts.begin(), a.cuts.end());
     a.cuts.erase(std::unique(a.cuts.begin(), a.cuts.end()), a.cuts.end());

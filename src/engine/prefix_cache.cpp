@@ -55,6 +55,30 @@ void PrefixCache::touch(Node* n) {
   for (; n != nullptr; n = n->parent) n->last_used = t;
 }
 
+int64_t PrefixCache::shared_prefix(std::span<const int32_t> tokens) const {
+  if (!enabled()) return 0;
+  const int64_t B = opt_.block, T = int64_t(tokens.size());
+  const Node* n = root_.get();
+  for (;;) {
+    const int64_t pos = n->end;
+    auto it = pos + B <= T ? n->children.find(block_key(tokens.subspan(size_t(pos), size_t(B)))) : n->children.end();
+    if (it != n->children.end()) {
+      n = it->second.get();
+      continue;
+    }
+    // The longest common beginning with a child block or a tail ends the walk.
+    int64_t best = 0;
+    auto common = [&](const int32_t* t, int64_t len) {
+      int64_t c = 0;
+      while (c < len && pos + c < T && t[c] == tokens[size_t(pos + c)]) ++c;
+      best = std::max(best, c);
+    };
+    for (const auto& [key, child] : n->children) common(child->tokens(), B);
+    for (const auto& t : n->tails) common(t->tokens.data(), int64_t(t->tokens.size()));
+    return pos + best;
+  }
+}
+
 PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t max_len) {
   Match best;
   if (!enabled() || max_len <= 0) return best;

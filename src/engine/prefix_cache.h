@@ -67,6 +67,11 @@ class PrefixCache {
   // Longest reusable prefix of `tokens`, at most max_len. Marks what it returns as recently used.
   Match match(std::span<const int32_t> tokens, int64_t max_len);
 
+  // Longest prefix of `tokens` held as token blocks and tails, whether or not a recurrent state is
+  // stored at its end (hybrid models: the point where a prompt leaves what is cached, where a snapshot
+  // lets later prompts sharing that prefix resume). Does not touch recency.
+  int64_t shared_prefix(std::span<const int32_t> tokens) const;
+
   // Reads KV rows [pos0, pos0 + n) of the sequence into out (kv_bytes(n) bytes).
   using KvReader = std::function<void(int64_t pos0, int64_t n, uint8_t* out)>;
   // Records the sequence `tokens` (its KV available through read_kv): every full block not yet held;

@@ -96,6 +96,25 @@ def test_shared_system_prompt_across_4_slots(kiln_bin, work_dir, tiny, which):
             assert srv.stop() == 0
 
 
+def test_hybrid_shared_document_without_turn_markers(tiny):
+    """Raw completions sharing a long document, then different questions (no chat turn markers, and
+    the document shorter than the 512-token snapshot interval): the second prompt leaves the first at
+    the document's end, a state is kept there, and the third prompt reuses the document."""
+    doc = "Shipping manual. " + " ".join(f"Rule {i}: parcels over {i} kg need form {i * 7}." for i in range(12))
+    n_doc = len(requests.post(tiny.url + "/tokenize", json={"content": doc, "add_special": True}).json()["tokens"])
+    assert 100 < n_doc < 500, n_doc
+    outs = []
+    for q in ["Q: what is rule 3?", "Q: what is rule 17?", "Q: what is rule 29?"]:
+        r = requests.post(tiny.url + "/v1/completions",
+                          json={"prompt": doc + "\n" + q, "max_tokens": 2, "temperature": 0}, timeout=300)
+        assert r.status_code == 200, r.text
+        outs.append(r.json())
+    cached = [o["usage"]["prompt_tokens_details"]["cached_tokens"] for o in outs]
+    assert cached[1] < n_doc, cached  # no state inside the document yet
+    assert n_doc - 2 <= cached[2] < outs[2]["usage"]["prompt_tokens"], (cached, n_doc)
+    assert outs[2]["timings"]["prompt_n"] == outs[2]["usage"]["prompt_tokens"] - cached[2]
+
+
 def test_reasoning_split(tiny):
     """Qwen3.5's generation prompt opens <think>: the output is reasoning until </think>."""
     msgs = [{"role": "user", "content": "Think about the number 7."}]

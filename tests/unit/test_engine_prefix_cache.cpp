@@ -133,6 +133,28 @@ TEST(EnginePrefixCache, HybridNeedsAStateAtTheMatchEnd) {
   EXPECT_EQ(c.stats().n_states, 2);
 }
 
+// shared_prefix: how far a prompt follows what is cached, states or not (full blocks, then the common
+// beginning of a child block or a tail).
+TEST(EnginePrefixCache, SharedPrefixIgnoresStates) {
+  PrefixCache c(hybrid_opts());
+  auto a = seq(10, 100);
+  EXPECT_EQ(c.shared_prefix(a), 0);
+  c.insert(a, reader(a), nullptr, true);  // blocks [0, 8) and a 2-token tail, no state
+  EXPECT_EQ(c.match(a, 10).n_tokens, 0);
+  EXPECT_EQ(c.shared_prefix(a), 10);
+  auto b = a;
+  b[9] = 7;  // leaves inside the tail
+  EXPECT_EQ(c.shared_prefix(b), 9);
+  auto d = a;
+  d[5] = 7;  // leaves inside the second block
+  EXPECT_EQ(c.shared_prefix(d), 5);
+  d[0] = 7;
+  EXPECT_EQ(c.shared_prefix(d), 0);
+  auto e = a;
+  e.insert(e.end(), {1, 2, 3, 4, 5, 6});  // continues past everything cached
+  EXPECT_EQ(c.shared_prefix(e), 10);
+}
+
 TEST(EnginePrefixCache, SharedPrefixStoredOnce) {
   PrefixCache c(attn_opts(4));
   auto sys = seq(16, 500);
