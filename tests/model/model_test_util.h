@@ -1,6 +1,6 @@
 // Shared by the model and engine tests: tiny generated models (cached per process-independent
-// path under the temp dir, written atomically so parallel CTest processes can share them) and
-// seeded random token ids.
+// path under the temp dir, written atomically so parallel CTest processes can share them),
+// metadata-only files of real shapes (for the memory plan) and seeded random token ids.
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "gguf/reader.h"
+#include "model/fit.h"
 #include "model/gen/gen.h"
 
 namespace kiln::test {
@@ -37,6 +39,29 @@ inline std::string generated_model(const std::string& dir, const std::string& pr
     fs::rename(tmp, p);
   }
   return p.string();
+}
+
+// The generator's options `o` written metadata-only (header and tensor table, no data) to `path`,
+// opened with metadata-only limits, and the model shape the memory planner reads from it.
+struct MetaModel {
+  std::unique_ptr<gguf::File> file;
+  model::ModelShape shape;
+};
+inline MetaModel meta_model(const std::filesystem::path& path, model::gen::GenOptions o) {
+  o.meta_only = true;
+  EXPECT_TRUE(model::gen::generate(o, path.string()).ok());
+  EXPECT_LT(std::filesystem::file_size(path), uint64_t(16) << 20);  // the header only
+  MetaModel m;
+  gguf::OpenOptions oo;
+  oo.limits.metadata_only = true;
+  auto f = gguf::File::open(path.string(), oo);
+  EXPECT_TRUE(f.ok()) << f.error().message;
+  if (!f.ok()) return m;
+  m.file = std::move(*f);
+  auto s = model::ModelShape::from_file(*m.file);
+  EXPECT_TRUE(s.ok()) << s.error().message;
+  if (s.ok()) m.shape = std::move(*s);
+  return m;
 }
 
 inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {

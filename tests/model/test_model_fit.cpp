@@ -47,21 +47,8 @@ Meta meta_model(const std::string& preset, gen::Mix mix, int64_t n_mtp) {
   o.spec = gen::find_preset(preset)->spec;
   o.spec.n_mtp = n_mtp;
   o.mix = mix;
-  o.meta_only = true;
-  const fs::path p = tmp_dir() / (preset + ".meta.gguf");
-  EXPECT_TRUE(gen::generate(o, p.string()).ok());
-  EXPECT_LT(fs::file_size(p), uint64_t(16) << 20);  // the header only
-  Meta m;
-  gguf::OpenOptions oo;
-  oo.limits.metadata_only = true;
-  auto f = gguf::File::open(p.string(), oo);
-  EXPECT_TRUE(f.ok()) << f.error().message;
-  m.file = std::move(*f);
-  auto s = ModelShape::from_file(*m.file);
-  EXPECT_TRUE(s.ok()) << s.error().message;
-  m.shape = std::move(*s);
-  m.tensors = *gen::plan(o);
-  return m;
+  test::MetaModel mm = test::meta_model(tmp_dir() / (preset + ".meta.gguf"), o);
+  return {std::move(mm.file), std::move(mm.shape), *gen::plan(o)};
 }
 
 // A metadata-only projector with Qwen3.5-9B's vision tower (depth 27, width 1152, FFN 4304, patch 16

@@ -33,28 +33,13 @@ fs::path tmp_dir() {
   return d;
 }
 
-struct Meta {
-  std::unique_ptr<gguf::File> file;
-  ModelShape shape;
-};
+using Meta = test::MetaModel;
 Meta meta_model(const std::string& preset, gen::Mix mix, GgmlType type = GgmlType::Q8_0) {
   gen::GenOptions o;
   o.spec = gen::find_preset(preset)->spec;
   o.mix = mix;
   o.type = type;
-  o.meta_only = true;
-  const fs::path p = tmp_dir() / (preset + ".meta.gguf");
-  EXPECT_TRUE(gen::generate(o, p.string()).ok());
-  Meta m;
-  gguf::OpenOptions oo;
-  oo.limits.metadata_only = true;
-  auto f = gguf::File::open(p.string(), oo);
-  EXPECT_TRUE(f.ok()) << f.error().message;
-  m.file = std::move(*f);
-  auto s = ModelShape::from_file(*m.file);
-  EXPECT_TRUE(s.ok()) << s.error().message;
-  m.shape = std::move(*s);
-  return m;
+  return test::meta_model(tmp_dir() / (preset + ".meta.gguf"), o);
 }
 
 DeviceBudget card(uint64_t bytes) {
