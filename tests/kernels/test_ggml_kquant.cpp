@@ -1,5 +1,5 @@
 // The x86 tables' K-quant / IQ4_XS dots (x86_kernels.inc, KOrder::Tiled and KOrder::Repack; the AVX2
-// table for Q4_K Q5_K Q6_K IQ4_XS, the AVX-512 table for all six types)
+// table for Q4_K (tiled order) Q5_K Q6_K IQ4_XS, the AVX-512 table for all six types)
 // against scalar emulations of the float order of llama.cpp's CPU mat-muls for these types:
 //  - Q3_K Q5_K Q6_K IQ4_XS: ggml's tiled mat-mul (ggml-cpu/tiled, AVX512-VNNI microkernel):
 //    per super-block t = float(sumi) * d_w (- dmin_w * float(summ), fused, for the types with minima),
@@ -216,6 +216,11 @@ std::vector<uint8_t> random_row(GgmlType t, int64_t k, std::mt19937& rng) {
 bool ggml_order_in(CpuIsa isa, GgmlType t) {
   return isa == CpuIsa::Avx512 || (isa == CpuIsa::Avx2 && t != GgmlType::Q2_K && t != GgmlType::Q3_K);
 }
+// The order a table takes for the case's type: the AVX2 table runs Q4_K in the tiled order for
+// every row count (no repacked gemm there: its per-pair float steps slow the decode kernel).
+Order table_order(CpuIsa isa, const TypeCase& tc) {
+  return isa == CpuIsa::Avx2 && tc.t == GgmlType::Q4_K ? Order::Tiled : tc.o;
+}
 // Runs body(isa) with each x86 table this host has selected; skips the test where it has none.
 template <class F>
 void for_x86_tables(F&& body) {
@@ -243,7 +248,8 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
     const cpu::VecDotQ8Fn vd = T.vec_dot_q8[cpu::type_index(tc.t)];
     ASSERT_NE(vd, nullptr) << gguf::type_name(tc.t);
     // Repacked types' matrices of other row counts: the tiled order (checked through matmul below).
-    EXPECT_EQ(T.vec_dot_q8_rows_not8[cpu::type_index(tc.t)] != nullptr, tc.o == Order::Repack);
+    const Order o = table_order(isa, tc);
+    EXPECT_EQ(T.vec_dot_q8_rows_not8[cpu::type_index(tc.t)] != nullptr, o == Order::Repack);
     std::mt19937 rng(uint32_t(int(tc.t)) * 7919u);
     for (int64_t k : {256, 512, 768, 2048, 4096}) {
       for (int rep = 0; rep < 8; ++rep) {
@@ -262,7 +268,7 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
           vd(k, w.data(), a0, ab, nc, out);
           for (int c = 0; c < nc; ++c) {
             double ref, mag;
-            const float want = emul(tc.t, tc.o, k, w.data(), a0 + size_t(c) * ab, &ref, &mag);
+            const float want = emul(tc.t, o, k, w.data(), a0 + size_t(c) * ab, &ref, &mag);
             ASSERT_EQ(bits(out[c]), bits(want)) << gguf::type_name(tc.t) << " k " << k << " rep " << rep << " nc "
                                                 << nc << " c " << c << " got " << out[c] << " want " << want;
             ASSERT_LE(std::fabs(out[c] - ref), 1e-5 * mag + 1e-30) << gguf::type_name(tc.t) << " k " << k;
@@ -287,9 +293,10 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
   for (const TypeCase& tc : kCases) {
     if (!ggml_order_in(isa, tc.t)) continue;
     for (const auto& [n, expert] : {std::pair<int64_t, bool>{24, false}, {12, false}, {24, true}, {12, true}}) {
-      const Order order = n % 8 != 0 && tc.o == Order::Repack ? Order::Tiled
-                          : expert && tc.t == GgmlType::Q4_K  ? Order::Gemv
-                                                               : tc.o;
+      const Order o = table_order(isa, tc);
+      const Order order = n % 8 != 0 && o == Order::Repack          ? Order::Tiled
+                          : expert && o == Order::Repack && tc.t == GgmlType::Q4_K ? Order::Gemv
+                                                                                    : o;
       std::mt19937 rng(uint32_t(int(tc.t)) * 104729u + uint32_t(n));
       const int64_t k = 512;
       std::vector<uint8_t> w;

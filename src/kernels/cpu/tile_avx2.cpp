@@ -1,11 +1,13 @@
 // kernels/cpu/tile_avx2.cpp — the AVX2 table's many-column ("tile") quantized mat-mul:
 //   Q4_0 Q4_1 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights against ggml-quantized activation columns,
 //   with 256-bit integer arithmetic only (vpmaddubsw + vpmaddwd; no VNNI).
-// Owns: the AVX2 tile kernels. The tile layout, the per-column side data and the float steps are
-//   those of the AVX-512 tile (tile_avx512.cpp); only the exact integer sums are formed differently.
-//   Each output has the bits of the AVX2 table's vec_dot_q8 entry for its type (the table takes
-//   ggml's many-column orders for these types: docs/kernels.md), so the path is a speed choice and
-//   batch invariance holds whichever path runs.
+// Owns: the AVX2 tile kernels. The tile layout and the threading are those of the AVX-512 tile
+//   (tile_avx512.cpp); each output has the bits of the AVX2 table's vec_dot_q8 entry for its type
+//   (the same float steps per output; only the exact integer sums are formed differently), so the
+//   path is a speed choice and batch invariance holds whichever path runs. The AVX2 table's orders
+//   for these types: ggml's tiled mat-mul for Q4_K (every row count) Q5_K Q6_K IQ4_XS, as the
+//   AVX-512 table for Q5_K Q6_K IQ4_XS; ggml_vec_dot's one chain of 8 lanes for Q4_0 Q4_1 IQ4_NL
+//   Q8_0 (its AVX2 order, held bit-exact by test_ggml_order).
 // Must not: change a float step of the orders in x86_kernels.inc; be used where matmul picks another
 //   entry than vec_dot_q8 (vec_dot_q8_rows_not8 / vec_dot_q8_expert are other orders).
 // Threading: pure functions; each call owns its scratch (one per pool thread, from the workspace).
@@ -19,11 +21,12 @@
 // Integer sums without VNNI. vpmaddubsw(codes, x broadcast) gives per row two int16 sums of two
 // u8 x s8 products; vpmaddwd then adds the two and applies the row's scale (int16 pair (s, s)) or
 // 1. Nothing may saturate at int16 (|x| <= 127, the Q8 quantizers never give -128):
-//   - unsigned codes: Q4_0 Q4_1 Q4_K (0..15: pair sums <= 3810, eight groups summed in int16),
-//     Q5_K (0..31: <= 7874, four groups), Q6_K as q + 32 (0..63: <= 16002, two groups); the
-//     offsets (Q4_0 8, Q6_K 32) are taken out exactly with the column's element sums (side data);
-//   - signed values: IQ4_NL / IQ4_XS (-127..113) and Q8_0 (-128..127) as |w| against sign(x, w)
-//     (|w| <= 128: pair sums <= 32512), widened to int32 after each group.
+//   - unsigned codes: Q4_1 (0..15, one group per lane of the 8-lane order), Q4_K (0..15: pair sums
+//     <= 3810, a sub-block's eight groups summed in int16), Q5_K (0..31: <= 7874, four groups),
+//     Q6_K as q + 32 (0..63: <= 16002, two groups; the offset 32 * sum(sc * bsum) is taken out
+//     exactly with the column's bsums, side data);
+//   - signed values: Q4_0 (-8..7), IQ4_NL / IQ4_XS (-127..113) and Q8_0 (-128..127) as |w|
+//     against sign(x, w) (|w| <= 128: pair sums <= 32512), widened to int32 after each group.
 // The products are exact; sums of exact int32 lanes are exact in any order (|sums| < 2^31).
 #include <immintrin.h>
 
@@ -78,7 +81,7 @@ inline void transpose_rows(const uint8_t* tmp, int U, uint8_t* out) {
       const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
       const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
       const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-      // u0: groups g0 (low 128) and g0+4 (high) of rows 0..3 / 4..7 split: rows 0-3 in u0, rows 4-7 in u4.
+      // u_j: rows 0..3 (u4+j: rows 4..7) of group g0+j in the low 128 bits, of group g0+4+j in the high.
       const __m256i c[8] = {_mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
                             _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
                             _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
@@ -114,9 +117,8 @@ inline void store_rows(const TileMmArgs& a, int h, int64_t col, __m256 v) {
 
 // ---- 32-element block types ----
 // Scratch: codes [nb][8 groups][64], then d_w [nb][16] floats, then (Q4_1) m_w [nb][16].
-// Side data (tile_avx512.cpp's layout): Q4_0 / IQ4_NL {float d_x, int32 -off*sum(qs)} per block
-// (IQ4_NL: off = 0 here, signed values); Q8_0 {float d_x, 8 x int32} (the int32s unused here);
-// Q4_1 {float d_x, float s_x}.
+// Side data per block, in tile_side_bytes' strides: Q4_0 / IQ4_NL {float d_x, unused}; Q8_0
+// {float d_x, unused[32]}; Q4_1 {float d_x, float s_x}.
 enum class Blk { Q4_0, IQ4_NL, Q8_0, Q4_1 };
 template <Blk B>
 void decode_blk(const TileMmArgs& a, uint8_t* codes, float* dw) {
@@ -135,7 +137,7 @@ void decode_blk(const TileMmArgs& a, uint8_t* codes, float* dw) {
       }
       const uint8_t* blk = a.w + size_t(r) * a.w_stride + size_t(b) * kBytes;
       __m256i q;
-      if constexpr (B == Blk::Q4_0) q = unpack_nibbles(blk + 2);
+      if constexpr (B == Blk::Q4_0) q = _mm256_sub_epi8(unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
       if constexpr (B == Blk::IQ4_NL) q = _mm256_shuffle_epi8(tbl, unpack_nibbles(blk + 2));
       if constexpr (B == Blk::Q8_0) q = load256(blk + 2);
       if constexpr (B == Blk::Q4_1) {
@@ -149,6 +151,9 @@ void decode_blk(const TileMmArgs& a, uint8_t* codes, float* dw) {
   }
 }
 
+// ggml_vec_dot's one chain of 8 lanes per output (the AVX2 table's order for these four types):
+// lane l of a block = the products of elements 4l..4l+3, acc_l = fma(d_w*d_x, float(isum_l), acc_l),
+// hsum_float_8's tree at the end, + corr (Q4_1: corr = fma(m_w, s_x, corr) per block; else 0).
 template <Blk B>
 void tile_blk(const TileMmArgs& a) {
   const int64_t nb = a.k / 32;
@@ -156,92 +161,48 @@ void tile_blk(const TileMmArgs& a) {
   auto* dw = reinterpret_cast<float*>(codes + size_t(nb) * 512);
   decode_blk<B>(a, codes, dw);
   const __m256i ones = _mm256_set1_epi16(1);
+  constexpr bool kQ41 = B == Blk::Q4_1;  // unsigned codes; the others signed values (|w| vs sign(x, w))
+  constexpr size_t kAB = kQ41 ? 36 : 34, kSB = B == Blk::Q8_0 ? 36 : 8;  // activation block, side block
   for (int h = 0; h < 2 && 8 * h < a.nr; ++h) {
     const uint8_t* ch = codes + 32 * h;
     const float* dh = dw + 8 * h;
-    if constexpr (B == Blk::Q4_0 || B == Blk::IQ4_NL) {
-      // ggml's repacked gemm: acc = fma(float(isum), d_w*d_x, acc) per block.
-      over_columns<4>(a.m, [&]<int NC>(int64_t c0) {
-        __m256 acc[NC];
-        for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
-        const uint8_t* xq = a.act + size_t(c0) * a.act_stride + 2;
-        const uint8_t* sd = a.side + size_t(c0) * a.side_stride;
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* wb = ch + size_t(b) * 512;
-          __m256i is[NC];
-          if constexpr (B == Blk::Q4_0) {
-            // codes 0..15: the eight groups' pair sums add up in int16 (<= 30480).
-            __m256i s16[NC];
-            for (int c = 0; c < NC; ++c) s16[c] = _mm256_setzero_si256();
-            for (int g = 0; g < 8; ++g) {
-              const __m256i w = ldy(wb + 64 * g);
-              for (int c = 0; c < NC; ++c)
-                s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(w, bcast(xq + size_t(c) * a.act_stride + size_t(b) * 34 + 4 * g)));
-            }
-            for (int c = 0; c < NC; ++c)
-              is[c] = _mm256_add_epi32(_mm256_madd_epi16(s16[c], ones),
-                                       _mm256_set1_epi32(ld32(sd + size_t(c) * a.side_stride + size_t(b) * 8 + 4)));
-          } else {
-            for (int c = 0; c < NC; ++c) is[c] = _mm256_setzero_si256();
-            for (int g = 0; g < 8; ++g) {
-              const __m256i w = ldy(wb + 64 * g), wa = _mm256_abs_epi8(w);
-              for (int c = 0; c < NC; ++c) {
-                const __m256i x = _mm256_sign_epi8(bcast(xq + size_t(c) * a.act_stride + size_t(b) * 34 + 4 * g), w);
-                is[c] = _mm256_add_epi32(is[c], _mm256_madd_epi16(_mm256_maddubs_epi16(wa, x), ones));
-              }
-            }
-          }
-          const __m256 d8 = _mm256_load_ps(dh + 16 * b);
+    const float* mh = dw + 16 * nb + 8 * h;
+    over_columns<2>(a.m, [&]<int NC>(int64_t c0) {
+      __m256 acc[NC][8], corr[NC];
+      for (int c = 0; c < NC; ++c) {
+        corr[c] = _mm256_setzero_ps();
+        for (int l = 0; l < 8; ++l) acc[c][l] = _mm256_setzero_ps();
+      }
+      const uint8_t* xq = a.act + size_t(c0) * a.act_stride + (kQ41 ? 4 : 2);
+      const uint8_t* sd = a.side + size_t(c0) * a.side_stride;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* wb = ch + size_t(b) * 512;
+        const __m256 d8 = _mm256_load_ps(dh + 16 * b);
+        __m256 dd[NC];
+        for (int c = 0; c < NC; ++c) dd[c] = _mm256_mul_ps(d8, _mm256_set1_ps(ldf(sd + size_t(c) * a.side_stride + size_t(b) * kSB)));
+        for (int l = 0; l < 8; ++l) {
+          const __m256i w = ldy(wb + 64 * l);
+          const __m256i wa = kQ41 ? w : _mm256_abs_epi8(w);
           for (int c = 0; c < NC; ++c) {
-            const float dx = ldf(sd + size_t(c) * a.side_stride + size_t(b) * 8);
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[c]), _mm256_mul_ps(d8, _mm256_set1_ps(dx)), acc[c]);
+            __m256i x = bcast(xq + size_t(c) * a.act_stride + size_t(b) * kAB + 4 * l);
+            if constexpr (!kQ41) x = _mm256_sign_epi8(x, w);
+            const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, x), ones);
+            acc[c][l] = _mm256_fmadd_ps(dd[c], _mm256_cvtepi32_ps(is), acc[c][l]);
           }
         }
-        for (int c = 0; c < NC; ++c) store_rows(a, h, c0 + c, acc[c]);
-      });
-    } else {
-      // ggml_vec_dot's one chain of 8 lanes per output: lane l of a block = elements 4l..4l+3,
-      // acc_l = fma(d_w*d_x, float(isum_l), acc_l); hsum_float_8's tree; + corr (Q4_1: fma(m_w, s_x, corr)).
-      constexpr bool kQ41 = B == Blk::Q4_1;
-      constexpr size_t kAB = kQ41 ? 36 : 34, kSB = kQ41 ? 8 : 36;
-      const float* mh = dw + 16 * nb + 8 * h;
-      over_columns<2>(a.m, [&]<int NC>(int64_t c0) {
-        __m256 acc[NC][8], corr[NC];
-        for (int c = 0; c < NC; ++c) {
-          corr[c] = _mm256_setzero_ps();
-          for (int l = 0; l < 8; ++l) acc[c][l] = _mm256_setzero_ps();
+        if constexpr (kQ41) {
+          const __m256 m8 = _mm256_load_ps(mh + 16 * b);
+          for (int c = 0; c < NC; ++c)
+            corr[c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ldf(sd + size_t(c) * a.side_stride + size_t(b) * 8 + 4)), corr[c]);
         }
-        const uint8_t* xq = a.act + size_t(c0) * a.act_stride + (kQ41 ? 4 : 2);
-        const uint8_t* sd = a.side + size_t(c0) * a.side_stride;
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* wb = ch + size_t(b) * 512;
-          const __m256 d8 = _mm256_load_ps(dh + 16 * b);
-          __m256 dd[NC];
-          for (int c = 0; c < NC; ++c) dd[c] = _mm256_mul_ps(d8, _mm256_set1_ps(ldf(sd + size_t(c) * a.side_stride + size_t(b) * kSB)));
-          for (int l = 0; l < 8; ++l) {
-            const __m256i w = ldy(wb + 64 * l);
-            const __m256i wa = kQ41 ? w : _mm256_abs_epi8(w);
-            for (int c = 0; c < NC; ++c) {
-              __m256i x = bcast(xq + size_t(c) * a.act_stride + size_t(b) * kAB + 4 * l);
-              if constexpr (!kQ41) x = _mm256_sign_epi8(x, w);
-              const __m256i is = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, x), ones);
-              acc[c][l] = _mm256_fmadd_ps(dd[c], _mm256_cvtepi32_ps(is), acc[c][l]);
-            }
-          }
-          if constexpr (kQ41) {
-            const __m256 m8 = _mm256_load_ps(mh + 16 * b);
-            for (int c = 0; c < NC; ++c)
-              corr[c] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ldf(sd + size_t(c) * a.side_stride + size_t(b) * 8 + 4)), corr[c]);
-          }
-        }
-        for (int c = 0; c < NC; ++c) {
-          const __m256* v = acc[c];  // hsum_float_8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then + corr
-          const __m256 e = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
-          const __m256 o = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
-          store_rows(a, h, c0 + c, _mm256_add_ps(_mm256_add_ps(e, o), corr[c]));
-        }
-      });
-    }
+      }
+      for (int c = 0; c < NC; ++c) {
+        const __m256* v = acc[c];  // hsum_float_8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then + corr
+        const __m256 e = _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6]));
+        const __m256 o = _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7]));
+        store_rows(a, h, c0 + c, _mm256_add_ps(_mm256_add_ps(e, o), corr[c]));
+      }
+    });
   }
 }
 
@@ -385,8 +346,8 @@ void tile_sup(const TileMmArgs& a) {
   constexpr int kRun = S == Sup::Q4_K ? 8 : S == Sup::Q5_K ? 4 : 2;
   for (int h = 0; h < 2 && 8 * h < a.nr; ++h) {
     over_columns<4>(a.m, [&]<int NC>(int64_t c0) {
-      __m256 acc[NC], accm[NC];
-      for (int c = 0; c < NC; ++c) acc[c] = accm[c] = _mm256_setzero_ps();
+      __m256 acc[NC];
+      for (int c = 0; c < NC; ++c) acc[c] = _mm256_setzero_ps();
       const uint8_t* xa = a.act + size_t(c0) * a.act_stride;
       const uint8_t* sd = a.side + size_t(c0) * a.side_stride;
       for (int64_t i = 0; i < ns; ++i) {
@@ -401,30 +362,9 @@ void tile_sup(const TileMmArgs& a) {
           dx[c] = ldf(sv[c]);
           xq[c] = xa + size_t(c) * a.act_stride + size_t(i) * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs);
         }
-        if constexpr (S == Sup::Q4_K) {
-          // ggml's repacked gemm: per pair j of sub-blocks acc = fma(float(S), d_w*d_x, acc),
-          // accm = fma(float(M), dmin_w*d_x, accm).
-          const __m256 m8 = ldyf(vb + 64);
-          for (int j = 0; j < 4; ++j) {
-            __m256i Sj[NC];
-            for (int c = 0; c < NC; ++c) Sj[c] = _mm256_setzero_si256();
-            for (int t = 0; t < 2; ++t) {
-              const int s = 2 * j + t;
-              const uint8_t* xs[NC];
-              for (int c = 0; c < NC; ++c) xs[c] = xq[c] + 32 * s;
-              scaled_sums<NC, 8, kRun, false>(wb + 64 * 8 * s, xs, ldy(vb + 64 * (2 + s)), Sj);
-            }
-            const __m256i mnp = ldy(vb + 64 * (10 + j));
-            for (int c = 0; c < NC; ++c) {
-              const __m256 vdx = _mm256_set1_ps(dx[c]);
-              const __m256i M = _mm256_madd_epi16(mnp, bcast(sv[c] + 16 + 4 * j));
-              acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Sj[c]), _mm256_mul_ps(d8, vdx), acc[c]);
-              accm[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_mul_ps(m8, vdx), accm[c]);
-            }
-          }
-        } else {
-          // ggml's tiled mat-mul: t = float(sumi) * d_w (Q5_K: minus dmin_w * float(summ), fused),
-          // acc = fma(t, d_x, acc) per super-block.
+        {
+          // ggml's tiled mat-mul: t = float(sumi) * d_w (Q4_K / Q5_K: minus dmin_w * float(summ),
+          // fused), acc = fma(t, d_x, acc) per super-block.
           __m256i sumi[NC];
           for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
           for (int s = 0; s < kNsub<S>; ++s) {
@@ -434,7 +374,7 @@ void tile_sup(const TileMmArgs& a) {
           }
           for (int c = 0; c < NC; ++c) {
             const __m256 vdx = _mm256_set1_ps(dx[c]);
-            if constexpr (S == Sup::Q5_K) {
+            if constexpr (S == Sup::Q4_K || S == Sup::Q5_K) {
               __m256i summ = _mm256_setzero_si256();
               for (int j = 0; j < 4; ++j)
                 summ = _mm256_add_epi32(summ, _mm256_madd_epi16(ldy(vb + 64 * (10 + j)), bcast(sv[c] + 16 + 4 * j)));
@@ -454,34 +394,20 @@ void tile_sup(const TileMmArgs& a) {
           }
         }
       }
-      for (int c = 0; c < NC; ++c) store_rows(a, h, c0 + c, S == Sup::Q4_K ? _mm256_sub_ps(acc[c], accm[c]) : acc[c]);
+      for (int c = 0; c < NC; ++c) store_rows(a, h, c0 + c, acc[c]);
     });
   }
 }
 
-// Side data of the Q8_0 columns for Q4_0 (-8 * sum(qs)) and IQ4_NL (0: signed values, no offset).
-template <int kOff>
-void side_q8_0_sum(int64_t k, const void* act, void* side) {
-  const auto* a = static_cast<const uint8_t*>(act);
-  auto* s = static_cast<uint8_t*>(side);
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const uint8_t* ab = a + size_t(b) * 34;
-    int sum = 0;
-    if constexpr (kOff != 0)
-      for (int e = 0; e < 32; ++e) sum += int8_t(ab[2 + e]);
-    const float dx = h2f(ld16(ab));
-    const int32_t off = -kOff * sum;
-    std::memcpy(s + 8 * b, &dx, 4);
-    std::memcpy(s + 8 * b + 4, &off, 4);
-  }
-}
-// Q8_0 weights: d_x per 36-byte side block (the layout of tile_side_bytes; the rest unused here).
+// Q8_0 columns: d_x per side block of kStride bytes (tile_side_bytes' layout: 36 bytes for Q8_0
+// weights, 8 for Q4_0 / IQ4_NL; the rest is the AVX-512 tile's and unused here).
+template <size_t kStride>
 void side_q8_0_d(int64_t k, const void* act, void* side) {
   const auto* a = static_cast<const uint8_t*>(act);
   auto* s = static_cast<uint8_t*>(side);
   for (int64_t b = 0; b < k / 32; ++b) {
     const float dx = h2f(ld16(a + size_t(b) * 34));
-    std::memcpy(s + 36 * b, &dx, 4);
+    std::memcpy(s + kStride * b, &dx, 4);
   }
 }
 void side_q8_1(int64_t k, const void* act, void* side) {
@@ -519,9 +445,9 @@ void fill_tile_avx2(Table& t) {
     t.tile_side[type_index(w)] = side;
     t.tile_mm[type_index(w)] = mm;
   };
-  set(GgmlType::Q4_0, side_q8_0_sum<8>, tile_blk<Blk::Q4_0>);
-  set(GgmlType::IQ4_NL, side_q8_0_sum<0>, tile_blk<Blk::IQ4_NL>);
-  set(GgmlType::Q8_0, side_q8_0_d, tile_blk<Blk::Q8_0>);
+  set(GgmlType::Q4_0, side_q8_0_d<8>, tile_blk<Blk::Q4_0>);
+  set(GgmlType::IQ4_NL, side_q8_0_d<8>, tile_blk<Blk::IQ4_NL>);
+  set(GgmlType::Q8_0, side_q8_0_d<36>, tile_blk<Blk::Q8_0>);
   set(GgmlType::Q4_1, side_q8_1, tile_blk<Blk::Q4_1>);
   set(GgmlType::Q4_K, side_q8_k, tile_sup<Sup::Q4_K>);
   set(GgmlType::Q5_K, side_q8_k, tile_sup<Sup::Q5_K>);
