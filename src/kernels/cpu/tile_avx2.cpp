@@ -362,35 +362,33 @@ void tile_sup(const TileMmArgs& a) {
           dx[c] = ldf(sv[c]);
           xq[c] = xa + size_t(c) * a.act_stride + size_t(i) * sizeof(BlockQ8_K) + offsetof(BlockQ8_K, qs);
         }
-        {
-          // ggml's tiled mat-mul: t = float(sumi) * d_w (Q4_K / Q5_K: minus dmin_w * float(summ),
-          // fused), acc = fma(t, d_x, acc) per super-block.
-          __m256i sumi[NC];
-          for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
-          for (int s = 0; s < kNsub<S>; ++s) {
-            const uint8_t* xs[NC];
-            for (int c = 0; c < NC; ++c) xs[c] = xq[c] + 4 * kG * s;
-            scaled_sums<NC, kG, kRun, S == Sup::IQ4_XS>(wb + 64 * kG * s, xs, ldy(vb + 64 * (2 + s)), sumi);
-          }
-          for (int c = 0; c < NC; ++c) {
-            const __m256 vdx = _mm256_set1_ps(dx[c]);
-            if constexpr (S == Sup::Q4_K || S == Sup::Q5_K) {
-              __m256i summ = _mm256_setzero_si256();
-              for (int j = 0; j < 4; ++j)
-                summ = _mm256_add_epi32(summ, _mm256_madd_epi16(ldy(vb + 64 * (10 + j)), bcast(sv[c] + 16 + 4 * j)));
-              const __m256 t = _mm256_fnmadd_ps(ldyf(vb + 64), _mm256_cvtepi32_ps(summ),
-                                                _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[c]), d8));
-              acc[c] = _mm256_fmadd_ps(t, vdx, acc[c]);
-            } else {
-              __m256i si = sumi[c];
-              if constexpr (S == Sup::Q6_K) {  // the codes' offset: 32 * sum over sub-blocks of sc * bsum
-                __m256i o = _mm256_setzero_si256();
-                for (int j = 0; j < 8; ++j)
-                  o = _mm256_add_epi32(o, _mm256_madd_epi16(ldy(vb + 64 * (18 + j)), bcast(sv[c] + 32 + 4 * j)));
-                si = _mm256_sub_epi32(si, _mm256_slli_epi32(o, 5));
-              }
-              acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(si), d8), vdx, acc[c]);
+        // ggml's tiled mat-mul: t = float(sumi) * d_w (Q4_K / Q5_K: minus dmin_w * float(summ),
+        // fused), acc = fma(t, d_x, acc) per super-block.
+        __m256i sumi[NC];
+        for (int c = 0; c < NC; ++c) sumi[c] = _mm256_setzero_si256();
+        for (int s = 0; s < kNsub<S>; ++s) {
+          const uint8_t* xs[NC];
+          for (int c = 0; c < NC; ++c) xs[c] = xq[c] + 4 * kG * s;
+          scaled_sums<NC, kG, kRun, S == Sup::IQ4_XS>(wb + 64 * kG * s, xs, ldy(vb + 64 * (2 + s)), sumi);
+        }
+        for (int c = 0; c < NC; ++c) {
+          const __m256 vdx = _mm256_set1_ps(dx[c]);
+          if constexpr (S == Sup::Q4_K || S == Sup::Q5_K) {
+            __m256i summ = _mm256_setzero_si256();
+            for (int j = 0; j < 4; ++j)
+              summ = _mm256_add_epi32(summ, _mm256_madd_epi16(ldy(vb + 64 * (10 + j)), bcast(sv[c] + 16 + 4 * j)));
+            const __m256 t = _mm256_fnmadd_ps(ldyf(vb + 64), _mm256_cvtepi32_ps(summ),
+                                              _mm256_mul_ps(_mm256_cvtepi32_ps(sumi[c]), d8));
+            acc[c] = _mm256_fmadd_ps(t, vdx, acc[c]);
+          } else {
+            __m256i si = sumi[c];
+            if constexpr (S == Sup::Q6_K) {  // the codes' offset: 32 * sum over sub-blocks of sc * bsum
+              __m256i o = _mm256_setzero_si256();
+              for (int j = 0; j < 8; ++j)
+                o = _mm256_add_epi32(o, _mm256_madd_epi16(ldy(vb + 64 * (18 + j)), bcast(sv[c] + 32 + 4 * j)));
+              si = _mm256_sub_epi32(si, _mm256_slli_epi32(o, 5));
             }
+            acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(si), d8), vdx, acc[c]);
           }
         }
       }
