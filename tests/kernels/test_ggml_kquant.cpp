@@ -1,4 +1,5 @@
-// The AVX-512 table's K-quant / IQ4_XS dots (x86_kernels.inc, KOrder::Tiled and KOrder::Repack)
+// The x86 tables' K-quant / IQ4_XS dots (x86_kernels.inc, KOrder::Tiled and KOrder::Repack; the AVX2
+// table for Q4_K (tiled order) Q5_K Q6_K IQ4_XS, the AVX-512 table for all six types)
 // against scalar emulations of the float order of llama.cpp's CPU mat-muls for these types:
 //  - Q3_K Q5_K Q6_K IQ4_XS: ggml's tiled mat-mul (ggml-cpu/tiled, AVX512-VNNI microkernel):
 //    per super-block t = float(sumi) * d_w (- dmin_w * float(summ), fused, for the types with minima),
@@ -209,23 +210,46 @@ std::vector<uint8_t> random_row(GgmlType t, int64_t k, std::mt19937& rng) {
   return w;
 }
 
-// The reason a host without AVX-512 skips these tests.
-constexpr const char* kNoAvx512 =
-    "llama.cpp's K-quant orders are reproduced only in the AVX-512 table "
-    "(the AVX2 and scalar tables keep kiln's order)";
+// The x86 tables that take llama.cpp's orders for type t: the AVX-512 table for every case, the
+// AVX2 table for the types of its tile mat-mul (Q4_K Q5_K Q6_K IQ4_XS; Q2_K / Q3_K keep kiln's
+// order there). The scalar table keeps kiln's order.
+bool ggml_order_in(CpuIsa isa, GgmlType t) {
+  return isa == CpuIsa::Avx512 || (isa == CpuIsa::Avx2 && t != GgmlType::Q2_K && t != GgmlType::Q3_K);
+}
+// The order a table takes for the case's type: the AVX2 table runs Q4_K in the tiled order for
+// every row count (no repacked gemm there: its per-pair float steps slow the decode kernel).
+Order table_order(CpuIsa isa, const TypeCase& tc) {
+  return isa == CpuIsa::Avx2 && tc.t == GgmlType::Q4_K ? Order::Tiled : tc.o;
+}
+// Runs body(isa) with each x86 table this host has selected; skips the test where it has none.
+template <class F>
+void for_x86_tables(F&& body) {
+  IsaGuard guard;
+  int ran = 0;
+  for (CpuIsa isa : {CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (!set_isa(isa)) continue;
+    SCOPED_TRACE(isa_name(isa));
+    body(isa);
+    ++ran;
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  if (ran == 0) GTEST_SKIP() << "no AVX2: llama.cpp's K-quant orders are x86 table entries";
+}
 
 }  // namespace
 
 TEST(GgmlKQuant, DotsBitExactAndAccurate) {
-  KILN_REQUIRE_AVX512(kNoAvx512);
+  for_x86_tables([](CpuIsa isa) {
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
   ASSERT_NE(qa, nullptr);
   for (const TypeCase& tc : kCases) {
+    if (!ggml_order_in(isa, tc.t)) continue;
     const cpu::VecDotQ8Fn vd = T.vec_dot_q8[cpu::type_index(tc.t)];
     ASSERT_NE(vd, nullptr) << gguf::type_name(tc.t);
     // Repacked types' matrices of other row counts: the tiled order (checked through matmul below).
-    EXPECT_EQ(T.vec_dot_q8_rows_not8[cpu::type_index(tc.t)] != nullptr, tc.o == Order::Repack);
+    const Order o = table_order(isa, tc);
+    EXPECT_EQ(T.vec_dot_q8_rows_not8[cpu::type_index(tc.t)] != nullptr, o == Order::Repack);
     std::mt19937 rng(uint32_t(int(tc.t)) * 7919u);
     for (int64_t k : {256, 512, 768, 2048, 4096}) {
       for (int rep = 0; rep < 8; ++rep) {
@@ -244,7 +268,7 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
           vd(k, w.data(), a0, ab, nc, out);
           for (int c = 0; c < nc; ++c) {
             double ref, mag;
-            const float want = emul(tc.t, tc.o, k, w.data(), a0 + size_t(c) * ab, &ref, &mag);
+            const float want = emul(tc.t, o, k, w.data(), a0 + size_t(c) * ab, &ref, &mag);
             ASSERT_EQ(bits(out[c]), bits(want)) << gguf::type_name(tc.t) << " k " << k << " rep " << rep << " nc "
                                                 << nc << " c " << c << " got " << out[c] << " want " << want;
             ASSERT_LE(std::fabs(out[c] - ref), 1e-5 * mag + 1e-30) << gguf::type_name(tc.t) << " k " << k;
@@ -253,23 +277,26 @@ TEST(GgmlKQuant, DotsBitExactAndAccurate) {
       }
     }
   }
+  });
 }
 
 // Through kernels::matmul: every column of a batch gets the bits of the emulated order, whatever the
-// batch size (1, 3, 4, 9 columns: the kernel groups of 4 and their remainders). A Q4_K / Q2_K matrix
+// batch size (1, 3, 4 columns: the kernel groups of 4 and their remainders; 9, 21: the tile mat-mul). A Q4_K / Q2_K matrix
 // whose row count is not a multiple of 8 is not repacked by ggml: it takes the tiled order. One
 // expert of a stacked Q4_K expert tensor (MatmulArgs::expert, llama.cpp's MUL_MAT_ID) takes the
 // repacked gemv's order.
 TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
-  KILN_REQUIRE_AVX512(kNoAvx512);
+  for_x86_tables([](CpuIsa isa) {
   ThreadPool pool(2);
   const cpu::Table& T = cpu::table();
   const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
   for (const TypeCase& tc : kCases) {
+    if (!ggml_order_in(isa, tc.t)) continue;
     for (const auto& [n, expert] : {std::pair<int64_t, bool>{24, false}, {12, false}, {24, true}, {12, true}}) {
-      const Order order = n % 8 != 0 && tc.o == Order::Repack ? Order::Tiled
-                          : expert && tc.t == GgmlType::Q4_K  ? Order::Gemv
-                                                               : tc.o;
+      const Order o = table_order(isa, tc);
+      const Order order = n % 8 != 0 && o == Order::Repack          ? Order::Tiled
+                          : expert && o == Order::Repack && tc.t == GgmlType::Q4_K ? Order::Gemv
+                                                                                    : o;
       std::mt19937 rng(uint32_t(int(tc.t)) * 104729u + uint32_t(n));
       const int64_t k = 512;
       std::vector<uint8_t> w;
@@ -278,7 +305,7 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
         w.insert(w.end(), row.begin(), row.end());
       }
       const size_t wstride = w.size() / size_t(n);
-      for (int64_t m : {1, 3, 4, 9}) {
+      for (int64_t m : {1, 3, 4, 9, 21}) {  // 9, 21: the tile mat-mul (x86 tables)
         const auto x = randv(size_t(k * m), uint32_t(m * 17 + int(tc.t)), -3.f, 3.f);
         std::vector<float> y(size_t(n * m));
         run_matmul(matmul_args(tc.t, w.data(), wstride, k, n, m, x.data(), k, y.data(), n, expert), pool);
@@ -297,6 +324,7 @@ TEST(GgmlKQuant, MatmulColumnsFollowTheManyColumnOrder) {
       }
     }
   }
+  });
 }
 
 // The emulated orders do differ from one another on these operands, so the bit tests above would

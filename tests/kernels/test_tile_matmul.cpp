@@ -1,11 +1,14 @@
-// The AVX-512 table's many-column ("tile") quantized mat-mul (kernels/cpu/tile_avx512.cpp,
-// Table::tile_mm): for Q4_0 Q4_1 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights, matmul with >= 8 columns
-// decodes 16 weight rows once and multiplies them with every column. Its outputs must be the bits
-// of the table's one-row dot (Table::vec_dot_q8, itself checked against scalar emulations of
-// ggml's orders in test_ggml_kquant / test_ggml_repack) on the same quantized columns, for every
-// shape: odd tile counts (n = 8 mod 16), column counts that are not a multiple of the kernels'
-// column chunks, padded strides, 1..3 threads. And it must be accurate: NMSE against the exact
-// product of the dequantized weights and the dequantized activation columns (double) <= 1e-11.
+// The x86 tables' many-column ("tile") quantized mat-mul (Table::tile_mm: kernels/cpu/tile_avx512.cpp
+// and tile_avx2.cpp): for Q4_0 Q4_1 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights, matmul with >= 8
+// columns decodes 16 weight rows once and multiplies them with every column. Its outputs must be the
+// bits of the table's one-row dot (Table::vec_dot_q8, itself checked against scalar emulations of
+// ggml's orders in test_ggml_kquant / test_ggml_repack / test_ggml_order) on the same quantized
+// columns, for every shape: odd tile counts (n = 8 mod 16), row counts that are not a multiple of 8
+// (types without a rows_not8 entry), k of an odd number of blocks, column counts that are not a
+// multiple of the kernels' column chunks, padded strides, 1..3 threads. And it must be accurate: NMSE
+// against the exact product of the dequantized weights (the scalar reference, tensor/quant) and the
+// dequantized activation columns (double) <= 1e-11. Where the AVX2 table takes the AVX-512 table's
+// order (Q5_K Q6_K IQ4_XS Q8_0 Q4_1), the two tables must also give the same bits.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -108,21 +111,75 @@ void check(GgmlType t, Shape s, int threads, uint32_t seed) {
   EXPECT_LE(nmse(got, want), 1e-11);
 }
 
+// The x86 tables this host has (the tile mat-mul is an entry of both).
+std::vector<CpuIsa> tile_isas() {
+  std::vector<CpuIsa> v;
+  for (CpuIsa i : {CpuIsa::Avx2, CpuIsa::Avx512})
+    if (isa_supported(i)) v.push_back(i);
+  return v;
+}
+
 TEST(TileMatmul, BitsOfTheOneRowDotEveryTypeAndShape) {
-  KILN_REQUIRE_AVX512("the tile mat-mul is an AVX-512 table entry");
+  IsaGuard guard;
+  if (tile_isas().empty()) GTEST_SKIP() << "no AVX2: the tile mat-mul is an x86 table entry";
   const Shape shapes[] = {{256, 16, 8}, {512, 40, 13}, {768, 24, 33}, {1024, 8, 9}, {256, 72, 67}, {2048, 32, 17}};
-  uint32_t seed = 1;
-  for (GgmlType t : kTileTypes)
-    for (const Shape& s : shapes)
-      for (int threads : {1, 2, 3}) check(t, s, threads, seed++);
+  // Row counts that are not a multiple of 8 (a last tile of 5 or 11 rows; only the types whose
+  // matrices of such row counts still take vec_dot_q8), k of an odd number of 32-element blocks.
+  const Shape ragged[] = {{512, 13, 11}, {256, 27, 20}, {768, 5, 8}};
+  const Shape odd_k[] = {{96, 24, 10}, {352, 40, 9}, {32, 16, 12}};
+  for (CpuIsa isa : tile_isas()) {
+    ASSERT_TRUE(set_isa(isa));
+    SCOPED_TRACE(isa_name(isa));
+    uint32_t seed = 1;
+    for (GgmlType t : kTileTypes) {
+      for (const Shape& s : shapes)
+        for (int threads : {1, 2, 3}) check(t, s, threads, seed++);
+      if (!cpu::table().vec_dot_q8_rows_not8[cpu::type_index(t)])
+        for (const Shape& s : ragged)
+          for (int threads : {1, 2}) check(t, s, threads, seed++);
+      if (gguf::type_info(t).block_size == 32)
+        for (const Shape& s : odd_k)
+          for (int threads : {1, 3}) check(t, s, threads, seed++);
+    }
+  }
+}
+
+TEST(TileMatmul, Avx2TableGivesTheAvx512TablesBits) {
+  // For Q5_K Q6_K IQ4_XS (ggml's tiled order) and Q8_0 Q4_1 (ggml_vec_dot's 8 lanes) both tables take
+  // the same order (the AVX2 table through vpmaddubsw + vpmaddwd, the AVX-512 one through vpdpbusd):
+  // the same float steps on the same exact integer sums, so the same bits, on the tile path (m = 24,
+  // 9) and on the 1..4-column kernels (m = 3). (Q4_0 IQ4_NL Q4_K: other orders on the two tables.)
+  IsaGuard guard;
+  if (!isa_supported(CpuIsa::Avx512)) GTEST_SKIP() << "no AVX-512: nothing to compare the AVX2 table with";
+  for (GgmlType t : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS, GgmlType::Q8_0, GgmlType::Q4_1}) {
+    SCOPED_TRACE(gguf::type_name(t));
+    for (const Shape& s : {Shape{512, 48, 24}, Shape{1024, 40, 3}, Shape{256, 16, 9}}) {
+      const std::vector<float> wf = randv(size_t(s.k * s.n), 91 + uint32_t(s.n), -1.f, 1.f);
+      const std::vector<uint8_t> w = weight_rows(t, wf.data(), s.k, s.n);
+      std::vector<float> x = randv(size_t(s.k * s.m), 92 + uint32_t(s.m), -2.f, 2.f);
+      x[7] = 50.f;
+      ThreadPool pool(2);
+      auto run = [&](CpuIsa isa) {
+        EXPECT_TRUE(set_isa(isa));
+        std::vector<float> y(size_t(s.n * s.m));
+        run_matmul(matmul_args(t, w.data(), tensor::row_size(t, s.k), s.k, s.n, s.m, x.data(), s.k, y.data(), s.n), pool);
+        return y;
+      };
+      const std::vector<float> a = run(CpuIsa::Avx2), b = run(CpuIsa::Avx512);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "k " << s.k << " n " << s.n << " m " << s.m;
+    }
+  }
 }
 
 TEST(TileMatmul, BatchInvariantAcrossTheThreshold) {
   // The same column gives the same bits alone (m = 1, the one-row / 8-row kernels), in a batch of 4
   // (1..4-column kernels) and in a batch of 8 and 29 (the tile path).
-  KILN_REQUIRE_AVX512("the tile mat-mul is an AVX-512 table entry");
+  IsaGuard guard;
+  if (tile_isas().empty()) GTEST_SKIP() << "no AVX2: the tile mat-mul is an x86 table entry";
+  for (CpuIsa isa : tile_isas())
   for (GgmlType t : kTileTypes) {
-    SCOPED_TRACE(gguf::type_name(t));
+    ASSERT_TRUE(set_isa(isa));
+    SCOPED_TRACE(::testing::Message() << gguf::type_name(t) << " " << isa_name(isa));
     const int64_t k = 512, n = 48;
     const std::vector<float> wf = randv(size_t(k * n), 77, -1.f, 1.f);
     const std::vector<uint8_t> w = weight_rows(t, wf.data(), k, n);

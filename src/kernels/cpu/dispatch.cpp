@@ -23,7 +23,10 @@ struct Tables {
       x.isa = isa;
       ok[int(isa)] = true;
     };
-    add(CpuIsa::Avx2, fill_avx2);
+    add(CpuIsa::Avx2, [](Table& x) {
+      fill_avx2(x);
+      fill_tile_avx2(x);
+    });
     add(CpuIsa::Avx512, [](Table& x) {
       fill_avx512(x);
       fill_tile_avx512(x);

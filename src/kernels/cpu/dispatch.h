@@ -67,9 +67,9 @@ using BinaryFn = void (*)(const float* a, const float* b, float* y, int64_t n);
 using FloatMmFn = void (*)(int64_t k, const void* w, size_t w_stride, int nr, const void* act, size_t act_stride, int nc,
                            bool rows4, float* y, int64_t y_stride);
 
-// The many-column ("tile") quantized mat-mul (AVX-512 tables, kernels/cpu/tile_avx512.cpp): 16
-// weight rows decoded once, then multiplied with every column; each output has the bits of the
-// table's vec_dot_q8 entry for the type (weights with a multiple of 8 rows, not experts).
+// The many-column ("tile") quantized mat-mul (x86 tables: kernels/cpu/tile_avx512.cpp,
+// tile_avx2.cpp): 16 weight rows decoded once, then multiplied with every column; each output has
+// the bits of the table's vec_dot_q8 entry for the type (weights with a multiple of 8 rows, not experts).
 inline constexpr int kTileRows = 16;
 struct TileMmArgs {
   int64_t k = 0;
@@ -150,6 +150,7 @@ void fill_generic(Table& t);
 void fill_avx2(Table& t);
 void fill_avx512(Table& t);
 void fill_tile_avx512(Table& t);
+void fill_tile_avx2(Table& t);
 
 inline int type_index(gguf::GgmlType t) { return int(t); }
 
