@@ -96,6 +96,7 @@ class WorkspaceSizes {
   virtual size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const = 0;
   virtual size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const = 0;
   virtual size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const = 0;
+  virtual size_t top_logits_workspace(int64_t n_vocab, int64_t n_rows, int k) const = 0;
 };
 
 // Per-token sequence inputs. Every op that touches per-sequence memory takes `seq` (I32 [T], the
@@ -155,6 +156,9 @@ class Stream : public WorkspaceSizes {
   // logits [n_expert, n_tok]; ids I32 [k, n_tok]; weights [k, n_tok].
   virtual void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
                           const Tensor& weights) = 0;
+  // The k largest entries of each row (kernels::top_logits; exact): logits [V, n] contiguous; ids
+  // I32 [k, n], vals [k, n], descending, ties lower id first. Workspace: top_logits_workspace(V, n, k).
+  virtual void top_logits(const Tensor& logits, int k, const Tensor& ids, const Tensor& vals) = 0;
   // Walsh-Hadamard rotation of every n-chunk of every row (kernels::hadamard), in place.
   virtual void hadamard(const Tensor& x, int64_t n) = 0;
   // x rows [head_dim, n_head_kv, T] F32 into cache [head_dim, n_head_kv, n_ctx, n_seq] (F32/F16/

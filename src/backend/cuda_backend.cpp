@@ -336,6 +336,9 @@ class CudaStream final : public Stream {
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
     return sizes_.matmul_id_workspace(wt, k, n, n_slots);
   }
+  size_t top_logits_workspace(int64_t n_vocab, int64_t n_rows, int k) const override {
+    return sizes_.top_logits_workspace(n_vocab, n_rows, k);
+  }
   void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
   int workspace_grows() const override { return grows_; }
 
@@ -471,6 +474,18 @@ class CudaStream final : public Stream {
     auto pf = prof([&] { return "topk_route " + shape(logits); });
     C::topk_route(launch(), fptr(logits, "topk_route logits"), logits.ne[0], logits.ne[1], k, renorm, w_scale,
                   iptr(ids, "topk_route ids"), fptr(weights, "topk_route weights"));
+  }
+  void top_logits(const Tensor& logits, int k, const Tensor& ids, const Tensor& vals) override {
+    flush();
+    check_f32(logits, "top_logits logits");
+    KILN_CHECK(logits.is_contiguous() && logits.ne[2] == 1 && logits.ne[3] == 1, "top_logits: contiguous logits [V, n]");
+    check_i32(ids, int64_t(k) * logits.ne[1], "top_logits ids");
+    check_f32(vals, "top_logits vals");
+    KILN_CHECK(vals.is_contiguous() && vals.n_elements() == int64_t(k) * logits.ne[1], "top_logits: vals [k, n]");
+    DeviceScope ds(dev_.ordinal());
+    auto pf = prof([&] { return "top_logits " + shape(logits); });
+    C::top_logits(launch(C::top_logits_workspace(logits.ne[0], logits.ne[1], k)), fptr(logits, "top_logits logits"),
+                  logits.ne[0], logits.ne[1], k, iptr(ids, "top_logits ids"), fptr(vals, "top_logits vals"));
   }
   void hadamard(const Tensor& x, int64_t n) override {
     flush();

@@ -37,6 +37,9 @@ class CudaSizes final : public WorkspaceSizes {
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
     return cuda::matmul_id_workspace(wt, k, n, n_slots);
   }
+  size_t top_logits_workspace(int64_t n_vocab, int64_t n_rows, int k) const override {
+    return cuda::top_logits_workspace(n_vocab, n_rows, k);
+  }
 };
 
 }  // namespace kiln::backend

@@ -457,8 +457,7 @@ void Engine::Impl::step() {
         finish(a, FinishReason::Length, Event{});
         continue;
       }
-      const float* lg = runner->logits(a.out_row);
-      process_token(a, sample(a, lg), lg);
+      process_token(a, sample_row(a, a.out_row), a.out_row);
     } else if (!recurrent) {
       cache_insert(a, false);  // full blocks so far (concurrent requests can share them)
     } else if (std::binary_search(a.cuts.begin(), a.cuts.end(), a.n_past)) {
@@ -545,6 +544,17 @@ Result<Engine::SlotActionResult> Engine::Impl::slot_action(SlotAction action, in
   return r;
 }
 
+// The token for output row `row` of the last decode: from the row's top logits where the request's
+// chain needs no more (no grammar mask, no log-probabilities, Sampler::can_sample_top: on a GPU only
+// those were downloaded), else from the whole row.
+int32_t Engine::Impl::sample_row(Active& a, int64_t row) {
+  model::Context::TopLogits top;
+  if (!(a.matcher && a.grammar_on) && a.req.n_probs == 0 && runner->top_logits(row, top) &&
+      a.sampler->can_sample_top(top.n))
+    return a.sampler->sample_top(top.id, top.logit, top.n);
+  return sample(a, runner->logits(row));
+}
+
 // The next token; when a grammar applies, its mask bans what it rejects. -1: it allows nothing.
 int32_t Engine::Impl::sample(Active& a, const float* logits) {
   if (!a.matcher || !a.grammar_on) return a.sampler->sample(logits);
@@ -585,7 +595,7 @@ bool Engine::Impl::grammar_step(Active& a, int32_t t, bool& done) {
   return true;
 }
 
-void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
+void Engine::Impl::process_token(Active& a, int32_t t, int64_t row) {
   if (t < 0) {
     finish(a, FinishReason::Error, Event{}, "grammar: no token of the vocabulary can continue the output");
     return;
@@ -602,7 +612,7 @@ void Engine::Impl::process_token(Active& a, int32_t t, const float* logits) {
   to.piece = tok->token_to_piece(
       t, a.req.render_special || std::binary_search(a.req.preserved_tokens.begin(), a.req.preserved_tokens.end(), t));
   if (a.req.n_probs != 0)
-    to.logprob = Sampler::logprob_of(logits, runner->n_vocab(), t, std::max(0, a.req.n_probs), &to.top);
+    to.logprob = Sampler::logprob_of(runner->logits(row), runner->n_vocab(), t, std::max(0, a.req.n_probs), &to.top);
   a.sampler->accept(t);
   ev.tokens.push_back(std::move(to));
 

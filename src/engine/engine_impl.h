@@ -171,9 +171,10 @@ struct Engine::Impl {
   void image_positions(Active& a);
   Status image_rows(Active& a, int64_t p0, int64_t n, std::vector<const float*>& out);
   int32_t sample(Active& a, const float* logits);
+  int32_t sample_row(Active& a, int64_t row);
   bool embed_rows(Active& a);
   bool grammar_step(Active& a, int32_t t, bool& done);
-  void process_token(Active& a, int32_t tok, const float* logits);
+  void process_token(Active& a, int32_t tok, int64_t row);  // row: the decode's output row tok came from
   void finish(Active& a, FinishReason r, Event ev, const std::string& error = {});
   void cache_insert(const Active& a, bool end_of_turn);
   void publish();

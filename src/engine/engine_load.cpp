@@ -80,6 +80,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.embeddings = o.embeddings;
   ro.n_spec = o.spec.n_keep();
   ro.mtp = o.spec.type == SpecType::DraftMtp;
+  ro.n_top = runner_top_logits(o.embeddings);
   return ModelRunner::create(m, ro);
 }
 
@@ -249,6 +250,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.n_batch = opt_.n_batch;
   o.n_ubatch = opt_.n_ubatch;
   o.n_outputs_max = runner_outputs_max(o.n_parallel, opt_.embeddings, opt_.spec.n_keep());
+  o.n_top = runner_top_logits(opt_.embeddings);
   o.spec_mtp = opt_.spec.type == SpecType::DraftMtp;
   o.n_draft = opt_.spec.n_max;
   o.n_spec = opt_.spec.n_keep();

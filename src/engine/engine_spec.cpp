@@ -120,8 +120,7 @@ void Engine::Impl::verify(Active& a) {
     ss.tokens.push_back(i == 0 ? a.next_token : a.draft[size_t(i - 1)]);
     a.n_past = n0 + 1 + i;
     if (k > 0) a.pend = {true, a.n_past, i == k ? -1 : i};  // the memory as of this token
-    const float* lg = runner->logits(a.out_row + i);
-    int32_t t = sample(a, lg);
+    int32_t t = sample_row(a, a.out_row + i);
     bool acc = false;
     if (i < k) {
       if (!synth.empty()) {
@@ -137,7 +136,7 @@ void Engine::Impl::verify(Active& a) {
       std::lock_guard<std::mutex> lk(pub_mu);
       metrics.draft_tokens_accepted++;
     }
-    process_token(a, t, lg);  // may finish the request (finish() settles first)
+    process_token(a, t, a.out_row + i);  // may finish the request (finish() settles first)
     if (a.finished || !acc) break;
   }
   settle(a);

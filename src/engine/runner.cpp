@@ -1,6 +1,15 @@
 #include "engine/runner.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 namespace kiln::engine {
+
+int runner_top_logits(bool embeddings) {
+  if (embeddings) return 0;
+  const char* e = std::getenv("KILN_TOP_LOGITS");
+  return e && *e ? std::clamp(std::atoi(e), 0, 128) : 64;
+}
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, const ModelRunnerOptions& opt) {
   auto r = std::unique_ptr<ModelRunner>(new ModelRunner());
@@ -23,6 +32,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.flash_attn = opt.flash_attn;
   co.embeddings = opt.embeddings;
   co.mtp = opt.mtp;
+  co.n_top = opt.n_top;
   co.n_outputs_max = runner_outputs_max(opt.n_slots, opt.embeddings, opt.n_spec);
   r->ctx_ = std::make_unique<model::Context>(m, co);
   return r;

@@ -29,6 +29,9 @@ class Runner {
   // Runs one batch (model::Batch rules: runs of one sequence per slot, continuing seq_pos).
   virtual Status decode(const model::Batch& b) = 0;
   virtual const float* logits(int64_t i) const = 0;  // output row i of the last decode
+  // Output row i's largest logits, descending (ties: lower id first), where the runner selects them
+  // (ModelRunnerOptions::n_top); false when it does not (the engine then reads logits(i)).
+  virtual bool top_logits(int64_t i, model::Context::TopLogits& out) const { return false; }
   // The normed hidden state (n_embd floats) of output row i, where the runner keeps them
   // (ModelRunnerOptions::embeddings); nullptr otherwise.
   virtual const float* embedding(int64_t i) const { return nullptr; }
@@ -69,6 +72,12 @@ inline int64_t runner_outputs_max(int n_slots, bool embeddings, int n_spec = 0) 
   return embeddings ? 0 : int64_t(n_slots) * (1 + n_spec);
 }
 
+// Top logits a ModelRunner selects per output row (model::ContextOptions::n_top) so that requests
+// whose sampling needs no more take only those (the GPU downloads k values per row, not 248k):
+// 64 (llama-server's top_k default is 40), 0 with embeddings (every prompt token is a row); the
+// environment's KILN_TOP_LOGITS overrides it (0: off, for comparisons).
+int runner_top_logits(bool embeddings);
+
 struct ModelRunnerOptions {
   int64_t n_ctx_slot = 4096;
   int n_slots = 1;
@@ -81,6 +90,7 @@ struct ModelRunnerOptions {
   bool embeddings = false;  // model::ContextOptions::embeddings
   int n_spec = 0;           // speculative decoding: draft tokens per verify run (model::MemoryOptions::n_spec)
   bool mtp = false;         // --spec-type draft-mtp: run the MTP block (Memory/ContextOptions::mtp)
+  int n_top = 0;            // model::ContextOptions::n_top (runner_top_logits)
 };
 
 class ModelRunner final : public Runner {
@@ -95,6 +105,7 @@ class ModelRunner final : public Runner {
   bool has_recurrent() const override { return mem_->has_recurrent(); }
   Status decode(const model::Batch& b) override { return ctx_->decode(b, *mem_); }
   const float* logits(int64_t i) const override { return ctx_->logits(i); }
+  bool top_logits(int64_t i, model::Context::TopLogits& out) const override { return ctx_->top_logits(i, out); }
   const float* embedding(int64_t i) const override { return ctx_->has_embeddings() ? ctx_->embedding(i) : nullptr; }
   int64_t seq_pos(int slot) const override { return mem_->seq_pos(slot); }
   void seq_clear(int slot) override { mem_->seq_clear(slot); }

@@ -26,8 +26,7 @@ void Sampler::accept(int32_t token) {
 // llama.cpp's penalties: for every token seen c > 0 times in the window,
 //   logit = logit > 0 ? logit / repeat : logit * repeat;  logit -= c * frequency + presence.
 void Sampler::apply_penalties(std::vector<float>& l) const {
-  const bool on = p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
-  if (!on || window_.empty()) return;
+  if (!penalties_on() || window_.empty()) return;
   std::unordered_map<int32_t, int> count;
   for (int32_t t : window_) ++count[t];
   for (auto [t, c] : count) {
@@ -87,6 +86,25 @@ int32_t Sampler::sample(const float* logits, const uint64_t* allow) {
   } else {
     std::sort(cand_.begin(), cand_.end(), desc);
   }
+  return draw();
+}
+
+bool Sampler::can_sample_top(int n) const {
+  return n > 0 && !penalties_on() && p_.logit_bias.empty() && (p_.temperature <= 0 || (p_.top_k > 0 && p_.top_k <= n));
+}
+
+int32_t Sampler::sample_top(const int32_t* ids, const float* logits, int n) {
+  KILN_CHECK(can_sample_top(n), "Sampler::sample_top: the chain needs the whole row");
+  if (p_.temperature <= 0) return ids[0];  // the first maximum
+  // sample()'s candidates after top_k: the finite ones among the first top_k, in the same order.
+  cand_.clear();
+  for (int i = 0; i < p_.top_k; ++i)
+    if (logits[i] != -std::numeric_limits<float>::infinity()) cand_.push_back({ids[i], logits[i], 0});
+  if (cand_.empty()) return 0;  // everything banned: sample()'s first token
+  return draw();
+}
+
+int32_t Sampler::draw() {
   auto softmax = [&] {
     const float mx = cand_.front().logit;
     double sum = 0;

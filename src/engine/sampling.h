@@ -56,6 +56,14 @@ class Sampler {
   // get -inf after penalties and logit_bias, before top_k/top_p/min_p/temperature and the draw.
   int32_t sample(const float* logits, const uint64_t* allow = nullptr);
 
+  // Whether sample_top over a row's n largest logits draws exactly the token sample() would draw
+  // over the whole row (the same arithmetic, the same RNG draws): greedy, or 0 < top_k <= n, with
+  // no penalties and no logit_bias (which could lift a token from outside the n).
+  bool can_sample_top(int n) const;
+  // The chain over a row's n largest logits (ids[i], logits[i]: descending, ties lower id first,
+  // as model::Context::top_logits gives them). Only where can_sample_top(n).
+  int32_t sample_top(const int32_t* ids, const float* logits, int n);
+
   // log-softmax of the raw logits (the model's distribution, before penalties and temperature):
   // the logprob of `token` and the n_top most likely tokens (descending). n_top may be 0.
   static TokenLogprob logprob_of(const float* logits, int64_t n_vocab, int32_t token, int n_top,
@@ -68,6 +76,11 @@ class Sampler {
     float p;
   };
   void apply_penalties(std::vector<float>& l) const;
+  bool penalties_on() const {
+    return p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+  }
+  // top_p, min_p, temperature and the draw over cand_ (sorted descending, truncated to top_k).
+  int32_t draw();
 
   SamplingParams p_;
   int64_t n_vocab_;

@@ -209,6 +209,11 @@ void scale(const float* x, float s, float* y, int64_t n);
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights);
 
+// The k largest entries of each row of logits [V, n] (sampling from a row's top candidates):
+// ids I32 [k, n] and vals [k, n] in descending order, ties: lower id first; NaN ranks below every
+// number (-inf included). 1 <= k <= V.
+void top_logits(const float* logits, int64_t V, int64_t n, int k, int32_t* ids, float* vals);
+
 // Writes rows (h, t) of x ([head_dim, n_head_kv, n_tok]) into a cache of `type` (F32 F16 Q8_0
 // Q4_0) at dst + pos[t]*pos_stride + h*head_stride bytes.
 void kv_store(GgmlType type, CRows x, const int32_t* pos, void* dst, size_t pos_stride, size_t head_stride);

@@ -53,6 +53,14 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   logits_n = size_t(c.n_vocab) * size_t(n_out_max);
   logits_host = od.alloc_host(logits_n * sizeof(float));
   logits = static_cast<float*>(logits_host->host_ptr());
+  KILN_CHECK(opt.n_top >= 0 && opt.n_top <= 128, "ContextOptions::n_top {} outside [0, 128]", opt.n_top);
+  n_top = int(std::min<int64_t>(opt.n_top, c.n_vocab));
+  fetched.assign(size_t(n_out_max), 0);
+  if (n_top > 0 && od.type() != DeviceType::Cpu) {
+    top_host = od.alloc_host(size_t(n_top) * size_t(n_out_max) * 8);
+    top_ids = static_cast<int32_t*>(top_host->host_ptr());
+    top_vals = reinterpret_cast<float*>(top_ids + size_t(n_top) * size_t(n_out_max));
+  }
   if (opt.embeddings) {
     embd_host = od.alloc_host(size_t(c.n_embd) * size_t(n_out_max) * sizeof(float));
     embd = static_cast<float*>(embd_host->host_ptr());
@@ -68,7 +76,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
 
 // Scratch of one device (model/scratch.h, the layout the memory planner counts).
 void Context::Impl::plan(Dev& d) {
-  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp, d.experts};
+  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp, d.experts, d.output ? n_top : 0};
   plan_scratch(c, opt.n_batch, n_out_max, role, d.arena, d.plan);
 }
 
@@ -98,7 +106,8 @@ void Context::Impl::reserve(Dev& d) {
       mats.push_back({L.nextn_shared_head_head.type, L.nextn_shared_head_head.ne[0], L.nextn_shared_head_head.ne[1], false});
   }
   const MatShape out{m.output.type, m.output.ne[0], m.output.ne[1], false};
-  d.ws = step_workspace(*d.st, c, mats, n_rec, d.output ? &out : nullptr, opt.n_batch, n_out_max, opt.delta_chunk_min);
+  d.ws = step_workspace(*d.st, c, mats, n_rec, d.output ? &out : nullptr, opt.n_batch, n_out_max, opt.delta_chunk_min,
+                        d.output ? n_top : 0);
   d.st->reserve_workspace(d.ws);
 }
 
@@ -153,6 +162,10 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
     d.dids = p.dids == Plan::kNone ? Tensor{} : A.tensor(p.dids, gguf::GgmlType::I32, {1, std::max<int64_t>(n_out, 1), 1, 1});
     d.dprob = p.dprob == Plan::kNone ? Tensor{} : A.tensor(p.dprob, gguf::GgmlType::F32, {1, std::max<int64_t>(n_out, 1), 1, 1});
   }
+  if (p.top_ids != Plan::kNone) {
+    d.top_ids = A.tensor(p.top_ids, gguf::GgmlType::I32, {n_top, std::max<int64_t>(n_out, 1), 1, 1});
+    d.top_vals = A.tensor(p.top_vals, gguf::GgmlType::F32, {n_top, std::max<int64_t>(n_out, 1), 1, 1});
+  }
   if (d.output)
     d.logits = p.logits != Plan::kNone ? A.tensor(p.logits, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1})
                                        : Tensor::make(logits_buf.get(), 0, gguf::GgmlType::F32, {c.n_vocab, n_out, 1, 1});
@@ -191,6 +204,7 @@ void Context::Impl::run_output(Dev& d, int64_t T, int64_t n_out) {
   d.st->get_rows(d.a.x, d.out_idx, d.hidden);
   d.st->rms_norm(d.hidden, &m.output_norm.t, d.hidden, c.rms_eps);
   d.st->matmul(m.output.t, d.hidden, d.logits);
+  if (n_top > 0) d.st->top_logits(d.logits, n_top, d.top_ids, d.top_vals);
 }
 
 // The residual stream [E, T] from one device to another: download + synchronize + upload (one of
@@ -238,7 +252,8 @@ std::vector<Context::DeviceUse> Context::memory_use() const {
     u.device = d.dev;
     u.arena = d.arena.planned();
     u.workspace = d.ws;
-    if (d.dev->type() == DeviceType::Cpu) u.logits = impl_->logits_n * sizeof(float);
+    if (d.dev->type() == DeviceType::Cpu)
+      u.logits = impl_->logits_n * sizeof(float) + (impl_->top_host ? impl_->top_host->size() : 0);
     out.push_back(u);
   }
   return out;
@@ -246,7 +261,28 @@ std::vector<Context::DeviceUse> Context::memory_use() const {
 
 const float* Context::logits(int64_t i) const {
   KILN_CHECK(i >= 0 && i < n_out_, "logits({}) with {} outputs", i, n_out_);
-  return impl_->logits + size_t(i) * size_t(model_.config().n_vocab);
+  Impl& s = *impl_;
+  const int64_t V = model_.config().n_vocab;
+  float* row = s.logits + size_t(i) * size_t(V);
+  if (!s.rows_on_host && !s.fetched[size_t(i)]) {  // n_top on a GPU: this row on first use
+    Impl::Dev& o = s.devs[size_t(s.out_dev)];
+    const Tensor src = Tensor::make(o.logits.buf, o.logits.offset + size_t(i * V) * sizeof(float),
+                                    gguf::GgmlType::F32, {V, 1, 1, 1});
+    o.st->download(row, src, size_t(V) * sizeof(float));
+    o.st->synchronize();
+    s.fetched[size_t(i)] = 1;
+  }
+  return row;
+}
+
+bool Context::top_logits(int64_t i, TopLogits& out) const {
+  const Impl& s = *impl_;
+  if (!s.top_valid) return false;
+  KILN_CHECK(i >= 0 && i < n_out_, "top_logits({}) with {} outputs", i, n_out_);
+  out.id = s.top_ids + size_t(i) * size_t(s.n_top);
+  out.logit = s.top_vals + size_t(i) * size_t(s.n_top);
+  out.n = s.n_top;
+  return true;
 }
 
 Status Context::decode(const Batch& b, Memory& mem) {
@@ -416,8 +452,21 @@ Status Context::decode(const Batch& b, Memory& mem) {
       if (mtp) s.mtp_catchup(o, mem, T);
     }
   }
-  if (n_out > 0 && o.dev->type() != DeviceType::Cpu)
+  // The rows' top logits only (n_top), or every logits row, to the host.
+  const bool on_gpu = o.dev->type() != DeviceType::Cpu;
+  s.rows_on_host = !on_gpu || s.n_top == 0;
+  s.top_valid = s.n_top > 0 && n_out > 0;
+  std::fill_n(s.fetched.begin(), n_out, uint8_t(0));
+  if (n_out > 0 && on_gpu && s.n_top > 0) {
+    const size_t nt = size_t(s.n_top) * size_t(n_out);
+    o.st->download(s.top_ids, o.top_ids, nt * 4);
+    o.st->download(s.top_vals, o.top_vals, nt * 4);
+  } else if (n_out > 0 && on_gpu) {
     o.st->download(s.logits, o.logits, size_t(c.n_vocab * n_out) * sizeof(float));
+  } else if (s.top_valid) {  // the host's output: its Arena holds them
+    s.top_ids = o.top_ids.host_as<int32_t>();
+    s.top_vals = o.top_vals.host_as<float>();
+  }
   if (n_out > 0 && opt_.embeddings) o.st->download(s.embd, o.hidden, size_t(c.n_embd * n_out) * sizeof(float));
   for (Impl::Dev& d : s.devs) d.st->synchronize();
   for (const Run& r : s.runs) mem.set_seq_pos(r.seq, r.pos0 + r.n);

@@ -79,6 +79,10 @@ struct ContextOptions {
   // decode also computes the block's KV rows of its tokens (the Memory needs MemoryOptions::mtp),
   // and mtp_draft() drafts with it. The block runs on the output's device.
   bool mtp = false;
+  // Also select each output row's n_top largest logits where the logits are (0 = off; at most 128,
+  // capped at n_vocab): top_logits(). On a GPU a decode then downloads only those (k ids and values
+  // per row instead of the vocabulary), and logits(i) downloads row i when it is first read.
+  int n_top = 0;
 };
 
 class Context {
@@ -107,8 +111,17 @@ class Context {
   std::vector<DeviceUse> memory_use() const;
 
   int64_t n_outputs() const { return n_out_; }
-  // Logits row i (i < n_outputs()): n_vocab floats.
+  // Logits row i (i < n_outputs()): n_vocab floats. With n_top on a GPU, the first read of a row
+  // after a decode downloads it (and waits for it).
   const float* logits(int64_t i) const;
+  // With ContextOptions::n_top: output row i's n largest logits, descending, ties lower id first
+  // (kernels::top_logits), as the last decode() left them. false without n_top, or after mtp_draft.
+  struct TopLogits {
+    const int32_t* id = nullptr;
+    const float* logit = nullptr;
+    int n = 0;
+  };
+  bool top_logits(int64_t i, TopLogits& out) const;
   // With ContextOptions::embeddings: output row i's hidden state after the output norm (n_embd floats).
   bool has_embeddings() const { return opt_.embeddings; }
   const float* embedding(int64_t i) const;

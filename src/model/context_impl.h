@@ -39,6 +39,7 @@ struct Context::Impl {
     Tensor out_idx;               // I32 [n_out]: batch index of each output row
     Tensor hidden;                // [E, n_out]
     Tensor logits;                // [V, n_out]
+    Tensor top_ids, top_vals;     // I32 / F32 [n_top, n_out] (ContextOptions::n_top)
     // MTP (model/mtp.cpp): the step's token embeddings, the trunk's normed hidden states, each
     // token's previous hidden state (+ a scratch column), the eh_proj input, and I32 [T] indices.
     Tensor emb, hall, hprev, cat, hsrc, hshift, hdst, hzero;
@@ -72,6 +73,15 @@ struct Context::Impl {
   size_t logits_n = 0;
   float* embd = nullptr;    // [E, n_out_max] in embd_host, with ContextOptions::embeddings
   std::unique_ptr<backend::Buffer> logits_buf;  // host: a wrap of `logits` (the output matmul writes there)
+  // ContextOptions::n_top (capped at the vocabulary): the rows' top logits on the host (page-locked
+  // when the output is on a GPU: top_host; else the output's Arena), and which logits rows the host
+  // has (all when the output is the host's or n_top is off; else the rows logits() fetched).
+  int n_top = 0;
+  std::unique_ptr<backend::Buffer> top_host;
+  int32_t* top_ids = nullptr;
+  float* top_vals = nullptr;
+  bool top_valid = false, rows_on_host = true;
+  std::vector<uint8_t> fetched;  // [n_out_max]
   std::vector<int32_t> hsrc, hshift, hdst, hzero;  // MTP: per token (mtp.cpp)
 
   Impl(const Model& model, ThreadPool& pool, const ContextOptions& o);

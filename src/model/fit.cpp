@@ -245,8 +245,9 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   for (int d = 0; d < 2; ++d) {
     const bool host = d == 0;
     if (!host && !gpu_layers) continue;
-    const ScratchRole role{host, host ? host_layers : true, host ? !p.output_on_gpu : p.output_on_gpu, false,
-                           host && split_experts};
+    const bool output = host ? !p.output_on_gpu : p.output_on_gpu;
+    const int n_top = output ? int(std::min<int64_t>(o.n_top, c.n_vocab)) : 0;
+    const ScratchRole role{host, host ? host_layers : true, output, false, host && split_experts, n_top};
     backend::Arena arena;
     ScratchPlan sp;
     plan_scratch(c, p.n_step, n_out, role, arena, sp);
@@ -254,6 +255,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     scratch[d] = arena.planned() - lg;
     logits[d] = lg;
     if (host) logits[d] += uint64_t(c.n_vocab) * uint64_t(n_out) * 4;  // Context's host logits vector
+    if (!host && n_top > 0) logits[0] += uint64_t(n_top) * uint64_t(n_out) * 8;  // their top logits, page-locked
     const auto sizes = backend::workspace_sizes(host ? backend::DeviceType::Cpu : backend::DeviceType::Cuda, o.n_threads);
     std::vector<MatShape> mats;
     int64_t n_rec = 0;
@@ -265,7 +267,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     }
     const auto om = output_mat(find);
     size_t w = step_workspace(*sizes, c, mats, n_rec, role.output && om ? &*om : nullptr, p.n_step, n_out,
-                              o.delta_chunk_min);
+                              o.delta_chunk_min, n_top);
     if (role.layers) w = std::max(w, attention_step_workspace(*sizes, c, p.n_step, p.n_ctx_slot, o.flash_attn));
     ws[d] = host ? (w + 63) & ~size_t(63) : (w + 255) & ~size_t(255);  // as the streams round their allocation
   }

@@ -52,6 +52,7 @@ struct PlanOptions {
   int64_t n_batch = 2048;        // -b
   int64_t n_ubatch = 512;        // -ub: a step holds min(n_batch, n_ubatch) (at least n_parallel) tokens
   int64_t n_outputs_max = 0;     // Context's logits rows (0 = the step's tokens, as ContextOptions)
+  int n_top = 0;                 // ContextOptions::n_top: each output row's top logits selected on the device
   gguf::GgmlType type_k = gguf::GgmlType::F16, type_v = gguf::GgmlType::F16;  // -ctk / -ctv
   int n_threads = 0;             // -t (CPU workspaces depend on it)
   int delta_chunk_min = 0;

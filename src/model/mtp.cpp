@@ -165,6 +165,8 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
       o.st->download(s.logits, o.logits, size_t(V * T) * sizeof(float));
     for (Impl::Dev& d : s.devs) d.st->synchronize();
     n_out_ = keep_logits ? T : 0;  // logits(i): this step's row i (the last step's rows remain readable)
+    s.rows_on_host = true;         // downloaded above (or the host's own)
+    s.top_valid = false;           // the decode's top logits are no longer this Context's rows
     prev = act;
     std::vector<int> next;
     for (size_t a = 0; a < act.size(); ++a) {

@@ -56,6 +56,10 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
     p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});  // [E, n_out_max]
     if (!role.host)                                      // [V, n_out_max] (host: Context's `logits`)
       p.logits = A.reserve_tensor(gguf::GgmlType::F32, {c.n_vocab, n_out_max, 1, 1});
+    if (role.n_top > 0) {
+      p.top_ids = A.reserve_tensor(gguf::GgmlType::I32, {role.n_top, n_out_max, 1, 1});   // [n_top, n_out_max]
+      p.top_vals = A.reserve_tensor(gguf::GgmlType::F32, {role.n_top, n_out_max, 1, 1});  // [n_top, n_out_max]
+    }
   }
   if (role.mtp) {
     p.emb = f32(E);                                      // [E, B]
@@ -94,13 +98,15 @@ std::optional<MatShape> output_mat(const TensorLookup& find) {
 }
 
 size_t step_workspace(const backend::WorkspaceSizes& ws, const ModelConfig& c, std::span<const MatShape> mats,
-                      int64_t n_rec, const MatShape* output, int64_t n_batch, int64_t n_out_max, int delta_chunk_min) {
+                      int64_t n_rec, const MatShape* output, int64_t n_batch, int64_t n_out_max, int delta_chunk_min,
+                      int n_top) {
   const int64_t B = n_batch, K = std::max<int64_t>(1, c.n_expert_used);
   size_t w = 64;
   for (const MatShape& m : mats)
     w = std::max(w, m.expert ? ws.matmul_id_workspace(m.type, m.k, m.n, K * B) : ws.matmul_workspace(m.type, m.k, m.n, B));
   if (n_rec > 0) w = std::max(w, ws.gated_delta_workspace(c.ssm_d_state, delta_chunk_min, B));
   if (output) w = std::max(w, ws.matmul_workspace(output->type, output->k, output->n, n_out_max));
+  if (output && n_top > 0) w = std::max(w, ws.top_logits_workspace(output->n, n_out_max, n_top));
   return w;
 }
 

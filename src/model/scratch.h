@@ -29,6 +29,7 @@ struct ScratchPlan {
   size_t pos = kNone, seq = kNone, tok = kNone, mpos = kNone;
   size_t rseq = kNone, keep = kNone;  // hybrid: recurrent state slot and keep slot per token (Memory::rec_slot)
   size_t out_idx = kNone, hidden = kNone, logits = kNone;
+  size_t top_ids = kNone, top_vals = kNone;  // I32 / F32 [n_top, n_out_max] (ScratchRole::n_top)
   // MTP (ContextOptions::mtp, on the output's device): embeddings [E, B], normed hidden states [E, B],
   // previous hidden states [E, B + 1], the eh_proj input [2E, B], I32 [B] indices.
   size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hsrc = kNone, hshift = kNone, hdst = kNone,
@@ -43,6 +44,7 @@ struct ScratchRole {
   // The routed experts of blocks on another device run here (their weights are here: --cpu-moe):
   // the FFN input, the router's ids, the hidden slots and the expert outputs.
   bool experts = false;
+  int n_top = 0;  // with `output`: each output row's n_top largest logits too (ContextOptions::n_top)
 };
 
 // Reserves one device's scratch in A (the residual stream always; block activations and per-token
@@ -70,9 +72,11 @@ std::optional<MatShape> output_mat(const TensorLookup& find);
 
 // The largest workspace any op of a step needs on one device at n_batch tokens, attention aside:
 // the mat-muls of its layers (`mats`), the gated delta rule when n_rec recurrent layers run there,
-// the output matrix (when `output`) at n_out_max columns. At least 64 bytes.
+// the output matrix (when `output`) at n_out_max columns and the selection of each row's n_top
+// largest logits. At least 64 bytes.
 size_t step_workspace(const backend::WorkspaceSizes& ws, const ModelConfig& c, std::span<const MatShape> mats,
-                      int64_t n_rec, const MatShape* output, int64_t n_batch, int64_t n_out_max, int delta_chunk_min);
+                      int64_t n_rec, const MatShape* output, int64_t n_batch, int64_t n_out_max, int delta_chunk_min,
+                      int n_top = 0);
 
 // Attention's workspace at n_batch tokens over caches of n_ctx positions (0 without attention layers).
 size_t attention_step_workspace(const backend::WorkspaceSizes& ws, const ModelConfig& c, int64_t n_batch,

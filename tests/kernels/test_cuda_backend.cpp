@@ -484,6 +484,40 @@ TEST_F(CudaOps, TopkRouteTiesRenormScale) {
       }
 }
 
+// top_logits is exact: the reference's ids and values bit for bit, at vocabulary sizes (several
+// 4096-entry chunks and a partial one), with ties on a coarse grid, -inf and NaN entries.
+TEST_F(CudaOps, TopLogitsExact) {
+  struct Case {
+    int64_t V, n;
+    int k;
+  };
+  for (const Case& c : {Case{248320, 3, 64}, Case{248320, 33, 128}, Case{151936, 1, 40}, Case{4097, 5, 1},
+                        Case{128, 2, 128}}) {
+    auto l = randv(size_t(c.V * c.n), 81, -8.f, 8.f);
+    for (auto& v : l) v = std::round(v * 8.f) / 8.f;  // many ties
+    for (int64_t r = 0; r < c.n; ++r) {
+      l[size_t(r * c.V + 3)] = -INFINITY;
+      l[size_t(r * c.V + 4)] = NAN;
+      l[size_t(r * c.V + c.V - 1)] = 9.f;  // the largest, in the last (partial) chunk
+    }
+    auto [lb, lt] = dev_vec(*dev_, *st_, l, GgmlType::F32, {c.V, c.n, 1, 1});
+    auto ib = dev_->alloc(size_t(c.k * c.n) * 4), vb = dev_->alloc(size_t(c.k * c.n) * 4);
+    const Tensor it = Tensor::make(ib.get(), 0, GgmlType::I32, {c.k, c.n, 1, 1});
+    const Tensor vt = Tensor::make(vb.get(), 0, GgmlType::F32, {c.k, c.n, 1, 1});
+    st_->top_logits(lt, c.k, it, vt);
+    std::vector<int32_t> ids(size_t(c.k * c.n)), want_ids(ids.size());
+    std::vector<float> v(ids.size()), want_v(ids.size());
+    st_->download(ids.data(), it, ids.size() * 4);
+    st_->download(v.data(), vt, v.size() * 4);
+    st_->synchronize();
+    ref::top_logits(l.data(), c.V, c.n, c.k, want_ids.data(), want_v.data());
+    EXPECT_EQ(ids, want_ids) << "V " << c.V << " k " << c.k;
+    for (size_t i = 0; i < v.size(); ++i)
+      ASSERT_TRUE(v[i] == want_v[i] || (std::isnan(v[i]) && std::isnan(want_v[i]))) << "V " << c.V << " at " << i;
+    EXPECT_EQ(ids[0], int32_t(c.V - 1));
+  }
+}
+
 // The fused ops (one kernel each) against their op sequences on the scalar references; every shape
 // of kShapes (warp- and block-per-row kernels), padded strides; the gaps between rows must keep
 // their values (the whole buffer is compared).

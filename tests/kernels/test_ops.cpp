@@ -267,6 +267,33 @@ TEST(Ops, TopkRouteArgmaxOverAVocabulary) {
   EXPECT_EQ(id[1], 777);
 }
 
+// top_logits against the reference's stable sort: ties (lower id first), -inf, NaN (last), rows
+// longer than a chunk, k = 1 and k = V.
+TEST(Ops, TopLogitsMatchesReference) {
+  struct Case {
+    int64_t V, n;
+    int k;
+  };
+  for (const Case c : {Case{50000, 3, 64}, Case{9000, 2, 1}, Case{300, 4, 300}, Case{5, 1, 3}}) {
+    auto l = randv(size_t(c.V * c.n), 31, -5, 5);
+    for (int64_t r = 0; r < c.n; ++r) {
+      float* row = l.data() + r * c.V;
+      for (int64_t i = 0; i < c.V; i += 7) row[i] = float(int(row[i]));  // many equal values
+      row[c.V / 2] = row[c.V - 1] = 8.f;                                  // a tie at the top
+      if (c.V > 10) row[1] = -INFINITY, row[2] = NAN;
+    }
+    std::vector<int32_t> ia(size_t(c.k * c.n)), ib(ia.size());
+    std::vector<float> va(ia.size()), vb(ia.size());
+    top_logits(l.data(), c.V, c.n, c.k, ia.data(), va.data());
+    ref::top_logits(l.data(), c.V, c.n, c.k, ib.data(), vb.data());
+    EXPECT_EQ(ia, ib) << c.V << " " << c.k;
+    for (size_t i = 0; i < va.size(); ++i)
+      EXPECT_TRUE(va[i] == vb[i] || (std::isnan(va[i]) && std::isnan(vb[i]))) << i;
+    EXPECT_EQ(ia[0], int32_t(c.V / 2)) << c.V;
+    if (c.k == c.V && c.V > 10) EXPECT_EQ(ia.back(), 2);  // the NaN last
+  }
+}
+
 namespace {
 struct Cache {
   std::vector<uint8_t> k, v;

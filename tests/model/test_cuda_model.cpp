@@ -24,6 +24,7 @@
 #include "gguf/reader.h"
 #include "gguf/writer.h"
 #include "tensor/quant.h"
+#include "kernels/ref/ref.h"
 #include "model/context.h"
 #include "model/memory.h"
 #include "model/model.h"
@@ -298,6 +299,68 @@ TEST(CudaModelOffload, MoeExpertsOnHostNoWorseThanCpuAndGpu) {
                      std::string("expert offload ") + k.what + " vs -ngl " + std::to_string(k.ngl) + " alone");
     }
   }
+}
+
+// ContextOptions::n_top on the GPU: every decode's top logits (selected on the device, inside the
+// step's graph for decode steps) are exactly the reference selection over the same rows, and the rows
+// themselves (downloaded one by one on first read, in any order) equal a Context's without n_top.
+TEST(CudaModelOutput, TopLogitsAndRowsOnDemand) {
+  REQUIRE_GPU();
+  const auto path = test::generated_model("kiln_test_cuda_model", "tiny-qwen35", gguf::GgmlType::Q8_0, 11);
+  LoadOptions lo;
+  lo.n_gpu_layers = kGpuLayersAll;
+  auto m = load_model(path, lo);
+  ASSERT_TRUE(m.ok());
+  const int64_t V = (*m)->config().n_vocab;
+  const int k = 64;
+  ASSERT_GE(V, k);
+  auto run = [&](int n_top, std::vector<std::vector<int32_t>>* tops) {
+    MemoryOptions mo;
+    mo.n_ctx = 128;
+    mo.n_seq = 2;
+    auto mem = Memory::create(**m, mo);
+    EXPECT_TRUE(mem.ok());
+    ContextOptions co;
+    co.n_batch = 64;
+    co.n_threads = 2;
+    co.n_top = n_top;
+    Context cx(**m, co);
+    std::vector<std::vector<float>> rows;
+    Batch b;
+    b.add_run(random_tokens(23, V, 4), 0, 0, false);
+    b.add_run(random_tokens(9, V, 5), 0, 1, true);  // 9 rows of sequence 1, the last row of 0
+    const auto next = random_tokens(8, V, 6);
+    for (int step = 0; step <= 4; ++step) {
+      if (step > 0) {
+        b.clear();
+        b.add(next[size_t(2 * step - 2)], int32_t(22 + step), 0, true);
+        b.add(next[size_t(2 * step - 1)], int32_t(8 + step), 1, true);
+      }
+      EXPECT_TRUE(cx.decode(b, **mem).ok());
+      const int64_t n = cx.n_outputs();
+      std::vector<std::vector<float>> step_rows(static_cast<size_t>(n));
+      for (int64_t i = n - 1; i >= 0; --i) step_rows[size_t(i)].assign(cx.logits(i), cx.logits(i) + V);  // last first
+      for (int64_t i = 0; i < n; ++i) {
+        rows.push_back(step_rows[size_t(i)]);
+        Context::TopLogits t;
+        EXPECT_EQ(cx.top_logits(i, t), n_top > 0);
+        if (n_top == 0) continue;
+        EXPECT_EQ(t.n, k);
+        std::vector<int32_t> want_id(static_cast<size_t>(k));
+        std::vector<float> want_v(static_cast<size_t>(k));
+        kernels::ref::top_logits(step_rows[size_t(i)].data(), V, 1, k, want_id.data(), want_v.data());
+        EXPECT_EQ(std::vector<int32_t>(t.id, t.id + k), want_id) << "step " << step << " row " << i;
+        EXPECT_EQ(std::vector<float>(t.logit, t.logit + k), want_v) << "step " << step << " row " << i;
+        tops->push_back(want_id);
+      }
+    }
+    return rows;
+  };
+  std::vector<std::vector<int32_t>> tops;
+  const auto plain = run(0, nullptr), with_top = run(k, &tops);
+  ASSERT_EQ(plain.size(), with_top.size());
+  EXPECT_EQ(plain.size(), size_t(10 + 4 * 2));
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(plain[i], with_top[i]) << "row " << i;
 }
 
 // Snapshot / restore / seq_copy of device memory: continuing after them equals an uninterrupted run.

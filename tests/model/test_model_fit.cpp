@@ -318,6 +318,7 @@ TEST_P(ModelFitCpu, PlanEqualsTheAllocations) {
   auto m = load_model(path, lo);
   ASSERT_TRUE(m.ok()) << m.error().message;
   for (int64_t n_out : {int64_t(0), int64_t(2)}) {
+    const int n_top = n_out == 2 ? 64 : 0;  // the rows' top logits too (ContextOptions::n_top)
     MemoryOptions mo;
     mo.n_ctx = 256;
     mo.n_seq = 2;
@@ -329,6 +330,7 @@ TEST_P(ModelFitCpu, PlanEqualsTheAllocations) {
     co.n_batch = 48;
     co.n_threads = 2;
     co.n_outputs_max = n_out;
+    co.n_top = n_top;
     Context cx(**m, co);
     Batch b;
     b.add_run(test::random_tokens(5, (*m)->config().n_vocab, 1), 0, 0, false);
@@ -341,6 +343,7 @@ TEST_P(ModelFitCpu, PlanEqualsTheAllocations) {
     o.n_parallel = 2;
     o.n_batch = o.n_ubatch = 48;
     o.n_outputs_max = n_out;
+    o.n_top = n_top;
     o.n_threads = 2;
     o.type_k = GgmlType::Q8_0;
     o.type_v = GgmlType::F16;

@@ -194,3 +194,56 @@ TEST(EngineSampling, LogprobsAreLogSoftmax) {
     EXPECT_NEAR(top[size_t(i)].logprob, std::log(q[size_t(order[size_t(i)])]), 1e-4);
   }
 }
+
+// sample_top over a row's largest logits (what the GPU downloads) draws what sample() draws over the
+// whole row, draw for draw, wherever can_sample_top says so; the oracle's top list is a stable sort.
+TEST(EngineSampling, SampleTopEqualsSampleOnTheWholeRow) {
+  const int V = 3000, n_top = 64;
+  struct Case {
+    float temp;
+    int top_k;
+    float top_p, min_p;
+  };
+  const Case cases[] = {{0.f, 0, 1.f, 0.f},      {0.f, 40, 0.95f, 0.05f}, {0.8f, 40, 0.95f, 0.05f},
+                        {1.0f, 64, 1.f, 0.f},    {1.5f, 10, 0.5f, 0.f},   {0.7f, 1, 1.f, 0.f},
+                        {2.0f, 64, 0.99f, 0.2f}};
+  for (const Case& c : cases)
+    for (uint32_t s = 0; s < 6; ++s) {
+      auto l = random_logits(V, 100 + s, s % 2 ? 1.f : 4.f);
+      if (s == 5) std::fill(l.begin() + 20, l.begin() + 2990, -INFINITY);  // 30 finite: fewer than most top_k
+      l[size_t(17)] = l[size_t(2995)] = 9.f;  // a tie at the top: the lower id first
+      std::vector<int32_t> idx(static_cast<size_t>(V));
+      std::iota(idx.begin(), idx.end(), 0);
+      std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)]; });
+      std::vector<float> vals(static_cast<size_t>(n_top));
+      for (int i = 0; i < n_top; ++i) vals[size_t(i)] = l[size_t(idx[size_t(i)])];
+      SamplingParams p = plain(c.temp);
+      p.top_k = c.top_k, p.top_p = c.top_p, p.min_p = c.min_p, p.seed = 1234 + s;
+      Sampler full(p, V), top(p, V);
+      ASSERT_TRUE(top.can_sample_top(n_top)) << c.temp << " " << c.top_k;
+      for (int d = 0; d < 50; ++d)
+        ASSERT_EQ(top.sample_top(idx.data(), vals.data(), n_top), full.sample(l.data()))
+            << "temp " << c.temp << " top_k " << c.top_k << " seed " << s << " draw " << d;
+    }
+}
+
+TEST(EngineSampling, SampleTopRefusesChainsThatNeedTheWholeRow) {
+  SamplingParams p = plain(0.8f);
+  p.top_k = 40;
+  EXPECT_TRUE(Sampler(p, 100).can_sample_top(64));
+  EXPECT_FALSE(Sampler(p, 100).can_sample_top(39));  // top_k beyond the list
+  p.top_k = 0;
+  EXPECT_FALSE(Sampler(p, 100).can_sample_top(64));  // the whole vocabulary is a candidate
+  p.top_k = 40;
+  p.logit_bias[5] = 3.f;
+  EXPECT_FALSE(Sampler(p, 100).can_sample_top(64));  // a bias may lift a token from outside the list
+  p.logit_bias.clear();
+  p.repeat_penalty = 1.1f;
+  EXPECT_FALSE(Sampler(p, 100).can_sample_top(64));
+  p.repeat_penalty = 1.f;
+  p.presence_penalty = 0.5f;
+  EXPECT_FALSE(Sampler(p, 100).can_sample_top(64));
+  SamplingParams g = plain(0.f);
+  g.top_k = 0;
+  EXPECT_TRUE(Sampler(g, 100).can_sample_top(1));  // greedy needs only the first
+}

@@ -374,6 +374,41 @@ void select_topk(const float* score, int64_t n, int k, int32_t* id) {
 }
 }  // namespace
 
+// One pass per row keeping the k best so far in a heap whose front is the worst of them (most
+// entries are rejected by one comparison with it), then the heap sorted best first.
+void top_logits(const float* logits, int64_t V, int64_t n, int k, int32_t* ids, float* vals) {
+  KILN_CHECK(k >= 1 && k <= V, "top_logits: k {} vs V {}", k, V);
+  struct E {
+    float v;
+    int32_t id;
+  };
+  // a before b: larger value, NaN last, ties lower id first.
+  const auto before = [](const E& a, const E& b) {
+    const bool na = a.v != a.v, nb = b.v != b.v;
+    if (na || nb) return na == nb ? a.id < b.id : nb;
+    return a.v > b.v || (a.v == b.v && a.id < b.id);
+  };
+  thread_local std::vector<E> heap;
+  heap.resize(size_t(k));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* l = logits + r * V;
+    for (int i = 0; i < k; ++i) heap[size_t(i)] = {l[i], int32_t(i)};
+    std::make_heap(heap.begin(), heap.end(), before);
+    for (int64_t e = k; e < V; ++e) {
+      const E c{l[e], int32_t(e)};
+      if (!before(c, heap.front())) continue;
+      std::pop_heap(heap.begin(), heap.end(), before);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), before);
+    }
+    std::sort_heap(heap.begin(), heap.end(), before);
+    for (int i = 0; i < k; ++i) {
+      ids[r * k + i] = heap[size_t(i)].id;
+      vals[r * k + i] = heap[size_t(i)].v;
+    }
+  }
+}
+
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
   KILN_CHECK(k >= 1 && k <= n_expert && (n_expert <= 4096 || k == 1), "topk_route: k {} vs n_expert {}", k, n_expert);

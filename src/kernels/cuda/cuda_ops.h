@@ -119,6 +119,12 @@ void hadamard(const Launch& L, Rows x, int64_t n);
 // logits [n_expert, n_tok] contiguous; ids, weights [k, n_tok] (kernels::topk_route semantics).
 void topk_route(const Launch& L, const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm,
                 float w_scale, int32_t* ids, float* weights);
+// top_logits (kernels::top_logits semantics, exact): logits [V, n] contiguous; ids, vals [k, n];
+// k <= kMaxTopLogits. Workspace: top_logits_workspace(V, n, k) (the survivors of chunks of
+// kTopLogitsChunk entries; top_logits.cu).
+constexpr int kMaxTopLogits = 128, kTopLogitsChunk = 4096;
+size_t top_logits_workspace(int64_t V, int64_t n, int k);
+void top_logits(const Launch& L, const float* logits, int64_t V, int64_t n, int k, int32_t* ids, float* vals);
 // Strided copy of n_rows rows of row_bytes bytes (rows (i1, i2, i3) at the given byte strides).
 void copy_rows(const Launch& L, void* dst, const size_t dst_nb[3], const void* src, const size_t src_nb[3],
                size_t row_bytes, const int64_t ne[3]);

@@ -161,4 +161,9 @@ size_t attention_workspace(const AttnArgs& a, int64_t n_tok) {
 
 size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) { return 0; }
 
+size_t top_logits_workspace(int64_t V, int64_t n, int k) {
+  if (V <= 0 || n <= 0 || k <= 0) return 0;
+  return size_t((V + kTopLogitsChunk - 1) / kTopLogitsChunk) * size_t(k) * size_t(n) * sizeof(uint64_t);
+}
+
 }  // namespace kiln::cuda

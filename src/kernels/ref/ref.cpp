@@ -157,6 +157,24 @@ void add(const float* a, const float* b, float* y, int64_t n) { for (int64_t i =
 void mul(const float* a, const float* b, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i]; }
 void scale(const float* x, float s, float* y, int64_t n) { for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s; }
 
+void top_logits(const float* logits, int64_t V, int64_t n, int k, int32_t* ids, float* vals) {
+  KILN_CHECK(k >= 1 && k <= V, "top_logits: k {} vs V {}", k, V);
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  for (int64_t r = 0; r < n; ++r) {
+    const float* l = logits + r * V;
+    std::iota(idx.begin(), idx.end(), 0);
+    // Stable: equal values keep ascending ids. NaN after every number.
+    std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+      const bool na = std::isnan(l[a]), nb = std::isnan(l[b]);
+      return na || nb ? !na && nb : l[a] > l[b];
+    });
+    for (int i = 0; i < k; ++i) {
+      ids[r * k + i] = idx[size_t(i)];
+      vals[r * k + i] = l[idx[size_t(i)]];
+    }
+  }
+}
+
 void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, bool renorm, float w_scale,
                 int32_t* ids, float* weights) {
   KILN_CHECK(k >= 1 && k <= n_expert, "topk_route: k {} vs n_expert {}", k, n_expert);
