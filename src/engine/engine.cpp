@@ -203,7 +203,8 @@ void Engine::Impl::prepare(Active& a, int s) {
         const int64_t r1 = std::min<int64_t>(pc.rows, m.n_tokens - pc.pos0);
         if (r0 < r1) runner->write_kv(s, pc.pos0, pc.kv, pc.rows, r0, r1);
       }
-    if (recurrent) runner->write_rec(s, m.rec);
+    if (recurrent && m.rec_dev >= 0) runner->load_rec(m.rec_dev, s);  // a device copy
+    else if (recurrent) runner->write_rec(s, m.rec);
     runner->set_seq_pos(s, m.n_tokens);
     reused = m.n_tokens;
   } else {
@@ -264,14 +265,10 @@ void Engine::Impl::cache_insert(const Active& a, bool end_of_turn) {
   const SlotState& st = slots[size_t(a.slot)];
   if (st.tokens.empty()) return;
   const int s = a.slot;
-  const float* rec = nullptr;
-  if (recurrent) {
-    rec_buf.resize(runner->rec_floats());
-    runner->read_rec(s, rec_buf.data());
-    rec = rec_buf.data();
-  }
-  cache->insert(st.tokens, [&](int64_t p0, int64_t n, uint8_t* out) { runner->read_kv(s, p0, n, out); }, rec,
-                end_of_turn);
+  const PrefixCache::StateSource rec{[&](float* out) { runner->read_rec(s, out); },
+                                     [&](int i) { runner->save_rec(s, i); }};
+  cache->insert(st.tokens, [&](int64_t p0, int64_t n, uint8_t* out) { runner->read_kv(s, p0, n, out); },
+                recurrent ? &rec : nullptr, end_of_turn);
 }
 
 // M-RoPE positions of the prompt (llama.cpp's mtmd): text tokens advance by one; an image of

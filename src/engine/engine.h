@@ -54,6 +54,10 @@ class GrammarAutomaton;  // engine/grammar_matcher.h
 // ---------------------------------------------------------------------------------------------
 // Options
 
+struct EngineOptions;
+// EngineOptions::cache_states resolved (0 with the prefix cache off).
+int resolve_cache_states(const EngineOptions& o);
+
 struct EngineOptions {
   int64_t n_ctx = 0;           // -c: total context; each slot gets n_ctx / n_parallel positions.
                                //     0: the model's training context (per slot: n_ctx_train / n_parallel,
@@ -72,6 +76,10 @@ struct EngineOptions {
   model::PlacementOptions placement;
   int64_t cache_ram_bytes = int64_t(8192) << 20;  // --cache-ram (MiB * 2^20): <0 unlimited, 0 off
   int32_t cache_block = 32;                       // prefix-cache block size (tokens)
+  // Hybrid models: prefix-cache recurrent states kept in spare state slots where the layers run (a
+  // restore or a snapshot is then a device copy, not a host round trip; older states move to RAM).
+  // -1: n_parallel + 4 (at most 64); 0: every state in RAM. Counted by the memory planner.
+  int cache_states = -1;
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
   // a multiple of cache_block); the ends of prompts and of generated turns are always snapshotted.
   int64_t cache_snapshot_interval = 512;

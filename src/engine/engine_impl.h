@@ -146,7 +146,6 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<Active>> active;  // admission order
   uint64_t clock = 0;
   model::Batch batch;
-  std::vector<float> rec_buf;
   std::deque<std::function<void()>> tasks;  // taken from the inbox
   Result<SlotActionResult> slot_action(SlotAction action, int slot, const std::string& path);
   PrefixCacheStats cs;          // last published cache stats

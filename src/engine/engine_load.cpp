@@ -62,6 +62,11 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
   return mi;
 }
 
+int resolve_cache_states(const EngineOptions& o) {
+  if (o.cache_ram_bytes == 0) return 0;
+  return o.cache_states >= 0 ? o.cache_states : std::min(64, std::max(1, o.n_parallel) + 4);
+}
+
 // The ModelRunner for the options: per-slot context and step size from the options (and the
 // model's training context), the rest passed through.
 static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, const EngineOptions& o) {
@@ -81,6 +86,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.n_spec = o.spec.n_keep();
   ro.mtp = o.spec.type == SpecType::DraftMtp;
   ro.n_top = runner_top_logits(o.embeddings);
+  ro.n_state_slots = resolve_cache_states(o);
   return ModelRunner::create(m, ro);
 }
 
@@ -108,6 +114,8 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
   po.recurrent = I.recurrent;
   po.kv_bytes_per_pos = I.runner->kv_bytes_per_pos();
   po.rec_floats = I.runner->rec_floats();
+  po.n_dev_states = I.recurrent ? I.runner->n_state_slots() : 0;
+  po.read_dev = [r = I.runner.get()](int i, float* out) { r->read_state_slot(i, out); };
   I.cache = std::make_unique<PrefixCache>(po);
   I.grammars = std::make_unique<GrammarCache>(tok_.get(), I.eog, I.runner->n_vocab());
   const int64_t B = po.block;
@@ -254,6 +262,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.spec_mtp = opt_.spec.type == SpecType::DraftMtp;
   o.n_draft = opt_.spec.n_max;
   o.n_spec = opt_.spec.n_keep();
+  o.n_rec_cache = resolve_cache_states(opt_);
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;

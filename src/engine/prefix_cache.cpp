@@ -19,7 +19,7 @@ std::string block_key(std::span<const int32_t> toks) {
 struct PrefixCache::Tail {
   std::vector<int32_t> tokens;  // 1 .. B-1 tokens after the node
   std::vector<uint8_t> kv;      // KV rows of those tokens
-  std::vector<float> rec;       // recurrent state at the tail's end (hybrid), else empty
+  State rec;                    // recurrent state at the tail's end (hybrid), else empty
   uint64_t last_used = 0;
 };
 
@@ -28,7 +28,7 @@ struct PrefixCache::Node {
   std::string key;              // the block's tokens as bytes (key in parent->children)
   int64_t end = 0;              // position after this block (depth * B)
   std::vector<uint8_t> kv;      // KV rows [end - B, end)
-  std::vector<float> rec;       // recurrent state at `end`, or empty
+  State rec;                    // recurrent state at `end`, or empty
   std::unordered_map<std::string, std::unique_ptr<Node>> children;
   std::vector<std::unique_ptr<Tail>> tails;
   uint64_t last_used = 0;
@@ -39,15 +39,18 @@ struct PrefixCache::Node {
 PrefixCache::PrefixCache(const PrefixCacheOptions& opt) : opt_(opt), root_(std::make_unique<Node>()) {
   KILN_CHECK(opt_.block > 0, "prefix cache block size {}", opt_.block);
   KILN_CHECK(!opt_.recurrent || opt_.rec_floats > 0, "recurrent prefix cache needs rec_floats");
+  if (!opt_.recurrent) opt_.n_dev_states = 0;
+  KILN_CHECK(opt_.n_dev_states == 0 || opt_.read_dev, "prefix cache: spare state slots need read_dev");
+  for (int i = opt_.n_dev_states - 1; i >= 0; --i) free_dev_.push_back(i);
 }
 
 PrefixCache::~PrefixCache() = default;
 
 int64_t PrefixCache::node_bytes(const Node& n) const {
-  return kEntryOverhead + int64_t(n.key.size() + n.kv.size() + n.rec.size() * sizeof(float));
+  return kEntryOverhead + int64_t(n.key.size() + n.kv.size() + n.rec.host.size() * sizeof(float));
 }
 int64_t PrefixCache::tail_bytes(const Tail& t) const {
-  return kEntryOverhead + int64_t(t.tokens.size() * sizeof(int32_t) + t.kv.size() + t.rec.size() * sizeof(float));
+  return kEntryOverhead + int64_t(t.tokens.size() * sizeof(int32_t) + t.kv.size() + t.rec.host.size() * sizeof(float));
 }
 
 void PrefixCache::touch(Node* n) {
@@ -148,16 +151,18 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, int64_t m
   if (best_tail) {
     best.pieces.push_back({best_node->end, int64_t(best_tail->tokens.size()),
                            best_tail->kv.empty() ? nullptr : best_tail->kv.data()});
-    if (opt_.recurrent) best.rec = best_tail->rec.data();
+    if (opt_.recurrent) best.rec = best_tail->rec.host.data(), best.rec_dev = best_tail->rec.dev;
     best_tail->last_used = clock_ + 1;
   } else if (opt_.recurrent) {
-    best.rec = best_node->rec.data();
+    best.rec = best_node->rec.host.data(), best.rec_dev = best_node->rec.dev;
   }
+  if (best.rec_dev >= 0) best.rec = nullptr;
   touch(best_node);
   return best;
 }
 
-void PrefixCache::insert(std::span<const int32_t> tokens, const KvReader& read_kv, const float* rec, bool with_tail) {
+void PrefixCache::insert(std::span<const int32_t> tokens, const KvReader& read_kv, const StateSource* rec,
+                         bool with_tail) {
   if (!enabled()) return;
   ++version_;
   const int64_t B = opt_.block, n_tok = int64_t(tokens.size());
@@ -186,15 +191,9 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const KvReader& read_k
   }
   const int64_t tail_n = n_tok - n->end;
   const bool aligned = tail_n == 0;
-  if (rec != nullptr && opt_.recurrent && aligned && n != root_.get()) {
-    if (n->rec.empty()) {
-      n->rec.assign(rec, rec + opt_.rec_floats);
-      bytes_ += int64_t(opt_.rec_floats * sizeof(float));
-    } else {
-      std::copy(rec, rec + opt_.rec_floats, n->rec.begin());  // same tokens: the same state
-    }
-  }
-  touch(n);
+  touch(n);  // before a state is stored: the node is the most recently used (not a spill victim)
+  if (rec != nullptr && opt_.recurrent && aligned && n != root_.get() && n->rec.empty())
+    store_state(n->rec, *rec);  // (a state already held: the same tokens give the same state)
   if (!aligned && (with_tail || (rec != nullptr && opt_.recurrent))) {
     auto tail = std::make_unique<Tail>();
     tail->tokens.assign(tokens.begin() + n->end, tokens.end());
@@ -206,6 +205,7 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const KvReader& read_k
                            std::equal(o.tokens.begin(), o.tokens.end(), tail->tokens.begin());
       if (same || covered) {
         bytes_ -= tail_bytes(o);
+        release_state(n->tails[i]->rec);
         n->tails.erase(n->tails.begin() + std::ptrdiff_t(i));
         --i;
       }
@@ -214,9 +214,9 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const KvReader& read_k
       tail->kv.resize(kv_bytes(tail_n));
       read_kv(n->end, tail_n, tail->kv.data());
     }
-    if (rec != nullptr && opt_.recurrent) tail->rec.assign(rec, rec + opt_.rec_floats);
     tail->last_used = clock_;
-    bytes_ += tail_bytes(*tail);
+    if (rec != nullptr && opt_.recurrent) store_state(tail->rec, *rec);  // counts its host bytes
+    bytes_ += tail_bytes(*tail) - int64_t(tail->rec.host.size() * sizeof(float));
     n->tails.push_back(std::move(tail));
   }
   evict_to_bound();
@@ -224,8 +224,12 @@ void PrefixCache::insert(std::span<const int32_t> tokens, const KvReader& read_k
 
 void PrefixCache::remove_node(Node* n) {
   KILN_CHECK(n != root_.get() && n->children.empty(), "prefix cache: removing a non-leaf node");
-  for (auto& t : n->tails) bytes_ -= tail_bytes(*t);
+  for (auto& t : n->tails) {
+    bytes_ -= tail_bytes(*t);
+    release_state(t->rec);
+  }
   bytes_ -= node_bytes(*n);
+  release_state(n->rec);
   Node* last = nodes_.back();
   last->index = n->index;
   nodes_[n->index] = last;
@@ -277,6 +281,7 @@ void PrefixCache::evict_to_bound() {
       prune_dead(p);
     } else if (tail_owner) {
       bytes_ -= tail_bytes(*tail_owner->tails[tail_index]);
+      release_state(tail_owner->tails[tail_index]->rec);
       tail_owner->tails.erase(tail_owner->tails.begin() + std::ptrdiff_t(tail_index));
       ++evictions_;
       prune_dead(tail_owner);
@@ -291,6 +296,53 @@ void PrefixCache::clear() {
   nodes_.clear();
   bytes_ = 0;
   ++version_;
+  free_dev_.clear();
+  for (int i = opt_.n_dev_states - 1; i >= 0; --i) free_dev_.push_back(i);
+}
+
+// A new state goes to a spare slot when the first tier has one (a device copy), else to RAM.
+void PrefixCache::store_state(State& st, const StateSource& src) {
+  const int slot = opt_.n_dev_states > 0 ? take_dev_slot() : -1;
+  if (slot >= 0) {
+    src.save(slot);
+    st.dev = slot;
+    return;
+  }
+  st.host.resize(opt_.rec_floats);
+  src.read(st.host.data());
+  bytes_ += int64_t(opt_.rec_floats * sizeof(float));
+}
+
+// Bytes of a released host state are the caller's to uncount (they are part of the entry's bytes).
+void PrefixCache::release_state(State& st) {
+  if (st.dev >= 0) free_dev_.push_back(st.dev);
+  st.dev = -1;
+}
+
+int PrefixCache::take_dev_slot() {
+  if (!free_dev_.empty()) {
+    const int s = free_dev_.back();
+    free_dev_.pop_back();
+    return s;
+  }
+  State* victim = nullptr;
+  uint64_t oldest = std::numeric_limits<uint64_t>::max();
+  auto consider = [&](State& st, uint64_t used) {
+    if (st.dev >= 0 && used < oldest) oldest = used, victim = &st;
+  };
+  for (Node* n : nodes_) {
+    consider(n->rec, n->last_used);
+    for (auto& t : n->tails) consider(t->rec, t->last_used);
+  }
+  for (auto& t : root_->tails) consider(t->rec, t->last_used);
+  if (!victim) return -1;
+  // The least recently used slot's state moves to RAM (evict_to_bound then applies the RAM bound).
+  const int s = victim->dev;
+  victim->host.resize(opt_.rec_floats);
+  opt_.read_dev(s, victim->host.data());
+  victim->dev = -1;
+  bytes_ += int64_t(opt_.rec_floats * sizeof(float));
+  return s;
 }
 
 PrefixCacheStats PrefixCache::stats() const {
@@ -300,8 +352,12 @@ PrefixCacheStats PrefixCache::stats() const {
   s.evictions = evictions_;
   auto count = [&](const Node* n) {
     s.n_tails += int64_t(n->tails.size());
-    for (auto& t : n->tails) s.n_states += t->rec.empty() ? 0 : 1;
+    for (auto& t : n->tails) {
+      s.n_states += t->rec.empty() ? 0 : 1;
+      s.n_dev_states += t->rec.dev >= 0 ? 1 : 0;
+    }
     s.n_states += n->rec.empty() ? 0 : 1;
+    s.n_dev_states += n->rec.dev >= 0 ? 1 : 0;
   };
   count(root_.get());
   for (const Node* n : nodes_) count(n);

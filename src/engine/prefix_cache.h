@@ -3,7 +3,11 @@
 //   for hybrid models, the recurrent state at chosen block ends; plus "tails": a partial block
 //   (< B tokens) hanging off a node with its KV rows and the recurrent state at its end (the end of
 //   a prompt or of a generated answer, which is rarely block-aligned). RAM-bounded, LRU eviction.
-// Owns: copies of KV rows and recurrent states (host RAM), the LRU clock and byte accounting.
+//   Recurrent states have two tiers: spare state slots where the model's layers run (the Runner's,
+//   PrefixCacheOptions::n_dev_states: a state is saved and restored by device copies) and host RAM;
+//   a new state takes a free slot, else the least recently used slot's state moves to RAM.
+// Owns: copies of KV rows and host-tier recurrent states (host RAM), which spare slot holds which
+//   state, the LRU clock and byte accounting (host bytes only: the slots are the Memory's).
 // Must not: know about models, requests or slots; it stores and returns plain bytes/floats.
 // Threading: engine thread only. A Match points into the cache and is valid until the next
 //   insert()/clear().
@@ -33,12 +37,17 @@ struct PrefixCacheOptions {
   bool recurrent = false;      // hybrid model: a match needs a recurrent state at its end
   size_t kv_bytes_per_pos = 0; // KV payload bytes of one position (0: no attention layers)
   size_t rec_floats = 0;       // recurrent payload floats (0 when !recurrent)
+  // The first tier (recurrent): spare state slots 0 .. n_dev_states - 1, and how to read slot i's
+  // state to the host (rec_floats floats) when it moves to RAM. 0: every state in RAM.
+  int n_dev_states = 0;
+  std::function<void(int slot, float* out)> read_dev;
 };
 
 struct PrefixCacheStats {
   int64_t n_nodes = 0;      // full blocks held
   int64_t n_tails = 0;      // partial-block entries held
   int64_t n_states = 0;     // recurrent states held (nodes + tails)
+  int64_t n_dev_states = 0; // of which in spare state slots (the first tier)
   int64_t bytes = 0;        // bytes accounted (payloads + bookkeeping)
   int64_t evictions = 0;    // entries evicted so far
 };
@@ -62,7 +71,8 @@ class PrefixCache {
   struct Match {
     int64_t n_tokens = 0;             // reusable prefix length
     std::vector<Piece> pieces;        // covering [0, n_tokens) in order (the last may extend past it)
-    const float* rec = nullptr;       // recurrent state at n_tokens (hybrid; nullptr at 0)
+    const float* rec = nullptr;       // recurrent state at n_tokens in RAM (hybrid; nullptr at 0 or in a slot)
+    int rec_dev = -1;                 // ... or the spare state slot holding it
   };
   // Longest reusable prefix of `tokens`, at most max_len. Marks what it returns as recently used.
   Match match(std::span<const int32_t> tokens, int64_t max_len);
@@ -74,11 +84,17 @@ class PrefixCache {
 
   // Reads KV rows [pos0, pos0 + n) of the sequence into out (kv_bytes(n) bytes).
   using KvReader = std::function<void(int64_t pos0, int64_t n, uint8_t* out)>;
+  // The sequence's recurrent state: `read` copies it to the host (rec_floats floats), `save` into
+  // spare state slot i. Called only when the cache keeps a state it does not hold yet.
+  struct StateSource {
+    std::function<void(float* out)> read;
+    std::function<void(int slot)> save;
+  };
   // Records the sequence `tokens` (its KV available through read_kv): every full block not yet held;
   // if rec != nullptr, the recurrent state at tokens.size() (on the node when block-aligned, else as a
   // tail); if with_tail and the length is not block-aligned, the partial block's KV as a tail.
   // Then evicts least-recently-used entries until the byte bound holds.
-  void insert(std::span<const int32_t> tokens, const KvReader& read_kv, const float* rec, bool with_tail);
+  void insert(std::span<const int32_t> tokens, const KvReader& read_kv, const StateSource* rec, bool with_tail);
 
   void clear();
   PrefixCacheStats stats() const;  // walks the tree: O(entries)
@@ -87,8 +103,16 @@ class PrefixCache {
 
   struct Node;
   struct Tail;
+  struct State {  // a recurrent state: in spare slot `dev`, or host floats, or none
+    int dev = -1;
+    std::vector<float> host;
+    bool empty() const { return dev < 0 && host.empty(); }
+  };
 
  private:
+  void store_state(State& st, const StateSource& src);
+  void release_state(State& st);
+  int take_dev_slot();  // a free spare slot, else the least recently used one's state moved to RAM
   void touch(Node* n);
   void evict_to_bound();
   void remove_node(Node* n);
@@ -103,6 +127,7 @@ class PrefixCache {
   int64_t bytes_ = 0;
   int64_t evictions_ = 0;
   uint64_t version_ = 0;
+  std::vector<int> free_dev_;  // spare state slots holding nothing
 };
 
 }  // namespace kiln::engine

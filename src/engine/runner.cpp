@@ -21,6 +21,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   mo.type_v = opt.type_v;
   mo.n_spec = opt.n_spec;
   mo.mtp = opt.mtp;
+  mo.n_rec_cache = opt.n_state_slots;
   auto mem = model::Memory::create(m, mo);
   KILN_TRY(mem);
   r->mem_ = std::move(*mem);

@@ -62,6 +62,12 @@ class Runner {
   virtual size_t rec_floats() const = 0;
   virtual void read_rec(int slot, float* out) const = 0;
   virtual void write_rec(int slot, const float* in) = 0;
+  // Spare recurrent state slots where the layers run (the prefix cache's first tier; 0: none):
+  // slot's state into spare i, spare i into slot (positions unchanged), spare i to the host.
+  virtual int n_state_slots() const { return 0; }
+  virtual void save_rec(int slot, int i) {}
+  virtual void load_rec(int i, int slot) {}
+  virtual void read_state_slot(int i, float* out) const {}
 };
 
 // Logits rows a ModelRunner's Context keeps: a step gives each slot at most one (its decode token or
@@ -91,6 +97,7 @@ struct ModelRunnerOptions {
   int n_spec = 0;           // speculative decoding: draft tokens per verify run (model::MemoryOptions::n_spec)
   bool mtp = false;         // --spec-type draft-mtp: run the MTP block (Memory/ContextOptions::mtp)
   int n_top = 0;            // model::ContextOptions::n_top (runner_top_logits)
+  int n_state_slots = 0;    // model::MemoryOptions::n_rec_cache (recurrent models; Runner::n_state_slots)
 };
 
 class ModelRunner final : public Runner {
@@ -123,6 +130,10 @@ class ModelRunner final : public Runner {
   size_t rec_floats() const override { return mem_->rec_floats(); }
   void read_rec(int slot, float* out) const override;
   void write_rec(int slot, const float* in) override;
+  int n_state_slots() const override { return mem_->n_rec_cache(); }
+  void save_rec(int slot, int i) override { mem_->rec_save(slot, i); }
+  void load_rec(int i, int slot) override { mem_->rec_load(i, slot); }
+  void read_state_slot(int i, float* out) const override { mem_->read_rec_cache(i, out); }
 
   size_t memory_bytes() const { return mem_->total_bytes(); }
 

@@ -216,6 +216,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   mo.type_k = o.type_k;
   mo.type_v = o.type_v;
   mo.n_spec = o.n_spec;
+  mo.n_rec_cache = o.n_rec_cache;
   auto lay = Memory::layout(c, mo);
   KILN_TRY(lay);
   {
@@ -231,8 +232,9 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
           kh, kg);
     if (lay->n_rec > 0)
       add("recurrent state",
-          fmt::format("{} delta-net layers x {} slot(s){} (conv + SSM, f32)", lay->n_rec, p.n_parallel,
-                      o.n_spec > 0 ? fmt::format(" x (1 + {} speculative keep states)", o.n_spec) : std::string()),
+          fmt::format("{} delta-net layers x {} slot(s){}{} (conv + SSM, f32)", lay->n_rec, p.n_parallel,
+                      o.n_spec > 0 ? fmt::format(" x (1 + {} speculative keep states)", o.n_spec) : std::string(),
+                      o.n_rec_cache > 0 ? fmt::format(" + {} prefix-cache states", o.n_rec_cache) : std::string()),
           rh, rg);
   }
 

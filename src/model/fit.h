@@ -66,6 +66,7 @@ struct PlanOptions {
   bool spec_mtp = false;         // --spec-type draft-mtp: the MTP head, its KV and draft scratch
   int64_t n_draft = 16;          // draft tokens per step (llama-server's --draft-max default)
   int n_spec = 0;                // speculative decoding: recurrent keep slots per sequence (MemoryOptions::n_spec)
+  int n_rec_cache = 0;           // prefix cache: spare recurrent state slots (MemoryOptions::n_rec_cache)
   int64_t image_max_tokens = 1024;  // image tokens (after the projector's merge) one image may give
   // --spec-type draft-simple: the draft model (-md), planned as the engine runs it — its weights with
   // draft_n_gpu_layers (-ngld; auto: all) on the GPU, its KV (-ctkd/-ctvd) and recurrent state with

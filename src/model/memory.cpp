@@ -58,7 +58,8 @@ Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions&
   const size_t k_bytes = l.k_row * size_t(Hkv) * size_t(opt.n_ctx) * size_t(opt.n_seq);
   const size_t v_bytes = l.v_row * size_t(Hkv) * size_t(opt.n_ctx) * size_t(opt.n_seq);
   l.attn_layer_bytes = at(k_bytes) + v_bytes;
-  const size_t rec_slots = size_t(opt.n_seq) * size_t(1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0));
+  const bool rec = cfg.n_recurrent_layers() > 0;
+  const size_t rec_slots = size_t(opt.n_seq) * size_t(1 + (rec ? opt.n_spec : 0)) + size_t(rec ? opt.n_rec_cache : 0);
   l.rec_layer_bytes = at(l.conv_floats * rec_slots * sizeof(float)) + l.ssm_floats * rec_slots * sizeof(float);
   for (int64_t il = 0; il < cfg.n_layer; ++il) ++(cfg.is_recurrent(il) ? l.n_rec : l.n_attn);
   if (opt.mtp) {
@@ -83,7 +84,8 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   m->v_row_ = lay->v_row;
   const int64_t dc = std::max<int64_t>(0, cfg.ssm_d_conv - 1), C = cfg.ssm_conv_dim(), S = cfg.ssm_d_state,
                 Hv = cfg.ssm_dt_rank, D = cfg.head_dim, Hkv = cfg.n_head_kv, N = opt.n_seq;
-  const int64_t per_seq = 1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0), NR = N * per_seq;
+  const int64_t per_seq = 1 + (cfg.n_recurrent_layers() > 0 ? opt.n_spec : 0);
+  const int64_t NR = N * per_seq + (cfg.n_recurrent_layers() > 0 ? opt.n_rec_cache : 0);  // spare slots last
   m->conv_floats_ = lay->conv_floats;
   m->ssm_floats_ = lay->ssm_floats;
   m->n_embd_ = cfg.n_embd;
@@ -281,15 +283,38 @@ void Memory::write_kv(int seq, int64_t pos0, const uint8_t* in, int64_t rows, in
 
 void Memory::read_rec(int seq, float* out) const {
   (void)seq_pos(seq);
+  read_rec_phys(rec_slot(seq), out);
+}
+
+void Memory::read_rec_phys(int phys, float* out) const {
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
-    L.st->download(out, slot(L.a, rec_slot(seq)), conv_floats_ * sizeof(float));
-    L.st->download(out + conv_floats_, slot(L.b, rec_slot(seq)), ssm_floats_ * sizeof(float));
+    L.st->download(out, slot(L.a, phys), conv_floats_ * sizeof(float));
+    L.st->download(out + conv_floats_, slot(L.b, phys), ssm_floats_ * sizeof(float));
     out += conv_floats_ + ssm_floats_;
   }
-  if (opt_.mtp) layers_.back().st->download(out, mtp_col(rec_slot(seq)), size_t(n_embd_) * sizeof(float));
+  if (opt_.mtp) layers_.back().st->download(out, mtp_col(phys), size_t(n_embd_) * sizeof(float));
   sync();
 }
+
+int Memory::cache_slot(int i) const {
+  KILN_CHECK(i >= 0 && i < n_rec_cache(), "spare recurrent state slot {} of {}", i, n_rec_cache());
+  return int(size_t(opt_.n_seq) * rec_phys_[0].size()) + i;
+}
+
+void Memory::copy_rec(int dst, int src) {
+  for (int64_t il : rec_layers_) {
+    const Layer& L = layers_[size_t(il)];
+    L.st->copy(slot(L.a, dst), slot(L.a, src));
+    L.st->copy(slot(L.b, dst), slot(L.b, src));
+  }
+  if (opt_.mtp) layers_.back().st->copy(mtp_col(dst), mtp_col(src));
+  sync();
+}
+
+void Memory::rec_save(int seq, int i) { copy_rec(cache_slot(i), rec_slot(seq)); }
+void Memory::rec_load(int i, int seq) { copy_rec(rec_slot(seq), cache_slot(i)); }
+void Memory::read_rec_cache(int i, float* out) const { read_rec_phys(cache_slot(i), out); }
 
 void Memory::write_rec(int seq, const float* in) {
   (void)seq_pos(seq);

@@ -50,6 +50,8 @@ struct MemoryOptions {
                                         // the most tokens of a verify run whose state is kept)
   bool mtp = false;                     // the MTP block's KV layer and per-slot hidden state (qwen35*
                                         // with nextn_predict_layers >= 1)
+  int n_rec_cache = 0;                  // spare recurrent state slots (models with recurrent layers): the
+                                        // prefix cache's states kept where the layers run (rec_save / rec_load)
 };
 
 // A sequence's complete state at position `n_pos`: the first n_pos KV rows of each attention layer
@@ -119,6 +121,14 @@ class Memory {
   int rec_keep_slot(int seq, int i) const;
   // dst := src (KV rows [0, seq_pos(src)) and recurrent state).
   void seq_copy(int src, int dst);
+  // Spare recurrent state slots (MemoryOptions::n_rec_cache; 0 without recurrent layers): the
+  // recurrent state of `seq` (with MTP its hidden state too) into spare slot i, back from it into a
+  // sequence (positions unchanged: the caller sets them), or to the host (rec_floats() floats).
+  // Device copies where the layers run: no host round trip.
+  int n_rec_cache() const { return has_recurrent() ? opt_.n_rec_cache : 0; }
+  void rec_save(int seq, int i);
+  void rec_load(int i, int seq);
+  void read_rec_cache(int i, float* out) const;
   Snapshot snapshot(int seq) const;
   Status restore(int seq, const Snapshot& s);
 
@@ -169,6 +179,9 @@ class Memory {
   static backend::Tensor slot(const backend::Tensor& state, int seq);  // contiguous view of one slot
   backend::Tensor mtp_col(int slot) const;                              // column of mtp_h_
   void sync() const;
+  int cache_slot(int i) const;  // physical slot of spare slot i
+  void copy_rec(int dst_phys, int src_phys);
+  void read_rec_phys(int phys, float* out) const;
 
   MemoryOptions opt_;
   int64_t n_head_kv_ = 0;

@@ -347,6 +347,10 @@ const std::vector<Opt>& table() {
     add_int({"-cram", "--cache-ram"}, env_of("CACHE_RAM"), "MiB",
         "RAM for the prefix cache (KV blocks and recurrent snapshots), -1 unlimited, 0 off (default 8192)", -1, int64_t(1) << 32,
         [](ServerOptions& so, int64_t x) { so.cache_ram_mib = x; so.engine.cache_ram_bytes = x < 0 ? -1 : (x << 20); });
+    add_int({"--cache-states"}, env_of("CACHE_STATES"), "N",
+        "hybrid models: prefix-cache recurrent states kept where the layers run (GPU memory with -ngl), older "
+        "ones in --cache-ram; -1 auto = --parallel + 4 (at most 64), 0 all in RAM (default -1)", -1, 1024,
+        [](ServerOptions& so, int64_t x) { so.engine.cache_states = int(x); });
     // ---- speculative decoding (llama-server's names; docs/engine.md "Speculative decoding") ----
     add({"--spec-type"}, env_of("SPEC_TYPE"), "TYPE",
         "none|ngram-simple|draft-mtp|draft-simple: speculative decoding (default none)",

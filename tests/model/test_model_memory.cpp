@@ -108,6 +108,42 @@ TEST_P(HybridMemory, ChunkedDeltaRuleEqualsRecurrent) {
   EXPECT_LT(max_diff(a, b), 2e-3);
 }
 
+// Spare recurrent state slots (MemoryOptions::n_rec_cache, the prefix cache's first tier): a state
+// saved there, restored into a sequence after a detour (with the KV rows it needs) continues like the
+// uninterrupted run; read to the host it equals what read_rec gave when it was saved.
+TEST_P(HybridMemory, SpareStateSlotsSaveAndLoad) {
+  Fixture f(GetParam());
+  const int64_t V = f.model->config().n_vocab;
+  const auto prefix = random_tokens(20, V, 13), cont = random_tokens(12, V, 14), detour = random_tokens(9, V, 15);
+  auto ref_mem = f.memory(1);
+  run(*f.cx, *ref_mem, 0, prefix, 8);
+  const Logits ref = run(*f.cx, *ref_mem, 0, cont, 5);
+
+  MemoryOptions mo;
+  mo.n_ctx = 128;
+  mo.n_seq = 2;
+  mo.type_k = mo.type_v = GgmlType::F32;
+  mo.n_rec_cache = 3;
+  auto mem = Memory::create(f.model->config(), mo);
+  ASSERT_TRUE(mem.ok());
+  Memory& m = **mem;
+  EXPECT_EQ(m.n_rec_cache(), 3);
+  run(*f.cx, m, 0, prefix, 8);
+  std::vector<float> at_prefix(m.rec_floats()), spare(m.rec_floats());
+  m.read_rec(0, at_prefix.data());
+  m.rec_save(0, 2);
+  std::vector<uint8_t> kv(size_t(20) * m.kv_bytes_per_pos());
+  m.read_kv(0, 0, 20, kv.data());
+  run(*f.cx, m, 0, detour, 4);
+  m.read_rec_cache(2, spare.data());
+  EXPECT_EQ(spare, at_prefix);
+  // Into the other sequence: its KV rows from the host, the state by a copy from the spare slot.
+  m.write_kv(1, 0, kv.data(), 20, 0, 20);
+  m.rec_load(2, 1);
+  m.set_seq_pos(1, 20);
+  EXPECT_EQ(max_diff(run(*f.cx, m, 1, cont, 5), ref), 0.f);
+}
+
 TEST_P(ModelMemory, SnapshotRestoreContinueEqualsUninterrupted) {
   Fixture f(GetParam());
   const int64_t V = f.model->config().n_vocab;

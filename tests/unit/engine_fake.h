@@ -59,12 +59,14 @@ class FakeRunner final : public Runner {
     bool recurrent = false;
     std::vector<int32_t> suppressed;  // token ids given logit -100 (e.g. EOG)
     int decode_sleep_ms = 0;
+    int state_slots = 0;  // spare recurrent state slots (the prefix cache's first tier)
     // Optional: given a slot's tokens (all positions including the current one), a token to force.
     std::function<int32_t(const std::vector<int32_t>&)> script;
   };
   explicit FakeRunner(Opts o) : o_(std::move(o)) {
     kv_.assign(size_t(o_.slots), std::vector<uint8_t>(size_t(o_.n_ctx) * kRow, 0));
     rec_.assign(size_t(o_.slots), std::vector<float>(4, 0.f));
+    spare_.assign(size_t(o_.state_slots), std::vector<float>(4, 0.f));
     pos_.assign(size_t(o_.slots), 0);
     logits_.resize(size_t(o_.n_vocab) * size_t(o_.n_batch));
   }
@@ -149,9 +151,14 @@ class FakeRunner final : public Runner {
   size_t rec_floats() const override { return o_.recurrent ? 4 : 0; }
   void read_rec(int s, float* out) const override { std::copy(rec_[size_t(s)].begin(), rec_[size_t(s)].end(), out); }
   void write_rec(int s, const float* in) override { std::copy(in, in + 4, rec_[size_t(s)].begin()); }
+  int n_state_slots() const override { return o_.recurrent ? o_.state_slots : 0; }
+  void save_rec(int s, int i) override { spare_.at(size_t(i)) = rec_[size_t(s)]; }
+  void load_rec(int i, int s) override { rec_[size_t(s)] = spare_.at(size_t(i)); }
+  void read_state_slot(int i, float* out) const override { std::copy(spare_.at(size_t(i)).begin(), spare_.at(size_t(i)).end(), out); }
 
  private:
   static constexpr size_t kRow = 12;
+  std::vector<std::vector<float>> spare_;  // Runner::n_state_slots
   uint64_t get_rec(int s) const {
     uint64_t h = 0;
     for (int i = 0; i < 4; ++i) h |= uint64_t(uint16_t(rec_[size_t(s)][size_t(i)])) << (16 * i);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
 #include <random>
 
 #include "engine/prefix_cache.h"
@@ -51,6 +52,14 @@ std::vector<float> state_of(const std::vector<int32_t>& toks) {  // a "recurrent
   float h = 0;
   for (int32_t t : toks) h = std::fmod(h * 31.f + float(t), 65521.f);
   return {h, float(toks.size())};
+}
+
+// A state to insert, read from host floats (caches without spare slots never call save).
+const PrefixCache::StateSource* src(const std::vector<float>& v) {
+  static std::deque<PrefixCache::StateSource> keep;
+  keep.push_back({[v](float* out) { std::copy(v.begin(), v.end(), out); },
+                  [](int) { ADD_FAILURE() << "save() on a cache without spare state slots"; }});
+  return &keep.back();
 }
 
 PrefixCacheOptions attn_opts(int block = 4, int64_t ram = -1) {
@@ -106,7 +115,7 @@ TEST(EnginePrefixCache, HybridNeedsAStateAtTheMatchEnd) {
   EXPECT_EQ(c.match(a, 9).n_tokens, 0);
   // A state at 8 (block-aligned: on the node).
   auto s8 = state_of(std::vector<int32_t>(a.begin(), a.begin() + 8));
-  c.insert(std::span<const int32_t>(a).first(8), reader(a), s8.data(), false);
+  c.insert(std::span<const int32_t>(a).first(8), reader(a), src(s8), false);
   auto m = c.match(a, 9);
   ASSERT_EQ(m.n_tokens, 8);
   ASSERT_NE(m.rec, nullptr);
@@ -114,7 +123,7 @@ TEST(EnginePrefixCache, HybridNeedsAStateAtTheMatchEnd) {
   expect_rows(m, a);
   // A state at the end (10, a tail) — only usable when max_len allows it.
   auto s10 = state_of(a);
-  c.insert(a, reader(a), s10.data(), false);
+  c.insert(a, reader(a), src(s10), false);
   EXPECT_EQ(c.match(a, 9).n_tokens, 8);
   auto e = a;
   e.push_back(1);
@@ -202,17 +211,17 @@ TEST(EnginePrefixCache, HybridEvictionDropsStatelessBranches) {
   PrefixCache probe(hybrid_opts(4));
   auto one = seq(4, 0);
   auto s1 = state_of(one);
-  probe.insert(one, reader(one), s1.data(), false);
+  probe.insert(one, reader(one), src(s1), false);
   const int64_t unit = probe.stats().bytes;
   PrefixCache c(hybrid_opts(4, unit * 5));
   // Sequence of 12 tokens with a state only at its end; then a second, unrelated one evicts it.
   auto a = seq(12, 10);
   auto sa = state_of(a);
-  c.insert(a, reader(a), sa.data(), false);
+  c.insert(a, reader(a), src(sa), false);
   EXPECT_EQ(c.stats().n_nodes, 3);
   auto b = seq(12, 5000);
   auto sb = state_of(b);
-  c.insert(b, reader(b), sb.data(), false);
+  c.insert(b, reader(b), src(sb), false);
   EXPECT_LE(c.stats().bytes, unit * 5);
   // a's last block (holding its only state) went first; its now stateless ancestors went with it
   // instead of occupying the budget.
@@ -262,4 +271,73 @@ TEST(EnginePrefixCache, RandomisedAgainstBruteForce) {
       inserted.push_back(s);
     }
   }
+}
+
+// The first tier: spare state slots (here plain vectors). New states take free slots; with none
+// free the least recently used slot's state moves to RAM (read through read_dev) and its slot is
+// reused; every match returns the state inserted for its prefix, from a slot or from RAM; evicted
+// entries give their slots back; clear() frees every slot.
+TEST(EnginePrefixCache, SpareSlotsFirstThenRam) {
+  std::vector<std::vector<float>> slots(2, std::vector<float>(2, -1.f));
+  int reads = 0;
+  PrefixCacheOptions o = hybrid_opts(4);
+  o.n_dev_states = 2;
+  o.read_dev = [&](int i, float* out) {
+    ++reads;
+    std::copy(slots.at(size_t(i)).begin(), slots.at(size_t(i)).end(), out);
+  };
+  PrefixCache c(o);
+  std::deque<PrefixCache::StateSource> keep;
+  int saves = 0, host_reads = 0;
+  auto source = [&](const std::vector<float>& v) {
+    keep.push_back({[&host_reads, v](float* out) { ++host_reads, std::copy(v.begin(), v.end(), out); },
+                    [&slots, &saves, v](int i) { ++saves, slots.at(size_t(i)) = v; }});
+    return &keep.back();
+  };
+  // Three prompts with states at their ends (tails: 6 tokens, block 4).
+  std::vector<std::vector<int32_t>> p = {seq(6, 100), seq(6, 200), seq(6, 300)};
+  for (const auto& s : p) c.insert(s, reader(s), source(state_of(s)), false);
+  EXPECT_EQ(saves, 3);       // every state went to a slot ...
+  EXPECT_EQ(host_reads, 0);  // ... none was read from the sequence to the host
+  EXPECT_EQ(reads, 1);       // the oldest (p[0]'s) moved to RAM to free its slot
+  PrefixCacheStats st = c.stats();
+  EXPECT_EQ(st.n_states, 3);
+  EXPECT_EQ(st.n_dev_states, 2);
+  for (size_t i = 0; i < p.size(); ++i) {
+    auto q = p[i];
+    q.push_back(7);
+    const auto m = c.match(q, int64_t(q.size()) - 1);
+    ASSERT_EQ(m.n_tokens, 6) << i;
+    const std::vector<float> got = m.rec_dev >= 0 ? slots[size_t(m.rec_dev)] : std::vector<float>(m.rec, m.rec + 2);
+    EXPECT_EQ(got, state_of(p[i])) << i;
+    EXPECT_EQ(m.rec_dev >= 0, i > 0) << i;  // p[0]'s state is the one in RAM
+    expect_rows(m, q);
+  }
+  // A fourth state: the least recently used slot now is p[1]'s (p[2] was matched after it).
+  const auto d = seq(6, 400);
+  c.insert(d, reader(d), source(state_of(d)), false);
+  EXPECT_EQ(reads, 2);
+  auto q1 = p[1];
+  q1.push_back(7);
+  EXPECT_EQ(c.match(q1, 6).rec_dev, -1);
+  c.clear();
+  EXPECT_EQ(c.stats().n_states, 0);
+  for (int k = 0; k < 2; ++k) {
+    const auto s = seq(6, 500 + 100 * k);
+    c.insert(s, reader(s), source(state_of(s)), false);
+  }
+  EXPECT_EQ(c.stats().n_dev_states, 2);  // both slots free again after clear()
+  EXPECT_EQ(reads, 2);
+  // A RAM bound that holds one prompt's blocks: the evicted entries give their slots back, so
+  // later states take them without moving anything to RAM.
+  o.ram_bytes = 400;
+  PrefixCache small(o);
+  for (int k = 0; k < 5; ++k) {
+    const auto s = seq(6, 1000 + 100 * k);
+    small.insert(s, reader(s), source(state_of(s)), false);
+    EXPECT_LE(small.stats().bytes, 400);
+  }
+  EXPECT_EQ(reads, 2);
+  EXPECT_EQ(small.stats().n_states, 1);
+  EXPECT_EQ(small.stats().n_dev_states, 1);
 }

@@ -63,6 +63,7 @@ Setup make(bool recurrent, int slots, int64_t ubatch = 64, int64_t cache_ram = -
   fo.slots = slots;
   fo.n_batch = ubatch;
   fo.recurrent = recurrent;
+  fo.state_slots = recurrent ? 3 : 0;  // the prefix cache's first tier: few, so states also move to RAM
   fo.suppressed = tok->eog_ids();
   fo.decode_sleep_ms = sleep_ms;
   fo.script = std::move(script);

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <optional>
 
+#include "engine/engine.h"
+#include "engine/runner.h"
 #include "model/fit.h"
 #include "model_cli.h"
 #include "subcommand.h"
@@ -24,7 +26,7 @@ int cmd_fit(int argc, char** argv) {
   std::string model_path, mmproj, spec_type = "none", model_draft, ctkd, ctvd;
   int ngld = -1;
   int64_t ctx = 0, n_batch = 2048, n_ubatch = 512, cache_ram = 8192, n_draft = 16, image_tokens = 1024;
-  int n_parallel = 1, threads = 0;
+  int n_parallel = 1, threads = 0, cache_states = -1;
   app.add_option("-m,--model", model_path, "GGUF model (a metadata-only file is enough)")->required();
   app.add_option("--mmproj", mmproj, "vision projector (-mm): its weights and one image batch are planned");
   app.add_option("-c,--ctx-size", ctx, "total context shared by the slots (default 0 = unset: the training context, "
@@ -34,6 +36,8 @@ int cmd_fit(int argc, char** argv) {
   app.add_option("--ubatch-size", n_ubatch, "tokens per step (-ub, default 512)");
   app.add_option("-t,--threads", threads, "CPU threads (CPU workspaces depend on them)");
   app.add_option("--cache-ram", cache_ram, "prefix cache RAM in MiB (-cram; -1 unlimited, 0 off; default 8192)");
+  app.add_option("--cache-states", cache_states,
+                 "hybrid models: prefix-cache recurrent states kept with the layers (-1 auto = --parallel + 4, at most 64)");
   app.add_option("--spec-type", spec_type,
                  "none|ngram-simple|draft-mtp|draft-simple: keep slots for every speculative type; draft-mtp plans the "
                  "MTP head, its KV and draft scratch, draft-simple the draft model (-md)");
@@ -108,6 +112,12 @@ int cmd_fit(int argc, char** argv) {
   po.n_draft = n_draft;
   po.n_spec = spec_type == "none" ? 0 : int(n_draft);  // keep slots, as the engine (SpecOptions::n_keep)
   po.n_outputs_max = int64_t(po.n_parallel) * (1 + po.n_spec);  // one logits row per slot and kept draft, as kiln serve
+  po.n_top = engine::runner_top_logits(false);  // as kiln serve
+  {
+    engine::EngineOptions eo;  // kiln serve's rule for the spare state slots
+    eo.n_parallel = po.n_parallel, eo.cache_ram_bytes = po.cache_ram_bytes, eo.cache_states = cache_states;
+    po.n_rec_cache = engine::resolve_cache_states(eo);
+  }
   std::optional<model::ModelShape> draft;
   if (!model_draft.empty()) {
     auto d = open_meta(model_draft);

@@ -10,7 +10,8 @@
 //   partial (O, m, l) to the workspace and attn_merge combines them. Scores are in log2 units (q is
 //   pre-scaled by scale * log2 e); K/V tiles are staged in shared memory as F32 (for F16 / Q8_0 /
 //   Q4_0 caches the global loads of tile n+1 are issued into registers before tile n is computed);
-//   sums are F32. CUDA cores only (tensor cores: later).
+//   sums are F32. Prefill-sized batches over F16 caches: the tiles that hold one run go to the
+//   tensor-core kernel (attention_mma.cu) and these kernels skip them (attn_tile_whole).
 // Must not: allocate, synchronize or read device memory on the host; rotate (the Hadamard rotation of
 //   quantized caches is the caller's). Argument errors are KILN_CHECK failures before any enqueue.
 // Threading: launchers only enqueue on L.stream; the one-time shared-memory attribute set-up is a
@@ -23,6 +24,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/workspace.h"
@@ -153,6 +155,7 @@ struct AttnK {
   int n_split, chunk;
   float* part_o;   // [n_split][T][Hq][D] (n_split > 1)
   float* part_ml;  // [n_split][T][Hq][2]: m (log2 units), l
+  int mma_bt;      // > 0: tiles of this many tokens within one run are the tensor-core kernel's
 };
 
 // One item = eight consecutive elements e..e+7 of a cache row (e a multiple of 8). A tile is
@@ -312,6 +315,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int t_begin = blockIdx.x * p.bq, t_end = min(p.T, t_begin + p.bq);
+  if (p.mma_bt > 0 && attn_tile_whole(p.seq, p.T, t_begin / p.mma_bt * p.mma_bt, p.mma_bt)) return;
   const int h0 = blockIdx.y * p.hg;
   const int64_t kvh = h0 / p.G;
   const int split = blockIdx.z;
@@ -514,6 +518,7 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge(const AttnK p) {
   __shared__ float w_s[kMaxSplit], red[NW], acc_s[NW][33];
   const int64_t row = blockIdx.x, t = row / p.Hq, h = row % p.Hq, rows = int64_t(p.T) * p.Hq;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (p.mma_bt > 0 && attn_tile_whole(p.seq, p.T, int(t) / p.mma_bt * p.mma_bt, p.mma_bt)) return;
   float m = -INFINITY, l = 0.0f;
   if (tid < p.n_split) {
     const float* ml = p.part_ml + (tid * rows + row) * 2;
@@ -631,6 +636,7 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
   while (pl.n_split > 1 && (L.ws == nullptr || L.ws_bytes < part_bytes(a, T, pl.n_split)))
     set_splits(pl, n_kv, pl.n_split - 1);
   AttnK p;
+  p.mma_bt = detail::attention_mma(L, q, seq, pos, k, v, a, out);  // the tiles of whole runs, on tensor cores
   p.q = q.p, p.q_s1 = q.s1, p.q_s2 = q.s2;
   p.out = out.p, p.o_s1 = out.s1, p.o_s2 = out.s2;
   p.seq = seq, p.pos = pos;

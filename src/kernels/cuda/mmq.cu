@@ -29,6 +29,7 @@
 #include "kernels/cuda/dequant_q8.cuh"  // q8::iq4_pairs
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/matvec.cuh"  // mv_cp16 / commit / wait
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/pdl.cuh"
 
 namespace kiln::cuda::detail {
@@ -60,13 +61,6 @@ struct Geo {
     return stages<NT>() * (stage<NT>() + 8);  // + the stages' mbarriers
   }
 };
-
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
 __device__ __forceinline__ __half2 as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
@@ -280,8 +274,8 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
         for (int j = 0; j < NT; ++j) {
           const int c = min(8 * j + g, a.m - 1);
           const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * u);
-          mma16816(acc[j], f0, xv.x, xv.y);
-          mma16816(acc[j], f1, xv.z, xv.w);
+          mma::m16n8k16(acc[j], f0, xv.x, xv.y);
+          mma::m16n8k16(acc[j], f1, xv.z, xv.w);
         }
       }
     }

@@ -1,0 +1,257 @@
+// kernels/cuda/attention_mma.cu — the tensor-core path of attention (cuda_ops.h) for prefill-sized
+//   batches over F16 caches: flash attention with mma.sync m16n8k16 (F16 in, F32 accumulators).
+// Owns: attention_mma_tile (whether and with which tile a launch takes this path) and its kernel.
+//   A CTA of 4 warps takes 64 query rows — bt consecutive tokens of ONE run times hg query heads of
+//   one KV group (hg = the largest power of two dividing the group, bt = 64 / hg) — and every key of
+//   its run's slot up to the tile's last position, in tiles of BK keys staged in shared memory by
+//   cp.async (two stages: the next tile's copies in flight while this one is computed). Each warp
+//   holds 16 rows: S = Q K^T from ldmatrix fragments, the causal mask from each row's position, the
+//   online softmax on the accumulator fragments (scores in log2 units: q is pre-scaled by
+//   scale * log2 e, then rounded to F16), P rounded to F16 as the A operand of O += P V (V fragments
+//   by ldmatrix.trans), O / l written once. Tiles whose tokens span two runs are left to the CUDA-core
+//   kernel (attention.cu), which skips the tiles this path takes (attn_tile_whole, the same test on
+//   the device), so a batch may mix both.
+// Must not: allocate, synchronize, or take Q8_0 / Q4_0 / F32 caches (those stay on attention.cu).
+// Threading: launchers only enqueue on L.stream; the shared-memory attribute set-up is a thread-safe
+//   function-local static.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/cuda/attention_tile.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/workspace.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kThreads = 128, kRows = 64;  // 4 warps x 16 query rows
+
+template <int D>
+struct Geo {
+  static constexpr int BK = D >= 256 ? 32 : 64;  // keys per stage
+  static constexpr int LDH = D + 8;              // halves per shared row (16 bytes of padding: no bank conflicts)
+  static constexpr size_t smem = size_t(kRows + 4 * BK) * LDH * sizeof(__half);  // Q, K x 2, V x 2
+};
+
+struct MmaArgs {
+  const float* q;
+  int64_t q_s1, q_s2;
+  float* out;
+  int64_t o_s1, o_s2;
+  const int32_t* seq;
+  const int32_t* pos;
+  const char* k;
+  const char* v;
+  size_t k_nb1, k_nb2, k_nb3, v_nb1, v_nb2, v_nb3;
+  int T, G, hg, bt;
+  float qscale;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
+  pdl::begin();  // pdl.cuh: nothing global before this
+  constexpr int BK = Geo<D>::BK, LDH = Geo<D>::LDH, NT = BK / 8, ND = D / 8;
+  extern __shared__ __align__(16) __half smh[];
+  __half* Qs = smh;                // [kRows][LDH]
+  __half* Ks = Qs + kRows * LDH;   // [2][BK][LDH]
+  __half* Vs = Ks + 2 * BK * LDH;  // [2][BK][LDH]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int t0 = blockIdx.x * p.bt, t1 = min(p.T, t0 + p.bt);
+  if (!attn_tile_whole(p.seq, p.T, t0, p.bt)) return;  // the CUDA-core kernel takes this tile
+  const int slot = p.seq[t0], h0 = blockIdx.y * p.hg;
+  const int64_t kvh = h0 / p.G;
+  const int kv_hi = p.pos[t1 - 1] + 1;  // positions increase along a run
+  const char* kb = p.k + size_t(kvh) * p.k_nb1 + size_t(slot) * p.k_nb3;
+  const char* vb = p.v + size_t(kvh) * p.v_nb1 + size_t(slot) * p.v_nb3;
+
+  auto load_kv = [&](int stage, int k0) {
+    for (int i = tid; i < BK * (D / 8); i += kThreads) {
+      const int row = i / (D / 8), c = (i % (D / 8)) * 8;
+      const bool ok = k0 + row < kv_hi;  // rows past the run's last position: zeros (never garbage)
+      const size_t key = size_t(ok ? k0 + row : 0);
+      mma::cp16_or_zero(mma::smem_u32(Ks + (stage * BK + row) * LDH + c), kb + key * p.k_nb2 + size_t(c) * 2, ok);
+      mma::cp16_or_zero(mma::smem_u32(Vs + (stage * BK + row) * LDH + c), vb + key * p.v_nb2 + size_t(c) * 2, ok);
+    }
+    mma::cp_commit();
+  };
+  const int n_tiles = (kv_hi + BK - 1) / BK;
+  load_kv(0, 0);
+
+  // Q rows (row r: token t0 + r / hg, head h0 + r % hg), pre-scaled, as F16; rows past the tile: 0.
+  for (int i = tid; i < kRows * (D / 8); i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8, t = t0 + r / p.hg;
+    uint4 h = make_uint4(0u, 0u, 0u, 0u);
+    if (t < t1) {
+      const float* src = p.q + int64_t(t) * p.q_s2 + int64_t(h0 + r % p.hg) * p.q_s1 + c;
+      const float s = p.qscale;
+      h = make_uint4(mma::pack_half2(src[0] * s, src[1] * s), mma::pack_half2(src[2] * s, src[3] * s),
+                     mma::pack_half2(src[4] * s, src[5] * s), mma::pack_half2(src[6] * s, src[7] * s));
+    }
+    *reinterpret_cast<uint4*>(Qs + r * LDH + c) = h;
+  }
+  // This lane's two rows (g and g + 8 of the warp's 16): their positions, -1 past the tile.
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int rp0 = t0 + r0 / p.hg < t1 ? p.pos[t0 + r0 / p.hg] : -1;
+  const int rp1 = t0 + r1 / p.hg < t1 ? p.pos[t0 + r1 / p.hg] : -1;
+  const bool warp_live = __any_sync(0xffffffffu, rp0 >= 0 || rp1 >= 0);
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // l: this lane's partial row sums
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int s = it & 1, k0 = it * BK;
+    if (it + 1 < n_tiles) {
+      load_kv(s ^ 1, k0 + BK);  // the other stage was consumed before the previous iteration's barrier
+      mma::cp_wait<1>();
+    } else {
+      mma::cp_wait<0>();
+    }
+    __syncthreads();
+    if (warp_live) {
+      float sc[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        mma::ldsm_x4(a, mma::smem_u32(Qs + (warp * 16 + (lane & 15)) * LDH + kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {  // key tiles j, j + 1 from one ldmatrix
+          uint32_t b[4];
+          const int key = j * 8 + (lane & 7) + ((lane >> 4) << 3);
+          mma::ldsm_x4(b, mma::smem_u32(Ks + (s * BK + key) * LDH + kk * 16 + ((lane >> 3) & 1) * 8));
+          mma::m16n8k16(sc[j], a, b[0], b[1]);
+          mma::m16n8k16(sc[j + 1], a, b[2], b[3]);
+        }
+      }
+      // Causal mask (keys past a row's position, including every key past kv_hi), online softmax.
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = k0 + j * 8 + 2 * t4 + e;
+          if (key > rp0) sc[j][e] = -INFINITY;
+          if (key > rp1) sc[j][2 + e] = -INFINITY;
+          mx0 = fmaxf(mx0, sc[j][e]);
+          mx1 = fmaxf(mx1, sc[j][2 + e]);
+        }
+#pragma unroll
+      for (int x = 1; x <= 2; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float c0 = mn0 == -INFINITY ? 1.f : exp2f(m0 - mn0), c1 = mn1 == -INFINITY ? 1.f : exp2f(m1 - mn1);
+      float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          sc[j][e] = mn0 == -INFINITY ? 0.f : exp2f(sc[j][e] - mn0);
+          sc[j][2 + e] = mn1 == -INFINITY ? 0.f : exp2f(sc[j][2 + e] - mn1);
+          ls0 += sc[j][e];
+          ls1 += sc[j][2 + e];
+        }
+      l0 = l0 * c0 + ls0, l1 = l1 * c1 + ls1;
+      m0 = mn0, m1 = mn1;
+#pragma unroll
+      for (int n = 0; n < ND; ++n) o[n][0] *= c0, o[n][1] *= c0, o[n][2] *= c1, o[n][3] *= c1;
+      // O += P V: P's accumulator layout is the A fragment of keys 16 kk .. 16 kk + 15.
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint32_t a[4] = {mma::pack_half2(sc[2 * kk][0], sc[2 * kk][1]), mma::pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
+                               mma::pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                               mma::pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int dn = 0; dn < D / 16; ++dn) {  // column tiles 2 dn, 2 dn + 1 from one ldmatrix
+          uint32_t b[4];
+          mma::ldsm_x4_t(b, mma::smem_u32(Vs + (s * BK + key) * LDH + dn * 16 + (lane >> 4) * 8));
+          mma::m16n8k16(o[2 * dn], a, b[0], b[1]);
+          mma::m16n8k16(o[2 * dn + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // this stage is free for the copies two tiles on
+  }
+
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = half ? r1 : r0;
+    if ((half ? rp1 : rp0) < 0) continue;
+    const float l = half ? l1 : l0, inv = l > 0.f ? 1.f / l : 0.f;
+    float* dst = p.out + int64_t(t0 + r / p.hg) * p.o_s2 + int64_t(h0 + r % p.hg) * p.o_s1 + 2 * t4;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+  }
+}
+
+template <int D>
+void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
+  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    int(Geo<D>::smem)) == cudaSuccess;
+  KILN_CHECK(attr_set, "attention (tensor cores): {} bytes of shared memory refused (head_dim {})", Geo<D>::smem, D);
+  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D>, a);
+}
+
+bool aligned16(const SeqMem& m) { return ((reinterpret_cast<uintptr_t>(m.p) | m.nb1 | m.nb2 | m.nb3) % 16) == 0; }
+
+}  // namespace
+
+int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType vt, int64_t T) {
+  if (T <= detail::kAttnDecodeTokens || L.sm < 80 || kt != GgmlType::F16 || vt != GgmlType::F16) return 0;
+  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return 0;
+  if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return 0;
+  const char* env = std::getenv("KILN_CUDA_ATTN_MMA");  // 0: the CUDA-core kernel only (comparisons)
+  if (env && std::strcmp(env, "0") == 0) return 0;
+  const int64_t G = a.n_head / a.n_head_kv, hg = std::min<int64_t>(G & -G, kRows);
+  const detail::AttnPlan pl = detail::attn_make_plan(a.head_dim, a.n_head, a.n_head_kv, T, 1);
+  const int bt = int(kRows / hg);
+  return bt % pl.bq == 0 ? bt : 0;  // the CUDA-core kernel's tiles must not straddle two of these
+}
+
+namespace detail {
+
+int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, const SeqMem& k, const SeqMem& v,
+                  const AttnArgs& a, Rows out) {
+  const int64_t T = q.n2;
+  const int bt = attention_mma_tile(L, a, k.type, v.type, T);
+  if (bt == 0 || !aligned16(k) || !aligned16(v)) return 0;
+  MmaArgs m;
+  m.q = q.p, m.q_s1 = q.s1, m.q_s2 = q.s2;
+  m.out = out.p, m.o_s1 = out.s1, m.o_s2 = out.s2;
+  m.seq = seq, m.pos = pos;
+  m.k = static_cast<const char*>(k.p), m.v = static_cast<const char*>(v.p);
+  m.k_nb1 = k.nb1, m.k_nb2 = k.nb2, m.k_nb3 = k.nb3, m.v_nb1 = v.nb1, m.v_nb2 = v.nb2, m.v_nb3 = v.nb3;
+  m.T = int(T), m.G = int(a.n_head / a.n_head_kv), m.hg = kRows / bt, m.bt = bt;
+  m.qscale = a.scale * 1.4426950408889634f;
+  const dim3 grid(unsigned((T + bt - 1) / bt), unsigned(a.n_head / m.hg));
+  switch (a.head_dim) {
+    case 64: launch<64>(L, m, grid); break;
+    case 128: launch<128>(L, m, grid); break;
+    default: launch<256>(L, m, grid); break;
+  }
+  const cudaError_t e = cudaGetLastError();
+  KILN_CHECK(e == cudaSuccess, "attention (tensor cores): kernel launch failed: {}", cudaGetErrorString(e));
+  return bt;
+}
+
+}  // namespace detail
+}  // namespace kiln::cuda
