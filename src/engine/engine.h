@@ -78,7 +78,8 @@ struct EngineOptions {
   int32_t cache_block = 32;                       // prefix-cache block size (tokens)
   // Hybrid models: prefix-cache recurrent states kept in spare state slots where the layers run (a
   // restore or a snapshot is then a device copy, not a host round trip; older states move to RAM).
-  // -1: n_parallel + 4 (at most 64); 0: every state in RAM. Counted by the memory planner.
+  // -1: n_parallel + 4 (at most 64), and with a GPU and --fit on fitting decides: none when the plan
+  // does not fit, else up to 10 % of the usable GPU memory (at most 256); 0: every state in RAM.
   int cache_states = -1;
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
   // a multiple of cache_block); the ends of prompts and of generated turns are always snapshotted.

@@ -263,6 +263,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.n_draft = opt_.spec.n_max;
   o.n_spec = opt_.spec.n_keep();
   o.n_rec_cache = resolve_cache_states(opt_);
+  o.rec_cache_auto = opt_.cache_states < 0;
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;
@@ -301,6 +302,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   KILN_TRY(plan);
   KILN_LOG_INFO("{}", plan->table());
   if (!plan->fits()) KILN_LOG_WARN("--fit off: the plan does not fit {}; loading as asked", plan->gpu->name);
+  if (opt_.cache_states < 0) opt_.cache_states = plan->n_rec_cache;  // as fitting sized them
   if (opt_.n_ctx == 0 && plan->n_ctx != model::resolve_total_context(0, shape->cfg.n_ctx_train)) {
     KILN_LOG_INFO("--fit: context {} (the training context does not fit; -c sets it explicitly)", plan->n_ctx);
     opt_.n_ctx = plan->n_ctx;

@@ -143,6 +143,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   p.n_gpu_layers = gpu ? std::clamp<int>(ngl, 0, int(c.n_layer + 1)) : 0;
   p.output_on_gpu = p.n_gpu_layers > c.n_layer;
   p.n_parallel = std::max(1, o.n_parallel);
+  p.n_rec_cache = c.n_recurrent_layers() > 0 ? o.n_rec_cache : 0;
   p.n_ctx = resolve_total_context(o.n_ctx, c.n_ctx_train);
   p.n_ctx_slot = slot_context(p.n_ctx, p.n_parallel);
   p.n_step = step_tokens(o.n_batch, o.n_ubatch, p.n_parallel);
@@ -391,7 +392,29 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
   const int ngl0 = resolve_gpu_layers(o.n_gpu_layers, c.n_layer, gpu.has_value());
   auto first = plan_memory(m, proj, o, ngl0, gpu);
   KILN_TRY(first);
+  // Prefix-cache state slots left to fitting: where the plan fits, up to 10 % of the usable GPU memory
+  // (at most 256); where it does not, none (they are a speed-up: context and layers come first).
+  const bool auto_states = gpu && f.fit && o.rec_cache_auto && first->n_rec_cache > 0;
+  if (auto_states && first->fits()) {
+    PlanOptions more = o;
+    more.n_rec_cache = o.n_rec_cache + 1;
+    auto p1 = plan_memory(m, proj, more, ngl0, gpu);
+    KILN_TRY(p1);
+    const uint64_t per = p1->gpu_total() - first->gpu_total(), share = gpu->usable() / 10;
+    const uint64_t have = uint64_t(o.n_rec_cache) * per;
+    if (per > 0 && share > have) {
+      more.n_rec_cache = int(std::min<uint64_t>(256, uint64_t(o.n_rec_cache) + (share - have) / per));
+      auto grown = plan_memory(m, proj, more, ngl0, gpu);
+      KILN_TRY(grown);
+      if (grown->fits()) return grown;
+    }
+  }
   if (!gpu || !f.fit || first->fits()) return first;
+  if (auto_states) {  // everything below plans without the slots
+    PlanOptions none = o;
+    none.n_rec_cache = 0;
+    return fit_plan(m, proj, none, f, gpu);
+  }
   // A context left unset: the largest (a multiple of 256, at least --fit-ctx) that fits with ngl0.
   const int64_t total = resolve_total_context(o.n_ctx, c.n_ctx_train);
   PlanOptions po = o;

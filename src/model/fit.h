@@ -67,6 +67,8 @@ struct PlanOptions {
   int64_t n_draft = 16;          // draft tokens per step (llama-server's --draft-max default)
   int n_spec = 0;                // speculative decoding: recurrent keep slots per sequence (MemoryOptions::n_spec)
   int n_rec_cache = 0;           // prefix cache: spare recurrent state slots (MemoryOptions::n_rec_cache)
+  bool rec_cache_auto = false;   // n_rec_cache was not asked for: fitting drops the slots before anything
+                                 // else, and where the plan fits grows them into at most 10 % of the GPU
   int64_t image_max_tokens = 1024;  // image tokens (after the projector's merge) one image may give
   // --spec-type draft-simple: the draft model (-md), planned as the engine runs it — its weights with
   // draft_n_gpu_layers (-ngld; auto: all) on the GPU, its KV (-ctkd/-ctvd) and recurrent state with
@@ -109,6 +111,7 @@ struct MemoryPlan {
   int64_t n_expert_host = 0;     // GPU blocks (trunk and MTP) whose expert tensors are on the host
   int64_t n_ctx = 0, n_ctx_slot = 0;  // total and per slot
   int n_parallel = 1;
+  int n_rec_cache = 0;           // spare recurrent state slots planned (0 without recurrent layers)
   int64_t n_step = 0;            // tokens per step (Context n_batch)
   std::optional<DeviceBudget> gpu;  // none: the CPU only
   std::vector<PlanPart> parts;

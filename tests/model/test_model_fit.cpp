@@ -270,6 +270,38 @@ TEST(ModelFit, Qwen35_27B_262K_Q4_0_On24GiB) {
   EXPECT_NE(bad.error().message.find("-ctk/-ctv q8_0"), std::string::npos);
 }
 
+// Prefix-cache state slots left to fitting (kiln serve's default): where the plan fits they grow
+// into at most 10 % of the usable GPU memory; where it does not they go first, before any layer.
+TEST(ModelFit, CacheStateSlotsGrowIntoSpareMemoryAndGoFirst) {
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
+  PlanOptions o;
+  o.n_ctx = 32768;
+  o.n_rec_cache = 5;
+  o.rec_cache_auto = true;
+  const uint64_t state = 24 * ((3 * 8192 * 4 + 255) / 256 * 256 + 128 * 128 * 32 * 4);  // one slot, 24 layers
+  auto big = fit_plan(m.shape, nullptr, o, FitOptions{}, card(80 * kGiB));
+  ASSERT_TRUE(big.ok()) << big.error().message;
+  EXPECT_TRUE(big->fits());
+  EXPECT_GT(big->n_rec_cache, 5);
+  EXPECT_LE(uint64_t(big->n_rec_cache) * state, big->gpu->usable() / 10 + state);
+  EXPECT_EQ(part(*big, "recurrent state")->gpu, uint64_t(1 + big->n_rec_cache) * state);
+  // A card where the weights and this context just fit: no slots, every layer kept.
+  auto base = plan_memory(m.shape, nullptr, o, 33, card(80 * kGiB));
+  ASSERT_TRUE(base.ok());
+  const uint64_t tight = base->gpu_total() - state + (uint64_t(1024) << 20);  // + the default target
+  auto small = fit_plan(m.shape, nullptr, o, FitOptions{}, card(tight));
+  ASSERT_TRUE(small.ok()) << small.error().message;
+  EXPECT_TRUE(small->fits());
+  EXPECT_EQ(small->n_rec_cache, 0);
+  EXPECT_EQ(small->n_gpu_layers, 33);
+  // Asked for explicitly: kept as asked (here: layers go instead).
+  o.rec_cache_auto = false;
+  auto asked = fit_plan(m.shape, nullptr, o, FitOptions{}, card(tight));
+  ASSERT_TRUE(asked.ok()) << asked.error().message;
+  EXPECT_EQ(asked->n_rec_cache, 5);
+  EXPECT_LT(asked->n_gpu_layers, 33);
+}
+
 TEST(ModelFit, FitOffKeepsValuesAndNoGpuPlansTheCpu) {
   Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
   PlanOptions o;

@@ -117,6 +117,7 @@ int cmd_fit(int argc, char** argv) {
     engine::EngineOptions eo;  // kiln serve's rule for the spare state slots
     eo.n_parallel = po.n_parallel, eo.cache_ram_bytes = po.cache_ram_bytes, eo.cache_states = cache_states;
     po.n_rec_cache = engine::resolve_cache_states(eo);
+    po.rec_cache_auto = cache_states < 0;
   }
   std::optional<model::ModelShape> draft;
   if (!model_draft.empty()) {
