@@ -1,6 +1,6 @@
 // load_model: open the GGUF, read the config, bind + validate every tensor the architecture needs
 // (name, type, shape), and place the layers (host: Tensors over Device::wrap of the mapping; GPU:
-// one upload per layer). Tensor names follow gguf-py constants.py TENSOR_NAMES.
+// one buffer per layer, filled through page-locked staging: model/staged_upload.h). Tensor names follow gguf-py constants.py TENSOR_NAMES.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "model/staged_upload.h"
 #include "tensor/dtype.h"
 #include "tensor/quant.h"
 
@@ -112,9 +113,10 @@ void for_each_weight(LayerWeights& L, F&& f) {
     f(*w);
 }
 
-// Copies the weights onto `dev` in one Buffer (each tensor 256-byte aligned) through `st`; their
-// Tensors then point there. Returns the bytes uploaded.
-uint64_t upload_weights(backend::Device& dev, backend::Stream& st, const std::vector<Weight*>& ws,
+// Copies the weights onto `dev` in one Buffer (each tensor 256-byte aligned) through the staged
+// uploader; their Tensors then point there (the bytes are there after up.finish()). Returns the
+// bytes uploaded.
+uint64_t upload_weights(backend::Device& dev, StagedUpload& up, const std::vector<Weight*>& ws,
                         std::vector<std::unique_ptr<backend::Buffer>>& bufs) {
   std::vector<uint64_t> sizes;
   for (const Weight* w : ws) sizes.push_back(w->t.n_bytes());
@@ -127,7 +129,7 @@ uint64_t upload_weights(backend::Device& dev, backend::Stream& st, const std::ve
     off = (off + 255) / 256 * 256;
     const size_t n = w->t.n_bytes();
     w->t = backend::Tensor::make(b, off, w->type, w->ne);
-    st.upload(w->t, w->data, n);
+    up.add(w->t, w->data, n);
     off += n;
   }
   return total;
@@ -170,7 +172,7 @@ Status place_model(Model& m, const LoadOptions& opt) {
   if (opt.main_gpu < 0 || opt.main_gpu >= backend::cuda_device_count())
     return err("main_gpu {}: there are {} CUDA device(s)", opt.main_gpu, backend::cuda_device_count());
   backend::Device& gpu = backend::cuda_device(opt.main_gpu);
-  auto st = gpu.create_stream();
+  StagedUpload up(gpu);
   // One block's weights onto the GPU, its experts too unless they stay on the host.
   auto upload_block = [&](LayerWeights& L, int64_t il, const Weight* keep_on_host) {
     const bool host_experts = experts->on_host(il);
@@ -179,7 +181,7 @@ Status place_model(Model& m, const LoadOptions& opt) {
       const bool expert = &w == &L.ffn_gate_exps || &w == &L.ffn_up_exps || &w == &L.ffn_down_exps;
       if (w.present() && &w != keep_on_host && !(expert && host_experts)) ws.push_back(&w);
     });
-    m.info_.gpu_bytes += upload_weights(gpu, *st, ws, m.bufs_);
+    m.info_.gpu_bytes += upload_weights(gpu, up, ws, m.bufs_);
     m.expert_dev_[size_t(il)] = host_experts ? m.host_.get() : &gpu;
     m.info_.n_expert_host += host_experts ? 1 : 0;
   };
@@ -191,13 +193,13 @@ Status place_model(Model& m, const LoadOptions& opt) {
   m.info_.n_gpu_layers = c.n_layer - first;
   if (ngl > c.n_layer) {
     // A tied output keeps token_embd's host Tensor for get_rows; the output gets its own copy.
-    m.info_.gpu_bytes += upload_weights(gpu, *st, {&m.output_norm, &m.output}, m.bufs_);
+    m.info_.gpu_bytes += upload_weights(gpu, up, {&m.output_norm, &m.output}, m.bufs_);
     m.out_dev_ = &gpu;
     m.info_.output_on_gpu = true;
     if (opt.mtp)  // the MTP block runs where the output does (model/mtp.cpp); embeddings are gathered on the host
       for (size_t i = 0; i < m.mtp.size(); ++i) upload_block(m.mtp[i], c.n_layer + int64_t(i), &m.mtp[i].nextn_embed_tokens);
   }
-  st->synchronize();
+  up.finish();
   KILN_LOG_INFO("{}: {} of {} layers{} on {} ({:.1f} MiB){}", m.file().path(), m.info_.n_gpu_layers, c.n_layer,
                 m.info_.output_on_gpu ? " and the output" : "", gpu.name(), double(m.info_.gpu_bytes) / (1 << 20),
                 m.info_.n_expert_host > 0

@@ -10,8 +10,8 @@
 //   partial (O, m, l) to the workspace and attn_merge combines them. Scores are in log2 units (q is
 //   pre-scaled by scale * log2 e); K/V tiles are staged in shared memory as F32 (for F16 / Q8_0 /
 //   Q4_0 caches the global loads of tile n+1 are issued into registers before tile n is computed);
-//   sums are F32. Prefill-sized batches over F16 caches: the tiles that hold one run go to the
-//   tensor-core kernel (attention_mma.cu) and these kernels skip them (attn_tile_whole).
+//   sums are F32. Prefill-sized batches over F16 / Q8_0 / Q4_0 caches: the tiles that hold one run go
+//   to the tensor-core kernel (attention_mma.cu) and these kernels skip them (attn_tile_whole).
 // Must not: allocate, synchronize or read device memory on the host; rotate (the Hadamard rotation of
 //   quantized caches is the caller's). Argument errors are KILN_CHECK failures before any enqueue.
 // Threading: launchers only enqueue on L.stream; the one-time shared-memory attribute set-up is a

@@ -1,17 +1,19 @@
 // kernels/cuda/attention_mma.cu — the tensor-core path of attention (cuda_ops.h) for prefill-sized
-//   batches over F16 caches: flash attention with mma.sync m16n8k16 (F16 in, F32 accumulators).
+//   batches: flash attention with mma.sync m16n8k16 (F16 in, F32 accumulators) over F16, Q8_0 and
+//   Q4_0 caches.
 // Owns: attention_mma_tile (whether and with which tile a launch takes this path) and its kernel.
 //   A CTA of 4 warps takes 64 query rows — bt consecutive tokens of ONE run times hg query heads of
 //   one KV group (hg = the largest power of two dividing the group, bt = 64 / hg) — and every key of
-//   its run's slot up to the tile's last position, in tiles of BK keys staged in shared memory by
-//   cp.async (two stages: the next tile's copies in flight while this one is computed). Each warp
+//   its run's slot up to the tile's last position, in tiles of BK keys staged in shared memory as F16
+//   (two stages: F16 rows by cp.async, in flight while the other stage is computed; Q8_0 / Q4_0 rows
+//   dequantized by the threads, d * q rounded to F16, as they are staged). Each warp
 //   holds 16 rows: S = Q K^T from ldmatrix fragments, the causal mask from each row's position, the
 //   online softmax on the accumulator fragments (scores in log2 units: q is pre-scaled by
 //   scale * log2 e, then rounded to F16), P rounded to F16 as the A operand of O += P V (V fragments
 //   by ldmatrix.trans), O / l written once. Tiles whose tokens span two runs are left to the CUDA-core
 //   kernel (attention.cu), which skips the tiles this path takes (attn_tile_whole, the same test on
 //   the device), so a batch may mix both.
-// Must not: allocate, synchronize, or take Q8_0 / Q4_0 / F32 caches (those stay on attention.cu).
+// Must not: allocate, synchronize, or take F32 caches (those stay on attention.cu).
 // Threading: launchers only enqueue on L.stream; the shared-memory attribute set-up is a thread-safe
 //   function-local static.
 #include <cuda_fp16.h>
@@ -33,6 +35,27 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kThreads = 128, kRows = 64;  // 4 warps x 16 query rows
+enum : int { kF16 = 0, kQ8 = 1, kQ4 = 2 };  // cache element types as the kernel sees them
+
+int code_of(GgmlType t) { return t == GgmlType::F16 ? kF16 : t == GgmlType::Q8_0 ? kQ8 : t == GgmlType::Q4_0 ? kQ4 : -1; }
+
+// Eight elements c .. c + 7 (c a multiple of 8) of a Q8_0 / Q4_0 cache row, dequantized, as F16.
+__device__ __forceinline__ uint4 dequant8(const char* row, int c, bool q8) {
+  const int eb = c & 31;
+  const unsigned short* blk = reinterpret_cast<const unsigned short*>(row + size_t(c >> 5) * (q8 ? 34 : 18));
+  const float d = __half2float(__ushort_as_half(blk[0]));
+  const unsigned short* qs = blk + 1 + ((q8 ? eb : (eb & 15)) >> 1);  // blocks are 2-byte aligned
+  const uint32_t lo = qs[0] | uint32_t(qs[1]) << 16, hi = qs[2] | uint32_t(qs[3]) << 16;
+  float f[8];
+  const int sh = eb >= 16 ? 4 : 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t w = j < 4 ? lo : hi;
+    f[j] = q8 ? d * float(int8_t((w >> (8 * (j & 3))) & 0xff)) : d * float(int((w >> (8 * (j & 3) + sh)) & 0xf) - 8);
+  }
+  return make_uint4(mma::pack_half2(f[0], f[1]), mma::pack_half2(f[2], f[3]), mma::pack_half2(f[4], f[5]),
+                    mma::pack_half2(f[6], f[7]));
+}
 
 template <int D>
 struct Geo {
@@ -51,11 +74,13 @@ struct MmaArgs {
   const char* k;
   const char* v;
   size_t k_nb1, k_nb2, k_nb3, v_nb1, v_nb2, v_nb3;
+  int k_code, v_code;  // kF16, kQ8 or kQ4
   int T, G, hg, bt;
   float qscale;
 };
 
-template <int D>
+// F16: both caches F16 (every row by cp.async; the codes are not read), else per cache by its code.
+template <int D, bool F16>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int BK = Geo<D>::BK, LDH = Geo<D>::LDH, NT = BK / 8, ND = D / 8;
@@ -72,14 +97,20 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   const char* kb = p.k + size_t(kvh) * p.k_nb1 + size_t(slot) * p.k_nb3;
   const char* vb = p.v + size_t(kvh) * p.v_nb1 + size_t(slot) * p.v_nb3;
 
-  auto load_kv = [&](int stage, int k0) {
+  // One tile of one cache into a stage; rows past the run's last position are zeros (never garbage).
+  auto load_one = [&](int code, const char* base, size_t nb2, __half* dst_stage, int k0) {
     for (int i = tid; i < BK * (D / 8); i += kThreads) {
       const int row = i / (D / 8), c = (i % (D / 8)) * 8;
-      const bool ok = k0 + row < kv_hi;  // rows past the run's last position: zeros (never garbage)
-      const size_t key = size_t(ok ? k0 + row : 0);
-      mma::cp16_or_zero(mma::smem_u32(Ks + (stage * BK + row) * LDH + c), kb + key * p.k_nb2 + size_t(c) * 2, ok);
-      mma::cp16_or_zero(mma::smem_u32(Vs + (stage * BK + row) * LDH + c), vb + key * p.v_nb2 + size_t(c) * 2, ok);
+      const bool ok = k0 + row < kv_hi;
+      const char* src = base + size_t(ok ? k0 + row : 0) * nb2;
+      __half* dst = dst_stage + row * LDH + c;
+      if (F16 || code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
+      else *reinterpret_cast<uint4*>(dst) = ok ? dequant8(src, c, code == kQ8) : make_uint4(0u, 0u, 0u, 0u);
     }
+  };
+  auto load_kv = [&](int stage, int k0) {
+    load_one(p.k_code, kb, p.k_nb2, Ks + stage * BK * LDH, k0);
+    load_one(p.v_code, vb, p.v_nb2, Vs + stage * BK * LDH, k0);
     mma::cp_commit();
   };
   const int n_tiles = (kv_hi + BK - 1) / BK;
@@ -203,20 +234,28 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   }
 }
 
-template <int D>
-void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
-  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int D, bool F16>
+void launch_one(const Launch& L, const MmaArgs& a, dim3 grid) {
+  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     int(Geo<D>::smem)) == cudaSuccess;
   KILN_CHECK(attr_set, "attention (tensor cores): {} bytes of shared memory refused (head_dim {})", Geo<D>::smem, D);
-  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D>, a);
+  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D, F16>, a);
+}
+template <int D>
+void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
+  if (a.k_code == kF16 && a.v_code == kF16) launch_one<D, true>(L, a, grid);
+  else launch_one<D, false>(L, a, grid);
 }
 
-bool aligned16(const SeqMem& m) { return ((reinterpret_cast<uintptr_t>(m.p) | m.nb1 | m.nb2 | m.nb3) % 16) == 0; }
+// F16 rows go by 16-byte cp.async; quantized rows are read 2 bytes at a time (blocks of 34 / 18 bytes).
+bool aligned(const SeqMem& m) {
+  return ((reinterpret_cast<uintptr_t>(m.p) | m.nb1 | m.nb2 | m.nb3) % (m.type == GgmlType::F16 ? 16 : 2)) == 0;
+}
 
 }  // namespace
 
 int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType vt, int64_t T) {
-  if (T <= detail::kAttnDecodeTokens || L.sm < 80 || kt != GgmlType::F16 || vt != GgmlType::F16) return 0;
+  if (T <= detail::kAttnDecodeTokens || L.sm < 80 || code_of(kt) < 0 || code_of(vt) < 0) return 0;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return 0;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return 0;
   const char* env = std::getenv("KILN_CUDA_ATTN_MMA");  // 0: the CUDA-core kernel only (comparisons)
@@ -233,13 +272,14 @@ int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* po
                   const AttnArgs& a, Rows out) {
   const int64_t T = q.n2;
   const int bt = attention_mma_tile(L, a, k.type, v.type, T);
-  if (bt == 0 || !aligned16(k) || !aligned16(v)) return 0;
+  if (bt == 0 || !aligned(k) || !aligned(v)) return 0;
   MmaArgs m;
   m.q = q.p, m.q_s1 = q.s1, m.q_s2 = q.s2;
   m.out = out.p, m.o_s1 = out.s1, m.o_s2 = out.s2;
   m.seq = seq, m.pos = pos;
   m.k = static_cast<const char*>(k.p), m.v = static_cast<const char*>(v.p);
   m.k_nb1 = k.nb1, m.k_nb2 = k.nb2, m.k_nb3 = k.nb3, m.v_nb1 = v.nb1, m.v_nb2 = v.nb2, m.v_nb3 = v.nb3;
+  m.k_code = code_of(k.type), m.v_code = code_of(v.type);
   m.T = int(T), m.G = int(a.n_head / a.n_head_kv), m.hg = kRows / bt, m.bt = bt;
   m.qscale = a.scale * 1.4426950408889634f;
   const dim3 grid(unsigned((T + bt - 1) / bt), unsigned(a.n_head / m.hg));

@@ -148,9 +148,9 @@ struct AttnArgs {
 };
 size_t attention_workspace(const AttnArgs& a, int64_t n_tok);
 // Tokens per tile of the tensor-core path (attention_mma.cu) that attention() takes for this launch's
-// tiles of whole runs: prefill-sized batches (T > 64) over F16 K and V caches, head_dim 64 / 128 /
-// 256, sm_80+, unless KILN_CUDA_ATTN_MMA=0; 0: the CUDA-core kernel takes every token. Its results
-// round q and the probabilities to F16 (F32 sums).
+// tiles of whole runs: prefill-sized batches (T > 64) over F16 / Q8_0 / Q4_0 K and V caches,
+// head_dim 64 / 128 / 256, sm_80+, unless KILN_CUDA_ATTN_MMA=0; 0: the CUDA-core kernel takes every
+// token. Its results round q, the probabilities and dequantized cache values to F16 (F32 sums).
 int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType vt, int64_t n_tok);
 // q, out rows [D, Hq, T]; token t attends to positions 0..pos[t] of slot seq[t].
 void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, SeqMem k, SeqMem v, const AttnArgs& a,
