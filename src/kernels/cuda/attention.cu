@@ -40,7 +40,6 @@ namespace {
 
 constexpr int kThreads = 128;        // every attention block
 // The work layout's constants (kernels/cuda/workspace.h: shared with attention_workspace).
-constexpr int64_t kMinChunk = detail::kAttnMinChunk;  // keys per split at least (a multiple of every BK)
 constexpr int64_t kMaxSplit = detail::kAttnMaxSplit;
 constexpr float kLog2e = 1.4426950408889634f;
 
