@@ -81,6 +81,10 @@ struct EngineOptions {
   // -1: n_parallel + 4 (at most 64), and with a GPU and --fit on fitting decides: none when the plan
   // does not fit, else up to 10 % of the usable GPU memory (at most 256); 0: every state in RAM.
   int cache_states = -1;
+  // llama-server's --warmup: before serving, one prompt-sized step (72 tokens when layers are on a
+  // GPU: cuBLAS set-up and every prefill kernel's first load; 2 on the CPU) and one decode step (its
+  // graph) on slot 0, which is then cleared. Off: the first request pays for them.
+  bool warmup = true;
   // Hybrid models: recurrent-state snapshots during a prefill every this many tokens (rounded up to
   // a multiple of cache_block); the ends of prompts and of generated turns are always snapshotted.
   int64_t cache_snapshot_interval = 512;
@@ -364,6 +368,7 @@ class Engine {
   Result<int> fit_memory(const gguf::File& f);
   void start_thread(std::string path);
   Status init_serving(std::unique_ptr<Runner> runner);
+  Status warmup();  // EngineOptions::warmup, after init_serving
   Result<std::unique_ptr<DraftModel>> load_draft_model(const Runner& target);  // --spec-type draft-simple
 
   Status load_vision();

@@ -3,6 +3,7 @@
 //   submit, slot actions (queued to the engine thread), metrics and slot info. The scheduling is
 //   engine.cpp's; Impl is declared in engine_impl.h.
 #include <algorithm>
+#include <chrono>
 #include <future>
 
 #include "core/log.h"
@@ -364,11 +365,31 @@ void Engine::thread_main(std::string path) {
     }
     Status s = init_serving(std::move(*r));
     if (!s.ok()) return fail(path + ": " + s.error().message);
+    if (opt_.warmup)
+      if (Status w = warmup(); !w.ok()) return fail(path + ": warm-up: " + w.error().message);
     progress_.store(1.f);
     state_.store(EngineState::Ready);
     state_.notify_all();
   }
   impl_->run();
+}
+
+Status Engine::warmup() {
+  Runner& r = *impl_->runner;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool gpu = model_ && model_->info().n_gpu_layers > 0;
+  const int64_t n = std::min<int64_t>({gpu ? 72 : 2, r.n_batch(), r.n_ctx() - 1});
+  if (n < 1) return {};
+  model::Batch b;
+  for (int64_t i = 0; i < n; ++i) b.add(0, int32_t(i), 0, i + 1 == n);
+  KILN_TRY(r.decode(b));
+  b.clear();
+  b.add(0, int32_t(n), 0, true);
+  KILN_TRY(r.decode(b));
+  r.seq_clear(0);
+  KILN_LOG_INFO("warm-up: {} + 1 tokens in {:.1f} ms", n,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  return {};
 }
 
 std::unique_ptr<Engine> Engine::load_async(const std::string& path, const EngineOptions& opt) {

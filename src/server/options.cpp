@@ -241,6 +241,17 @@ const std::vector<Opt>& table() {
              &ServerOptions::reasoning_preserve);
     add({"--no-reasoning-preserve"}, {}, "", "drop reasoning of turns before the last user message",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.reasoning_preserve = false; return {}; });
+    add({"--warmup"}, env_of("WARMUP"), "",
+        "before serving, one prompt-sized and one decode step on slot 0 (GPU set-up, the step's graph; default: on)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          auto b = to_bool(v, src);
+          KILN_TRY(b);
+          so.engine.warmup = *b;
+          return {};
+        });
+    o.back().boolean = true;
+    add({"--no-warmup"}, {}, "", "skip the warm-up (the first request pays for it)",
+        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.engine.warmup = false; return {}; });
     add_bool({"--metrics"}, env_of("ENDPOINT_METRICS"), "enable GET /metrics (Prometheus text format)", &ServerOptions::metrics);
     add_bool({"--embedding", "--embeddings"}, env_of("EMBEDDINGS"),
              "enable POST /v1/embeddings and /embedding (the prompt's hidden states after the output norm, pooled)",

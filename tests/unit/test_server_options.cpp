@@ -102,3 +102,28 @@ TEST(ServerOptions, MoeOffloadErrors) {
 
 }  // namespace
 }  // namespace kiln::server
+
+namespace kiln::server {
+namespace {
+
+// --warmup (llama-server's, on by default), --no-warmup, LLAMA_ARG_WARMUP; --cache-states.
+TEST(ServerOptions, WarmupAndCacheStates) {
+  auto d = parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->engine.warmup);
+  EXPECT_EQ(d->engine.cache_states, -1);
+  auto off = parse({"--no-warmup", "--cache-states", "12"});
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  EXPECT_FALSE(off->engine.warmup);
+  EXPECT_EQ(off->engine.cache_states, 12);
+  auto env = parse({}, {{"LLAMA_ARG_WARMUP", "0"}});
+  ASSERT_TRUE(env.ok());
+  EXPECT_FALSE(env->engine.warmup);
+  auto on = parse({"--warmup"}, {{"LLAMA_ARG_WARMUP", "0"}});
+  ASSERT_TRUE(on.ok());
+  EXPECT_TRUE(on->engine.warmup);
+  EXPECT_FALSE(parse({"--cache-states", "-2"}).ok());
+}
+
+}  // namespace
+}  // namespace kiln::server
