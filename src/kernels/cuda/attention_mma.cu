@@ -79,8 +79,7 @@ struct MmaArgs {
   float qscale;
 };
 
-// F16: both caches F16 (every row by cp.async; the codes are not read), else per cache by its code.
-template <int D, bool F16>
+template <int D>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int BK = Geo<D>::BK, LDH = Geo<D>::LDH, NT = BK / 8, ND = D / 8;
@@ -104,7 +103,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
       const bool ok = k0 + row < kv_hi;
       const char* src = base + size_t(ok ? k0 + row : 0) * nb2;
       __half* dst = dst_stage + row * LDH + c;
-      if (F16 || code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
+      if (code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
       else *reinterpret_cast<uint4*>(dst) = ok ? dequant8(src, c, code == kQ8) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
@@ -234,17 +233,12 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   }
 }
 
-template <int D, bool F16>
-void launch_one(const Launch& L, const MmaArgs& a, dim3 grid) {
-  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                    int(Geo<D>::smem)) == cudaSuccess;
-  KILN_CHECK(attr_set, "attention (tensor cores): {} bytes of shared memory refused (head_dim {})", Geo<D>::smem, D);
-  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D, F16>, a);
-}
 template <int D>
 void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
-  if (a.k_code == kF16 && a.v_code == kF16) launch_one<D, true>(L, a, grid);
-  else launch_one<D, false>(L, a, grid);
+  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    int(Geo<D>::smem)) == cudaSuccess;
+  KILN_CHECK(attr_set, "attention (tensor cores): {} bytes of shared memory refused (head_dim {})", Geo<D>::smem, D);
+  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D>, a);
 }
 
 // F16 rows go by 16-byte cp.async; quantized rows are read 2 bytes at a time (blocks of 34 / 18 bytes).
