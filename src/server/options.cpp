@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -106,17 +107,21 @@ const std::vector<Opt>& table() {
             return {};
           });
     };
-    // A boolean flag: `--flag` or `--flag=BOOL` on the command line, BOOL in its variables.
-    auto add_bool = [&](std::vector<std::string> names, std::vector<std::string> env, std::string help,
-                        bool ServerOptions::*field) {
+    // A boolean flag: `--flag` or `--flag=BOOL` on the command line, BOOL in its variables; set(so, b).
+    auto add_bool_to = [&](std::vector<std::string> names, std::vector<std::string> env, std::string help,
+                           std::function<void(ServerOptions&, bool)> set) {
       add(std::move(names), std::move(env), "", std::move(help),
-          [field](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          [set = std::move(set)](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
             auto b = to_bool(v, src);
             KILN_TRY(b);
-            so.*field = *b;
+            set(so, *b);
             return {};
           });
       o.back().boolean = true;
+    };
+    auto add_bool = [&](std::vector<std::string> names, std::vector<std::string> env, std::string help,
+                        bool ServerOptions::*field) {
+      add_bool_to(std::move(names), std::move(env), std::move(help), [field](ServerOptions& so, bool b) { so.*field = b; });
     };
 
     add({"-m", "--model"}, env_of("MODEL"), "FNAME", "model path (GGUF file)",
@@ -241,15 +246,9 @@ const std::vector<Opt>& table() {
              &ServerOptions::reasoning_preserve);
     add({"--no-reasoning-preserve"}, {}, "", "drop reasoning of turns before the last user message",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.reasoning_preserve = false; return {}; });
-    add({"--warmup"}, env_of("WARMUP"), "",
-        "before serving, one prompt-sized and one decode step on slot 0 (GPU set-up, the step's graph; default: on)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto b = to_bool(v, src);
-          KILN_TRY(b);
-          so.engine.warmup = *b;
-          return {};
-        });
-    o.back().boolean = true;
+    add_bool_to({"--warmup"}, env_of("WARMUP"),
+                "before serving, one prompt-sized and one decode step on slot 0 (GPU set-up, the step's graph; default: on)",
+                [](ServerOptions& so, bool b) { so.engine.warmup = b; });
     add({"--no-warmup"}, {}, "", "skip the warm-up (the first request pays for it)",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.engine.warmup = false; return {}; });
     add_bool({"--metrics"}, env_of("ENDPOINT_METRICS"), "enable GET /metrics (Prometheus text format)", &ServerOptions::metrics);
@@ -327,23 +326,13 @@ const std::vector<Opt>& table() {
           so.engine.mmproj = v;
           return {};
         });
-    add({"--no-mmproj"}, env_of("NO_MMPROJ"), "", "do not load a projector (overrides --mmproj)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto b = to_bool(v, src);
-          KILN_TRY(b);
-          if (*b) so.mmproj.clear(), so.engine.mmproj.clear();
-          return {};
-        });
-    o.back().boolean = true;
-    add({"--mmproj-offload"}, env_of("MMPROJ_OFFLOAD"), "",
-        "run the projector on the GPU when the model has layers there (default: on; --no-mmproj-offload: the CPU)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          auto b = to_bool(v, src);
-          KILN_TRY(b);
-          so.engine.mmproj_offload = *b;
-          return {};
-        });
-    o.back().boolean = true;
+    add_bool_to({"--no-mmproj"}, env_of("NO_MMPROJ"), "do not load a projector (overrides --mmproj)",
+                [](ServerOptions& so, bool b) {
+                  if (b) so.mmproj.clear(), so.engine.mmproj.clear();
+                });
+    add_bool_to({"--mmproj-offload"}, env_of("MMPROJ_OFFLOAD"),
+                "run the projector on the GPU when the model has layers there (default: on; --no-mmproj-offload: the CPU)",
+                [](ServerOptions& so, bool b) { so.engine.mmproj_offload = b; });
     add({"--no-mmproj-offload"}, {}, "", "run the projector on the CPU",
         [](ServerOptions& so, const std::string&, const std::string&) -> Status {
           so.engine.mmproj_offload = false;
