@@ -172,7 +172,7 @@ TEST(CudaFused, DeferredProducersMatchTheUnfusedOps) {
   Device& dev = cuda_device(0);
   auto st = dev.create_stream();
   const GgmlType types[3] = {GgmlType::Q5_K, GgmlType::IQ4_XS, GgmlType::F32};
-  for (int64_t k : {int64_t(2048), int64_t(4096)}) {
+  for (int64_t k : {int64_t(2048), int64_t(4096), int64_t(12288)}) {  // 12288: SwiGLU's 12 values per thread
     const std::vector<int64_t> ns = {96, 40, 7};
     std::vector<std::unique_ptr<Buffer>> wb;
     std::vector<Tensor> W;

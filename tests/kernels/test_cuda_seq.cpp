@@ -281,6 +281,8 @@ TEST_F(CudaSeq, AttentionMixedBatches) {
       {256, 16, 4, GgmlType::Q4_0, GgmlType::Q4_0, 2},
       {256, 4, 4, GgmlType::F32, GgmlType::Q8_0},    // GQA 1
       {256, 32, 4, GgmlType::Q8_0, GgmlType::Q4_0},  // GQA 8
+      {256, 24, 4, GgmlType::F16, GgmlType::F16, 2}, // Qwen3.5-27B gated attention: GQA 6 (decode: 8 rows, 2 idle)
+      {128, 28, 4, GgmlType::Q8_0, GgmlType::Q8_0},  // GQA 7
       {80, 6, 2, GgmlType::F16, GgmlType::F16},      // head_dim not a power of two (F16 only)
       {96, 12, 4, GgmlType::Q8_0, GgmlType::Q8_0},
       {512, 8, 2, GgmlType::F16, GgmlType::Q8_0, 1, true, 1024},

@@ -1,6 +1,6 @@
 // `kiln bench` — llama-bench-like throughput measurement of prompt processing (pp) and token
 // generation (tg) on the CPU, with the same flags and table so the numbers line up side by side:
-//   kiln bench -m FILE[,FILE] [-p 512] [-n 128] [-pg 512,128] [-r 5] [-t N] [-b 2048] [-ub 512]
+//   kiln bench -m FILE[,FILE] [-p 512] [-n 128] [-pg 512,128] [-d 0] [-r 5] [-t N] [-b 2048] [-ub 512]
 //              [-ctk f16] [-ctv f16] [-fa on|off|auto] [--delta-chunk 0] [-o md|json|jsonl] [--no-warmup]
 // Every numeric/type flag takes a comma list (and may be repeated); all combinations are run.
 // Each model is loaded once. For every test, a warm-up run (not timed) precedes -r timed
@@ -9,6 +9,8 @@
 //          only for the last token of every -b chunk (llama-bench's llama_batch_get_one).
 //   tg N : N single-token decodes with logits, starting from an empty sequence.
 //   pg P,N: pp P then tg N in one timing; t/s = (P + N) / time.
+//   -d D : every test runs after D tokens already in the sequence (prefilled untimed before each
+//          run, as llama-bench's -d / --n-depth; the test is named "tg128 @ d4096").
 // t/s ± stddev are the mean and sample standard deviation over the repetitions of tokens/second.
 // Memory: weights (bytes of the tensors the model runs), KV/recurrent state (Memory of n_ctx =
 // P + N positions, one sequence) and scratch (heap bytes the Context allocates, measured with
@@ -153,7 +155,7 @@ ModelFacts model_facts(const model::Model& m, const std::string& path) {
 
 struct TestResult {
   const ModelFacts* model = nullptr;
-  int64_t n_prompt = 0, n_gen = 0, n_batch = 0, n_ubatch = 0, delta_chunk = 0;
+  int64_t n_prompt = 0, n_gen = 0, n_batch = 0, n_ubatch = 0, delta_chunk = 0, n_depth = 0;
   int n_threads = 0;
   std::string type_k, type_v;
   std::vector<double> samples_ns;
@@ -161,9 +163,10 @@ struct TestResult {
   std::string test_time;
 
   std::string name() const {
-    if (n_prompt > 0 && n_gen == 0) return fmt::format("pp{}", n_prompt);
-    if (n_gen > 0 && n_prompt == 0) return fmt::format("tg{}", n_gen);
-    return fmt::format("pp{}+tg{}", n_prompt, n_gen);
+    const std::string d = n_depth > 0 ? fmt::format(" @ d{}", n_depth) : "";
+    if (n_prompt > 0 && n_gen == 0) return fmt::format("pp{}{}", n_prompt, d);
+    if (n_gen > 0 && n_prompt == 0) return fmt::format("tg{}{}", n_gen, d);
+    return fmt::format("pp{}+tg{}{}", n_prompt, n_gen, d);
   }
   std::vector<double> ts() const {
     std::vector<double> out;
@@ -201,6 +204,7 @@ struct TestResult {
     j["delta_chunk"] = delta_chunk;
     j["n_prompt"] = n_prompt;
     j["n_gen"] = n_gen;
+    j["n_depth"] = n_depth;
     j["test"] = name();
     j["test_time"] = test_time;
     const auto t = ts();
@@ -307,8 +311,8 @@ void normalize_bench_flags(int argc, char** argv) {
 
 int cmd_bench(int argc, char** argv) {
   CLI::App app{"llama-bench-like prompt processing / generation throughput", "kiln bench"};
-  std::vector<std::string> models, n_prompt = {"512"}, n_gen = {"128"}, pg, n_batch = {"2048"}, n_ubatch = {"512"},
-                                   threads, ctk = {"f16"}, ctv = {"f16"}, delta_chunk = {"0"};
+  std::vector<std::string> models, n_prompt = {"512"}, n_gen = {"128"}, pg, n_depth = {"0"}, n_batch = {"2048"},
+                                   n_ubatch = {"512"}, threads, ctk = {"f16"}, ctv = {"f16"}, delta_chunk = {"0"};
   int reps = 5;
   std::string output = "md", flash_attn = "auto", ngl = "auto";
   int main_gpu = 0;
@@ -317,6 +321,7 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (pp tests; 0 = none)");
   app.add_option("-n,--n-gen", n_gen, "generated tokens (tg tests; 0 = none)");
   app.add_option("--n-prompt-gen", pg, "-pg P,N: prompt then generation in one test (repeatable)");
+  app.add_option("-d,--n-depth", n_depth, "tokens already in the context before each test (prefilled untimed)");
   app.add_option("-b,--batch-size", n_batch, "logical batch size (logits for the last token of each)");
   app.add_option("--ubatch-size", n_ubatch, "-ub: physical batch size (tokens per decode)");
   app.add_option("-t,--threads", threads, "threads (default: all cores)");
@@ -356,6 +361,8 @@ int cmd_bench(int argc, char** argv) {
   if (!P) return fail(P.error());
   auto N = parse_int_list(n_gen, "-n", 0);
   if (!N) return fail(N.error());
+  auto Dp = parse_int_list(n_depth, "-d", 0);
+  if (!Dp) return fail(Dp.error());
   auto B = parse_int_list(n_batch, "-b", 1);
   if (!B) return fail(B.error());
   auto UB = parse_int_list(n_ubatch, "-ub", 1);
@@ -420,9 +427,10 @@ int cmd_bench(int argc, char** argv) {
           for (int64_t nb : *B)
             for (const auto& [kname, ktype] : KT)
               for (const auto& [vname, vtype] : VT)
+                for (int64_t nd : *Dp)
                 for (auto [np, ng] : shapes) {
                   model::MemoryOptions mo;
-                  mo.n_ctx = np + ng;
+                  mo.n_ctx = nd + np + ng;
                   mo.n_seq = 1;
                   mo.type_k = ktype;
                   mo.type_v = vtype;
@@ -432,8 +440,12 @@ int cmd_bench(int argc, char** argv) {
                   run.cx = &cx;
                   run.mem = mem->get();
                   run.n_vocab = (*m)->config().n_vocab;
-                  auto once = [&]() -> Status {
+                  auto depth = [&]() -> Status {  // the context the test starts from (untimed)
                     (*mem)->seq_clear(0);
+                    if (nd > 0) KILN_TRY(run.prompt(nd, nb, ub));
+                    return {};
+                  };
+                  auto once = [&]() -> Status {
                     if (np > 0) KILN_TRY(run.prompt(np, nb, ub));
                     if (ng > 0) KILN_TRY(run.gen(ng));
                     return {};
@@ -445,6 +457,7 @@ int cmd_bench(int argc, char** argv) {
                   r.n_batch = nb;
                   r.n_ubatch = ub;
                   r.delta_chunk = dc;
+                  r.n_depth = nd;
                   r.n_threads = cx.pool().size();
                   r.type_k = kname;
                   r.type_v = vname;
@@ -463,7 +476,7 @@ int cmd_bench(int argc, char** argv) {
                   r.scratch_bytes = scratch;
                   if (!no_warmup) {
                     // llama-bench's warm-up: the prompt once, then one generated token.
-                    (*mem)->seq_clear(0);
+                    if (auto st = depth(); !st) return fail(st.error());
                     if (np > 0)
                       if (auto st = run.prompt(np, nb, ub); !st) return fail(st.error());
                     if (ng > 0)
@@ -471,6 +484,7 @@ int cmd_bench(int argc, char** argv) {
                   }
                   backend::cuda_profile_report();  // KILN_CUDA_PROFILE: forget the warm-up's op times
                   for (int i = 0; i < reps; ++i) {
+                    if (auto st = depth(); !st) return fail(st.error());  // ends with logits read: the device is idle
                     const auto t0 = Clock::now();
                     if (auto st = once(); !st) return fail(st.error());
                     const auto t1 = Clock::now();

@@ -11,7 +11,9 @@
 //   pre-scaled by scale * log2 e); K/V tiles are staged in shared memory as F32 (for F16 / Q8_0 /
 //   Q4_0 caches the global loads of tile n+1 are issued into registers before tile n is computed);
 //   sums are F32. Prefill-sized batches over F16 / Q8_0 / Q4_0 caches: the tiles that hold one run go
-//   to the tensor-core kernel (attention_mma.cu) and these kernels skip them (attn_tile_whole).
+//   to the tensor-core kernel (attention_mma.cu) and these kernels skip them (attn_tile_whole);
+//   decode-sized batches over those caches with head_dim 64 / 128 / 256 go to attention_decode.cu
+//   (same plan, same partials for attn_merge).
 // Must not: allocate, synchronize or read device memory on the host; rotate (the Hadamard rotation of
 //   quantized caches is the caller's). Argument errors are KILN_CHECK failures before any enqueue.
 // Threading: launchers only enqueue on L.stream; the one-time shared-memory attribute set-up is a
@@ -24,6 +26,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/pdl.cuh"
@@ -31,6 +34,8 @@
 
 namespace kiln::cuda {
 namespace {
+
+using namespace attn;  // attention_common.cuh
 
 #define KILN_ATTN_LAUNCHED(what)                                                                   \
   do {                                                                                             \
@@ -43,9 +48,6 @@ constexpr int kThreads = 128;        // every attention block
 constexpr int64_t kMaxSplit = detail::kAttnMaxSplit;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Cache element types as the kernels see them.
-enum CacheCode : int { kF32 = 0, kF16 = 1, kQ8 = 2, kQ4 = 3 };
-
 int cache_code(GgmlType t) {
   switch (t) {
     case GgmlType::F32: return kF32;
@@ -55,15 +57,6 @@ int cache_code(GgmlType t) {
     default: return -1;
   }
 }
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float half_bits_to_float(unsigned short b) { return __half2float(__ushort_as_half(b)); }
 // tensor/quant.cpp's scale_to_fp16: NaN -> 0, overflow saturates to the largest finite half.
 __device__ __forceinline__ unsigned short scale_to_half_bits(float v) {
   if (isnan(v)) return 0;
@@ -134,64 +127,6 @@ __global__ void __launch_bounds__(kThreads) kv_store_kernel(const StoreArgs a) {
 
 // ---- attention --------------------------------------------------------------------------------
 
-struct CacheArg {
-  const char* p;
-  int code;
-  int vec;  // rows 16-byte aligned: F32 / F16 elements by 16-byte loads
-  size_t nb1, nb2, nb3;
-};
-
-struct AttnK {
-  const float* q;
-  int64_t q_s1, q_s2;
-  float* out;
-  int64_t o_s1, o_s2;
-  const int32_t* seq;
-  const int32_t* pos;
-  CacheArg k, v;
-  int D, T, Hq, G, hg, bq;
-  float qscale;  // scale * log2(e)
-  int n_split, chunk;
-  float* part_o;   // [n_split][T][Hq][D] (n_split > 1)
-  float* part_ml;  // [n_split][T][Hq][2]: m (log2 units), l
-  int mma_bt;      // > 0: tiles of this many tokens within one run are the tensor-core kernel's
-};
-
-// One item = eight consecutive elements e..e+7 of a cache row (e a multiple of 8). A tile is
-// fetched whole (global loads into registers) before any item is converted, so all its loads are in
-// flight at once. F16 / Q8_0 / Q4_0 items fit 16 bytes (F16: 8 halves; Q8_0 / Q4_0: x, y = the 8 quant
-// bytes (Q4_0: the 8 bytes holding the nibbles), z = d); F32 items take two float4.
-__device__ __forceinline__ uint4 fetch16(const CacheArg& c, const char* __restrict__ row, int e) {
-  if (c.code == kF16) {
-    const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + e;
-    if (c.vec) return *reinterpret_cast<const uint4*>(p);
-    return make_uint4(p[0] | uint32_t(p[1]) << 16, p[2] | uint32_t(p[3]) << 16, p[4] | uint32_t(p[5]) << 16,
-                      p[6] | uint32_t(p[7]) << 16);
-  }
-  // Q8_0 / Q4_0: blocks of 34 / 18 bytes, only 2-byte aligned: 16-bit loads.
-  const bool q8 = c.code == kQ8;
-  const int eb = e & 31;
-  const unsigned short* blk = reinterpret_cast<const unsigned short*>(row + size_t(e >> 5) * (q8 ? 34 : 18));
-  const unsigned short* qs = blk + 1 + ((q8 ? eb : (eb & 15)) >> 1);
-  return make_uint4(uint32_t(qs[0]) | uint32_t(qs[1]) << 16, uint32_t(qs[2]) | uint32_t(qs[3]) << 16, blk[0], 0u);
-}
-__device__ __forceinline__ void convert16(int code, const uint4& r, int e, float f[8]) {
-  if (code == kF16) {
-    f[0] = half_bits_to_float(r.x & 0xffff), f[1] = half_bits_to_float(r.x >> 16);
-    f[2] = half_bits_to_float(r.y & 0xffff), f[3] = half_bits_to_float(r.y >> 16);
-    f[4] = half_bits_to_float(r.z & 0xffff), f[5] = half_bits_to_float(r.z >> 16);
-    f[6] = half_bits_to_float(r.w & 0xffff), f[7] = half_bits_to_float(r.w >> 16);
-  } else if (code == kQ8) {
-    const float d = half_bits_to_float((unsigned short)r.z);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = d * float(int8_t(((j < 4 ? r.x : r.y) >> (8 * (j & 3))) & 0xff));
-  } else {
-    const float d = half_bits_to_float((unsigned short)r.z);
-    const int sh = (e & 31) >= 16 ? 4 : 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = d * float(int(((j < 4 ? r.x : r.y) >> (8 * (j & 3) + sh)) & 0xf) - 8);
-  }
-}
 __device__ __forceinline__ void store8(float* dst, const float f[8]) {
   float4* o = reinterpret_cast<float4*>(dst);
   o[0] = make_float4(f[0], f[1], f[2], f[3]);
@@ -649,11 +584,13 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
                                              (size_t(pl.n_split) * size_t(T) * size_t(a.n_head) * size_t(D) * 4 + 255) /
                                                  256 * 256)
                   : nullptr;
-  switch (pl.dm) {
-    case 64: launch_rm<64, 64>(p, pl, L); break;
-    case 128: launch_rm<128, 32>(p, pl, L); break;
-    case 256: launch_rm<256, 32>(p, pl, L); break;
-    default: launch_rm<512, 16>(p, pl, L); break;
+  if (!detail::attention_decode(L, p, pl)) {
+    switch (pl.dm) {
+      case 64: launch_rm<64, 64>(p, pl, L); break;
+      case 128: launch_rm<128, 32>(p, pl, L); break;
+      case 256: launch_rm<256, 32>(p, pl, L); break;
+      default: launch_rm<512, 16>(p, pl, L); break;
+    }
   }
   KILN_ATTN_LAUNCHED("attention");
   if (pl.n_split > 1) {

@@ -79,7 +79,8 @@ struct MmaArgs {
   float qscale;
 };
 
-template <int D>
+// F16: both caches F16 (every row by cp.async; the codes are not read), else per cache by its code.
+template <int D, bool F16>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   pdl::begin();  // pdl.cuh: nothing global before this
   constexpr int BK = Geo<D>::BK, LDH = Geo<D>::LDH, NT = BK / 8, ND = D / 8;
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
       const bool ok = k0 + row < kv_hi;
       const char* src = base + size_t(ok ? k0 + row : 0) * nb2;
       __half* dst = dst_stage + row * LDH + c;
-      if (code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
+      if (F16 || code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
       else *reinterpret_cast<uint4*>(dst) = ok ? dequant8(src, c, code == kQ8) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
@@ -233,12 +234,17 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   }
 }
 
-template <int D>
-void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
-  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int D, bool F16>
+void launch_one(const Launch& L, const MmaArgs& a, dim3 grid) {
+  static const bool attr_set = cudaFuncSetAttribute(attn_mma_kernel<D, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                     int(Geo<D>::smem)) == cudaSuccess;
   KILN_CHECK(attr_set, "attention (tensor cores): {} bytes of shared memory refused (head_dim {})", Geo<D>::smem, D);
-  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D>, a);
+  pdl::launch(L, grid, dim3(kThreads), Geo<D>::smem, attn_mma_kernel<D, F16>, a);
+}
+template <int D>
+void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
+  if (a.k_code == kF16 && a.v_code == kF16) launch_one<D, true>(L, a, grid);
+  else launch_one<D, false>(L, a, grid);
 }
 
 // F16 rows go by 16-byte cp.async; quantized rows are read 2 bytes at a time (blocks of 34 / 18 bytes).
@@ -252,8 +258,11 @@ int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType
   if (T <= detail::kAttnDecodeTokens || L.sm < 80 || code_of(kt) < 0 || code_of(vt) < 0) return 0;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return 0;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return 0;
-  const char* env = std::getenv("KILN_CUDA_ATTN_MMA");  // 0: the CUDA-core kernel only (comparisons)
-  if (env && std::strcmp(env, "0") == 0) return 0;
+  static const bool off = [] {  // KILN_CUDA_ATTN_MMA=0: the CUDA-core kernel only (comparisons); read once
+    const char* env = std::getenv("KILN_CUDA_ATTN_MMA");
+    return env != nullptr && std::strcmp(env, "0") == 0;
+  }();
+  if (off) return 0;
   const int64_t G = a.n_head / a.n_head_kv, hg = std::min<int64_t>(G & -G, kRows);
   const detail::AttnPlan pl = detail::attn_make_plan(a.head_dim, a.n_head, a.n_head_kv, T, 1);
   const int bt = int(kRows / hg);

@@ -100,7 +100,7 @@ void launch_binary(const Launch& L, Rows a, Rows b, int mode, Rows y) {
 // ---- row reductions: a warp per row (ne0 <= 1024) or a block per row ----------------------------
 // y = x * (1/sqrt(sum_sq * inv_n + eps)) * w  (rms_norm: inv_n = 1/ne0; l2_norm: inv_n = 1, no w).
 template <int NV, bool WARP>
-__global__ void norm_kernel(Rows x, const float* __restrict__ w, Rows y, float eps, float inv_n) {
+__global__ void __launch_bounds__(kRowThreads) norm_kernel(Rows x, const float* __restrict__ w, Rows y, float eps, float inv_n) {
   pdl::begin();  // pdl.cuh: nothing global before this
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;

@@ -35,7 +35,7 @@ __global__ void delta_gates_kernel(Rows beta, Rows g, const float* __restrict__ 
 // ---- row norms: KILN_LAUNCH_ROWS forms (row_common.cuh) ----------------------------------------
 // x = x * (1/sqrt(mean(x^2) + eps)) * w * silu(z).
 template <int NV, bool WARP>
-__global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows z, float eps, float inv_n) {
+__global__ void __launch_bounds__(kRowThreads) rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows z, float eps, float inv_n) {
   pdl::begin();  // pdl.cuh: nothing global before this
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;
@@ -68,7 +68,7 @@ __global__ void rms_norm_gated_kernel(Rows x, const float* __restrict__ w, Rows 
 // itself (same i0 / step in both passes), so no barrier is needed between them; y may be x or t
 // for the same reason.
 template <int NV, bool WARP>
-__global__ void add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w, Rows y, float eps, float inv_n) {
+__global__ void __launch_bounds__(kRowThreads) add_rms_norm_kernel(Rows x, Rows t, const float* __restrict__ w, Rows y, float eps, float inv_n) {
   pdl::begin();  // pdl.cuh: nothing global before this
   __shared__ float red[32];
   const int64_t nr = x.n1 * x.n2;

@@ -218,8 +218,8 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     KILN_MM_CHECK(!q8 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul",
                   "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
                   (long long)(2 * detail::q8_x_bytes(k, m)));
-    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, detail::matvec_pdl(L.sm),
-                      L.stream);
+    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, L.sm,
+                      detail::matvec_pdl(L.sm), L.stream);
   }
   if (m >= detail::kMmqMinM &&
       detail::mmq(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m)) {
@@ -290,7 +290,8 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
     KILN_MM_CHECK(pre_mask == 0 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul_n",
                   "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
                   (long long)(2 * detail::q8_x_bytes(k, m)));
-    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, pre_mask, L.ws, detail::matvec_pdl(L.sm), L.stream);
+    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, pre_mask, L.ws, L.sm, detail::matvec_pdl(L.sm),
+                      L.stream);
   }
   bool done[detail::kMvMaxSeg] = {};
   // Large m (every weight), empty weights, the F32-x types and the small-batch mat-mul's weights: one

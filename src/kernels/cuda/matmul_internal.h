@@ -84,8 +84,9 @@ void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, in
 // Runs *pre (cuda_ops.h XProducer), writing its output x (m columns of k floats, column c at
 // x + c * x_stride), and for each x order L in `mask` (bit L) quantizes x as quantize_x does into
 // ws + L * q8_x_bytes(k, m) (the same bytes quantize_x would write). produce_ok(k, m) must hold.
-void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, bool pdl,
-               cudaStream_t s);
+// sm: the device's compute capability * 10 + minor (sm_90+: add_rms_norm over a cluster of blocks).
+void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, int sm,
+               bool pdl, cudaStream_t s);
 // Which x the mat-vec path uses: 0 = the default (int8 x for the types above, unless the environment
 // has KILN_CUDA_MMV_F32X=1), 1 = F32 x always, 2 = int8 x where supported. For tests and fidelity
 // comparisons; not meant to change while launches are being enqueued on other threads.

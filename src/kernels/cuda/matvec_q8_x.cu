@@ -2,15 +2,22 @@
 //   per 32 values with an F32 scale and half sums, in the weight type's x order), produce_x (the op
 //   that makes x — add_rms_norm or SwiGLU — and the quantization in one kernel), the workspace
 //   layout, and which types have the int8 kernel.
-// Owns: the x quantization (matmul_internal.h states it). produce_x: a block of 1024 threads per
-//   column holding its values in registers (row_common.cuh's row_load order: thread i has elements
-//   i + 1024 j, so each warp holds whole units of 32); sums as the row kernels of fused.cu /
-//   elementwise.cu with a 1024-thread block, so x is the same as the unfused op's, and the int8
-//   bytes are quantize_x's. Must not: allocate or synchronize.
+// Owns: the x quantization (matmul_internal.h states it). produce_x: SwiGLU over blocks of 256
+//   threads (one element each); add_rms_norm over a cluster of 8 blocks of 128 threads on sm_90+
+//   (warp sums exchanged through distributed shared memory), else a block of 1024 threads per
+//   column; either way thread i of the 1024 holds elements i + 1024 j in registers (row_common.cuh's
+//   row_load order, so each warp holds whole units of 32) and the sums are the row kernels' of
+//   fused.cu / elementwise.cu with a 1024-thread block: x is the unfused op's, bit for bit, and the
+//   int8 bytes are quantize_x's. KILN_CUDA_PRODUCE_WIDE=0: one 1024-thread block per column for both
+//   (comparisons). Must not: allocate or synchronize.
 // Threading: the launcher only enqueues on its stream.
 #include <cuda_runtime.h>
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/dequant_q8.cuh"
 #include "kernels/cuda/matmul_internal.h"
@@ -47,6 +54,24 @@ __device__ __forceinline__ int x_pos(int layout, int e) {
   return layout == q8::kXPairs ? (e < 16 ? 2 * e : 2 * (e - 16) + 1) : e;
 }
 
+// Quantizes one unit (the warp's 32 values, lane l holding element l) as quantize_x does into every
+// x order of `mask`: unit index b of the workspace.
+__device__ __forceinline__ void quantize_unit(float v, int64_t b, int lane, int mask, int8_t* xq0, Q8Meta* meta0,
+                                              int8_t* xq1, Q8Meta* meta1) {
+  const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
+  int q = 0;
+  if (amax > 0.f) q = max(-127, min(127, __float2int_rn(v * (127.f / amax))));
+#pragma unroll
+  for (int layout = 0; layout < 2; ++layout) {
+    if (!(mask & (1 << layout))) continue;
+    const int pos = x_pos(layout, lane);
+    (layout ? xq1 : xq0)[b * 32 + pos] = int8_t(q);
+    const bool lo = pos < 16;
+    const int s0 = __reduce_add_sync(0xffffffffu, lo ? q : 0), s1 = __reduce_add_sync(0xffffffffu, lo ? 0 : q);
+    if (lane == 0) (layout ? meta1 : meta0)[b] = {__float_as_uint(amax / 127.f), (uint32_t(s0) & 0xFFFFu) | (uint32_t(s1) << 16)};
+  }
+}
+
 template <int NV, XProducer::Kind KIND>
 __global__ void __launch_bounds__(kRowThreads) produce_x_kernel(const XProducer p, float* x, int64_t x_stride,
                                                                 int64_t k, int mask, int8_t* xq0, Q8Meta* meta0,
@@ -80,30 +105,102 @@ __global__ void __launch_bounds__(kRowThreads) produce_x_kernel(const XProducer 
     for (int j = 0; j < NV; ++j) v[j] = siluf_(v[j]) * bv[j];
   }
   row_store(out, k, tid, kRowThreads, v);
-  const int64_t nblk = k / 32;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);  // the warp's unit (k % 32 == 0: warp-uniform)
-    if (e0 >= k) continue;
-    const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v[j]))));
-    int q = 0;
-    if (amax > 0.f) q = max(-127, min(127, __float2int_rn(v[j] * (127.f / amax))));
-    const int64_t b = int64_t(col) * nblk + e0 / 32;
-#pragma unroll
-    for (int layout = 0; layout < 2; ++layout) {
-      if (!(mask & (1 << layout))) continue;
-      const int pos = x_pos(layout, lane);
-      (layout ? xq1 : xq0)[b * 32 + pos] = int8_t(q);
-      const bool lo = pos < 16;
-      const int s0 = __reduce_add_sync(0xffffffffu, lo ? q : 0), s1 = __reduce_add_sync(0xffffffffu, lo ? 0 : q);
-      if (lane == 0) (layout ? meta1 : meta0)[b] = {__float_as_uint(amax / 127.f), (uint32_t(s0) & 0xFFFFu) | (uint32_t(s1) << 16)};
-    }
+    if (e0 < k) quantize_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, lane, mask, xq0, meta0, xq1, meta1);
   }
 }
 
+// SwiGLU over many blocks (no row reduction): thread i of block b takes element b * kWideThreads + i of
+// column blockIdx.y, so each warp holds one unit as in produce_x_kernel (the same bytes).
+constexpr int kWideThreads = 256;
+__global__ void __launch_bounds__(kWideThreads) swiglu_x_kernel(const XProducer p, float* x, int64_t x_stride, int64_t k,
+                                                                int mask, int8_t* xq0, Q8Meta* meta0, int8_t* xq1,
+                                                                Q8Meta* meta1) {
+  q8::pdl_launch_dependents();
+  q8::pdl_wait();
+  const int col = blockIdx.y, lane = threadIdx.x & 31;
+  const int64_t e = int64_t(blockIdx.x) * kWideThreads + threadIdx.x;
+  if (e - lane >= k) return;  // whole warps (k % 32 == 0)
+  float* out = x + int64_t(col) * x_stride;
+  const float v = siluf_(out[e]) * row_mut(p.b, col)[e];
+  out[e] = v;
+  quantize_unit(v, int64_t(col) * (k / 32) + (e - lane) / 32, lane, mask, xq0, meta0, xq1, meta1);
+}
+
+// add_rms_norm over a cluster of kClusterCtas blocks of kRowThreads / kClusterCtas threads (sm_90+):
+// thread i of cluster rank r is thread r * (kRowThreads / kClusterCtas) + i of produce_x_kernel's block,
+// with the same elements; the warps' sums of squares go to every rank's shared memory in the block's
+// order, so the norm (and x, and its bytes) are produce_x_kernel's, bit for bit. Each thread reads and
+// writes only its own elements of the residual row.
+constexpr int kClusterCtas = 8, kClusterThreads = kRowThreads / kClusterCtas;
+template <int NV>
+__global__ void __launch_bounds__(kClusterThreads) add_rms_x_cluster_kernel(const XProducer p, float* x,
+                                                                            int64_t x_stride, int64_t k, int mask,
+                                                                            int8_t* xq0, Q8Meta* meta0, int8_t* xq1,
+                                                                            Q8Meta* meta1) {
+#if __CUDA_ARCH__ >= 900
+  q8::pdl_launch_dependents();
+  q8::pdl_wait();
+  namespace cg = cooperative_groups;
+  __shared__ float red[32];
+  const cg::cluster_group cl = cg::this_cluster();
+  const int rank = int(cl.block_rank()), col = blockIdx.y, lane = threadIdx.x & 31;
+  const int tid = rank * kClusterThreads + int(threadIdx.x);  // the thread of the 1024-thread block
+  float* xr = row_mut(p.x, col);
+  const float* tr = row_mut(p.t, col);
+  float v[NV], tv[NV], wv[NV];
+  row_load(xr, k, tid, kRowThreads, v);
+  row_load(tr, k, tid, kRowThreads, tv);
+  if (p.w) row_load(p.w, k, tid, kRowThreads, wv);
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] += tv[j], ss = fmaf(v[j], v[j], ss);
+  row_store(xr, k, tid, kRowThreads, v);
+  ss = warp_sum(ss);
+  if (lane == 0)
+    for (int r = 0; r < kClusterCtas; ++r) *cl.map_shared_rank(&red[tid >> 5], r) = ss;
+  cl.sync();  // every rank's warp sums have landed (and no rank exits while others still write to it)
+  ss = warp_sum(red[lane]);
+  const float sc = 1.f / sqrtf(ss * (1.0f / float(k)) + p.eps);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = p.w ? v[j] * sc * wv[j] : v[j] * sc;
+  float* out = x + int64_t(col) * x_stride;
+  row_store(out, k, tid, kRowThreads, v);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);
+    if (e0 < k) quantize_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, lane, mask, xq0, meta0, xq1, meta1);
+  }
+#endif
+}
+
+using ProduceKernel = void (*)(const XProducer, float*, int64_t, int64_t, int, int8_t*, Q8Meta*, int8_t*, Q8Meta*);
 template <XProducer::Kind KIND>
-void launch_produce(const XProducer& p, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, bool pdl,
-                    cudaStream_t s) {
+ProduceKernel block_kernel(int64_t nv) {
+  return nv <= 1 ? produce_x_kernel<1, KIND> : nv <= 2 ? produce_x_kernel<2, KIND> : nv <= 4 ? produce_x_kernel<4, KIND>
+       : nv <= 8 ? produce_x_kernel<8, KIND> : produce_x_kernel<16, KIND>;
+}
+ProduceKernel cluster_kernel(int64_t nv) {
+  return nv <= 1 ? add_rms_x_cluster_kernel<1> : nv <= 2 ? add_rms_x_cluster_kernel<2> : nv <= 4 ? add_rms_x_cluster_kernel<4>
+       : nv <= 8 ? add_rms_x_cluster_kernel<8> : add_rms_x_cluster_kernel<16>;
+}
+// The wide forms (swiglu_x_kernel; add_rms_x_cluster_kernel on sm_90+) unless KILN_CUDA_PRODUCE_WIDE=0
+// (comparisons): one block of 1024 threads per column then.
+bool wide_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_PRODUCE_WIDE");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+}  // namespace
+
+void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, int sm,
+               bool pdl, cudaStream_t s) {
+  KILN_CHECK(produce_ok(k, m), "produce_x: k {} m {} (k a multiple of 32 up to {}, 1 <= m <= 8)", k, m, kProduceMaxK);
   const size_t bytes = q8_x_bytes(k, m);
   auto* b0 = static_cast<uint8_t*>(ws);
   auto* b1 = b0 + bytes;
@@ -111,21 +208,31 @@ void launch_produce(const XProducer& p, float* x, int64_t x_stride, int64_t k, i
   auto* xq1 = reinterpret_cast<int8_t*>(b1);
   auto* m0 = reinterpret_cast<Q8Meta*>(b0 + q8_x_meta_offset(k, m));
   auto* m1 = reinterpret_cast<Q8Meta*>(b1 + q8_x_meta_offset(k, m));
-  const dim3 grid{unsigned(m)}, block{unsigned(kRowThreads)};
   const int64_t nv = (k + kRowThreads - 1) / kRowThreads;
-  void (*kern)(const XProducer, float*, int64_t, int64_t, int, int8_t*, Q8Meta*, int8_t*, Q8Meta*) =
-      nv <= 1 ? produce_x_kernel<1, KIND> : nv <= 2 ? produce_x_kernel<2, KIND> : nv <= 4 ? produce_x_kernel<4, KIND>
-      : nv <= 8 ? produce_x_kernel<8, KIND> : produce_x_kernel<16, KIND>;
-  q8::launch(pdl, grid, block, s, kern, p, x, x_stride, k, mask, xq0, m0, xq1, m1);
-}
-
-}  // namespace
-
-void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, bool pdl,
-               cudaStream_t s) {
-  KILN_CHECK(produce_ok(k, m), "produce_x: k {} m {} (k a multiple of 32 up to {}, 1 <= m <= 8)", k, m, kProduceMaxK);
-  if (pre.kind == XProducer::Kind::AddRmsNorm) launch_produce<XProducer::Kind::AddRmsNorm>(pre, x, x_stride, k, m, mask, ws, pdl, s);
-  else launch_produce<XProducer::Kind::SwiGlu>(pre, x, x_stride, k, m, mask, ws, pdl, s);
+  const bool add = pre.kind == XProducer::Kind::AddRmsNorm, wide = wide_on();
+  cudaLaunchConfig_t cfg = {};
+  cfg.stream = s;
+  cudaLaunchAttribute at[2];
+  int na = 0;
+  if (pdl) {
+    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[na++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  ProduceKernel kern;
+  if (wide && !add) {
+    kern = swiglu_x_kernel;
+    cfg.gridDim = dim3(unsigned((k + kWideThreads - 1) / kWideThreads), unsigned(m)), cfg.blockDim = dim3(kWideThreads);
+  } else if (wide && sm >= 90) {
+    kern = cluster_kernel(nv);
+    cfg.gridDim = dim3(kClusterCtas, unsigned(m)), cfg.blockDim = dim3(kClusterThreads);
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na++].val.clusterDim = {unsigned(kClusterCtas), 1, 1};
+  } else {
+    kern = add ? block_kernel<XProducer::Kind::AddRmsNorm>(nv) : block_kernel<XProducer::Kind::SwiGlu>(nv);
+    cfg.gridDim = dim3(unsigned(m)), cfg.blockDim = dim3(kRowThreads);
+  }
+  cfg.attrs = at, cfg.numAttrs = unsigned(na);
+  cudaLaunchKernelEx(&cfg, kern, pre, x, x_stride, k, mask, xq0, m0, xq1, m1);
 }
 
 void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,
