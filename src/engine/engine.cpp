@@ -712,6 +712,10 @@ void Engine::Impl::finish(Active& a, FinishReason r, Event ev, const std::string
                   a.slot, a.ch->id, tm.predicted_ms, tm.predicted_n, tps);
     KILN_LOG_INFO("slot {} | request {} |       total time = {:.2f} ms / {} tokens, finish: {}", a.slot, a.ch->id,
                   tm.prompt_ms + tm.predicted_ms, tm.prompt_n + tm.predicted_n, finish_reason_name(r));
+    if (a.spec.draft_runs > 0)
+      KILN_LOG_INFO("slot {} | request {} |  draft: {} passes, {:.2f} ms ({:.3f} ms each), {} drafted, {} accepted",
+                    a.slot, a.ch->id, a.spec.draft_runs, a.spec.draft_ms, a.spec.draft_ms / double(a.spec.draft_runs),
+                    a.spec.draft_n, a.spec.draft_n_accepted);
   }
   publish();  // the slot is free (and counted so) before the consumer sees the final event
   a.ch->push(std::move(ev));

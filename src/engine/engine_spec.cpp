@@ -14,6 +14,7 @@
 //   conditional probability instead, emitting the draft token (the output is not the model's).
 // Must not: see JSON or HTTP. Threading: the engine thread only.
 #include <algorithm>
+#include <chrono>
 
 #include "core/log.h"
 #include "engine/engine_impl.h"
@@ -58,15 +59,24 @@ void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
   }
   if (who.empty()) return;
   std::vector<std::vector<int32_t>> out;
-  Status s = so.type == SpecType::DraftMtp ? runner->draft_mtp(rows, so.p_min, out)
-                                           : drafter->draft(drows, so.p_min, runner->n_vocab(), out);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Synthetic acceptance measures the verification at a given acceptance: the drafters draft their
+  // whole length whatever their confidence (as llama.cpp's --spec-synth-* do).
+  const float p_min = synth.empty() ? so.p_min : 0.0f;
+  Status s = so.type == SpecType::DraftMtp ? runner->draft_mtp(rows, p_min, out)
+                                           : drafter->draft(drows, p_min, runner->n_vocab(), out);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!s.ok()) {
     KILN_LOG_ERROR("{} draft: {}", spec_type_name(so.type), s.error().message);
     return;  // the step decodes without drafts
   }
   for (size_t i = 0; i < who.size(); ++i) {
-    who[i]->draft = std::move(out[i]);
-    finish_draft(*who[i]);
+    Active& a = *who[i];
+    a.draft = std::move(out[i]);
+    finish_draft(a);
+    a.spec.draft_runs++;
+    a.spec.draft_ms += ms / double(who.size());
+    if (a.draft.empty()) a.spec.empty_draft(synth.empty());
   }
 }
 

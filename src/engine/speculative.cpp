@@ -80,19 +80,27 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> h, int n, int n_max) {
   return out;
 }
 
+void SpecState::miss() {
+  k = std::max(1, k / 2);
+  if (++misses >= 3) {
+    pause = next_pause;
+    next_pause = std::min(64, next_pause * 2);
+    misses = 0;
+    k = 1;
+  }
+}
+
+void SpecState::empty_draft(bool adaptive) {
+  if (adaptive) miss();
+}
+
 void SpecState::update(int drafted, int accepted, int n_max, bool adaptive) {
   if (!adaptive || drafted == 0) return;
   if (accepted == drafted) {
     k = std::min(n_max, k + 1);
     misses = 0;
   } else if (accepted == 0) {
-    k = std::max(1, k / 2);
-    if (++misses >= 3) {
-      pause = next_pause;
-      next_pause = std::min(64, next_pause * 2);
-      misses = 0;
-      k = 1;
-    }
+    miss();
   } else {
     misses = 0;
     next_pause = 2;

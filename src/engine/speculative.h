@@ -58,18 +58,27 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> history, int n, int n_
 // draft lengthens it by one (up to n_max), a draft rejected at its first token halves it; three
 // such misses in a row stop drafting for a pause that doubles each time (2, 4, ... 64 steps), after
 // which drafting resumes at length 1. So a request whose drafts keep failing decodes plainly
-// (a verify of one token costs little more than a decode step) and a good one drafts n_max.
+// (a verify of one token costs little more than a decode step) and a good one drafts n_max. A model
+// drafter that ran and proposed nothing (every first token below p_min) counts as such a miss: its
+// forward pass was paid for nothing, so a drafter that is never confident backs off too.
 struct SpecState {
   int k = 0;              // current draft length
   int misses = 0;         // first-token rejections in a row
   int pause = 0;          // steps left without drafting
   int next_pause = 2;
   int64_t draft_n = 0, draft_n_accepted = 0;  // llama-server's timings fields
+  int64_t draft_runs = 0;                     // model drafter passes this request took part in
+  double draft_ms = 0;                        // their wall time, shared equally by the rows of a pass
   std::mt19937 rng;       // synthetic acceptance draws
   void start(int n_max, uint32_t seed) { k = n_max, misses = 0, pause = 0, next_pause = 2, rng.seed(seed); }
   // After a verify of `drafted` tokens of which `accepted` were accepted (the counters are the
   // caller's, kept as tokens are accepted).
   void update(int drafted, int accepted, int n_max, bool adaptive);
+  // After a model drafter's pass that left this request no draft.
+  void empty_draft(bool adaptive);
+
+ private:
+  void miss();  // a first-token rejection (or an empty model draft): shorter drafts, then a pause
 };
 
 }  // namespace kiln::engine

@@ -460,7 +460,10 @@ TEST_F(CudaOps, TopkRouteTiesRenormScale) {
     int64_t n_expert, n_tok;
     int k;
   };
-  for (const Case& c : {Case{7, 5, 1}, Case{128, 33, 8}, Case{257, 3, 10}, Case{64, 4, 32}, Case{512, 6, 10}})
+  // 248,320 x k = 1: a drafter's greedy token and its probability over the Qwen3.5 vocabulary (the
+  // block-per-token path); 5,000: just above that path's threshold.
+  for (const Case& c : {Case{7, 5, 1}, Case{128, 33, 8}, Case{257, 3, 10}, Case{64, 4, 32}, Case{512, 6, 10},
+                        Case{248320, 3, 1}, Case{5000, 2, 1}})
     for (bool renorm : {false, true})
       for (float w_scale : {1.f, 2.5f}) {
         // Logits on a 0.25 grid in [-2, 2]: many ties, broken towards the lower expert id.

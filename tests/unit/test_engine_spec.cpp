@@ -145,6 +145,32 @@ TEST(EngineSpecSynthetic, AcceptsAtTheConfiguredRate) {
   EXPECT_EQ(o.tokens.size(), 40u);
 }
 
+// The adaptive back-off: a model drafter's pass that proposes nothing (every first token below p_min)
+// counts as a first-token miss, so a drafter that is never confident stops being run: three in a row
+// pause drafting for 2 steps, the next three for 4, ... (64 at most); synthetic acceptance does not adapt.
+TEST(EngineSpecBackOff, EmptyModelDraftsPauseDrafting) {
+  SpecState s;
+  s.start(3, 1);
+  s.empty_draft(true);
+  EXPECT_EQ(s.k, 1);
+  EXPECT_EQ(s.pause, 0);
+  s.empty_draft(true);
+  s.empty_draft(true);
+  EXPECT_EQ(s.pause, 2);
+  for (int pause : {4, 8, 16, 32, 64, 64}) {
+    s.pause = 0;
+    for (int i = 0; i < 3; ++i) s.empty_draft(true);
+    EXPECT_EQ(s.pause, pause);
+  }
+  s.update(1, 1, 3, true);  // an accepted draft lengthens it again
+  EXPECT_EQ(s.k, 2);
+  SpecState f;
+  f.start(3, 1);
+  for (int i = 0; i < 5; ++i) f.empty_draft(false);
+  EXPECT_EQ(f.k, 3);
+  EXPECT_EQ(f.pause, 0);
+}
+
 TEST(EngineSpecOptions, ErrorsNameTheFlag) {
   auto probs = [](SpecOptions s) { return synth_probs(s); };
   SpecOptions s = ngram(3);

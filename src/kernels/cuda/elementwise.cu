@@ -287,6 +287,63 @@ __global__ void topk_kernel(const float* __restrict__ logits, int64_t n_expert, 
   }
 }
 
+// k = 1 over long rows (a drafter's greedy token over the vocabulary): a block of kTop1Threads per
+// token in one pass — each thread keeps its running (max, sum of exp) and its best (value, id), the
+// block merges them — instead of one warp re-reading the row three times.
+constexpr int kTop1Threads = 1024;
+constexpr int64_t kTop1MinExperts = 4096;
+__global__ void __launch_bounds__(kTop1Threads) top1_kernel(const float* __restrict__ logits, int64_t n_expert,
+                                                            bool renorm, float w_scale, int32_t* __restrict__ ids,
+                                                            float* __restrict__ weights) {
+  __shared__ float sm_m[kTop1Threads / 32], sm_s[kTop1Threads / 32], sm_bv[kTop1Threads / 32];
+  __shared__ int64_t sm_bi[kTop1Threads / 32];
+  const int64_t t = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* l = logits + t * n_expert;
+  float m = -INFINITY, sum = 0.f, bv = -INFINITY;
+  int64_t bid = INT64_MAX;
+  // (m, sum) absorbs x: the running max and the sum of exp relative to it.
+  auto absorb = [](float& m, float& sum, float om, float os) {
+    if (om == -INFINITY) return;
+    if (om > m) {
+      sum = sum * expf(m - om) + os;
+      m = om;
+    } else {
+      sum += os * expf(om - m);
+    }
+  };
+  auto better = [](float v, int64_t e, float bv, int64_t bid) { return v > bv || (v == bv && e < bid); };
+  for (int64_t e = tid; e < n_expert; e += kTop1Threads) {
+    const float v = l[e];
+    if (v > m) {
+      sum = sum * expf(m - v) + 1.f;
+      m = v;
+    } else {
+      sum += expf(v - m);
+    }
+    if (better(v, e, bv, bid)) bv = v, bid = e;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, bid, o);
+    absorb(m, sum, om, os);
+    if (better(ov, oi, bv, bid)) bv = ov, bid = oi;
+  }
+  if (lane == 0) sm_m[warp] = m, sm_s[warp] = sum, sm_bv[warp] = bv, sm_bi[warp] = bid;
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < kTop1Threads / 32; ++w) {
+      absorb(m, sum, sm_m[w], sm_s[w]);
+      if (better(sm_bv[w], sm_bi[w], bv, bid)) bv = sm_bv[w], bid = sm_bi[w];
+    }
+    if (bid == INT64_MAX) bid = 0;  // only NaNs: keep the id valid
+    const float w = expf(bv - m) / sum;
+    ids[t] = int32_t(bid);
+    weights[t] = (renorm ? 1.f : w) * w_scale;
+  }
+}
+
 // ---- strided row copy ------------------------------------------------------------------------
 template <class U>
 __global__ void copy_rows_kernel(char* dst, size_t d0, size_t d1, size_t d2, const char* src, size_t s0, size_t s1,
@@ -428,8 +485,11 @@ void topk_route(const Launch& L, const float* logits, int64_t n_expert, int64_t 
   KILN_CHECK(k >= 1 && k <= n_expert && k <= 32, "topk_route: k {} vs n_expert {} (k <= 32)", k, n_expert);
   KILN_CHECK(logits && ids && weights, "topk_route: null pointer");
   if (n_tok == 0) return;
-  topk_kernel<<<unsigned((n_tok + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(
-      logits, n_expert, n_tok, k, renorm, w_scale, ids, weights);
+  if (k == 1 && n_expert >= kTop1MinExperts)
+    top1_kernel<<<unsigned(n_tok), kTop1Threads, 0, L.stream>>>(logits, n_expert, renorm, w_scale, ids, weights);
+  else
+    topk_kernel<<<unsigned((n_tok + kWarpRows - 1) / kWarpRows), 32 * kWarpRows, 0, L.stream>>>(
+        logits, n_expert, n_tok, k, renorm, w_scale, ids, weights);
   KILN_CUDA_LAUNCHED("topk_route");
 }
 
