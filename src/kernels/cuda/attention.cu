@@ -48,15 +48,6 @@ constexpr int kThreads = 128;        // every attention block
 constexpr int64_t kMaxSplit = detail::kAttnMaxSplit;
 constexpr float kLog2e = 1.4426950408889634f;
 
-int cache_code(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return kF32;
-    case GgmlType::F16: return kF16;
-    case GgmlType::Q8_0: return kQ8;
-    case GgmlType::Q4_0: return kQ4;
-    default: return -1;
-  }
-}
 // tensor/quant.cpp's scale_to_fp16: NaN -> 0, overflow saturates to the largest finite half.
 __device__ __forceinline__ unsigned short scale_to_half_bits(float v) {
   if (isnan(v)) return 0;
@@ -518,15 +509,6 @@ void launch_rm(const AttnK& k, const Plan& pl, const Launch& L) {
   if (pl.rm == 4) launch_attn<DM, BK, 4>(k, pl, L);
   else if (pl.rm == 8) launch_attn<DM, BK, 8>(k, pl, L);
   else if constexpr (DM < 512) launch_attn<DM, BK, 16>(k, pl, L);
-}
-
-CacheArg cache_arg(const SeqMem& m) {
-  CacheArg c;
-  c.p = static_cast<const char*>(m.p);
-  c.code = cache_code(m.type);
-  c.nb1 = m.nb1, c.nb2 = m.nb2, c.nb3 = m.nb3;
-  c.vec = ((reinterpret_cast<uintptr_t>(m.p) | m.nb1 | m.nb2 | m.nb3) % 16) == 0;
-  return c;
 }
 
 void check_cache(const char* what, const SeqMem& m, int64_t D) {

@@ -1,7 +1,8 @@
 // kernels/cuda/attention_common.cuh — what the attention kernels of attention.cu (CUDA cores,
-//   prefill and fallback) and attention_decode.cu (decode) share: the cache codes, the kernel
-//   arguments (AttnK: the work layout of workspace.h's AttnPlan, split-KV partials) and the 8-element
-//   cache item loads and conversions.
+//   prefill and fallback), attention_decode.cu (decode) and attention_mma.cu (tensor cores) share: the
+//   cache codes and arguments (CacheArg, cache_arg), the rows every kernel reads and writes (AttnIO),
+//   the CUDA-core kernels' arguments (AttnK: the work layout of workspace.h's AttnPlan, split-KV
+//   partials) and the 8-element cache item loads and conversions.
 // Must not: launch anything. Threading: device functions and plain structs.
 #pragma once
 #include <cuda_fp16.h>
@@ -33,7 +34,9 @@ struct CacheArg {
   size_t nb1, nb2, nb3;
 };
 
-struct AttnK {
+// What every attention kernel reads and writes: q rows, the output rows, per-token slots and positions,
+// and the two caches.
+struct AttnIO {
   const float* q;
   int64_t q_s1, q_s2;
   float* out;
@@ -41,6 +44,9 @@ struct AttnK {
   const int32_t* seq;
   const int32_t* pos;
   CacheArg k, v;
+};
+
+struct AttnK : AttnIO {
   int D, T, Hq, G, hg, bq;
   float qscale;  // scale * log2(e)
   int n_split, chunk;
@@ -48,6 +54,24 @@ struct AttnK {
   float* part_ml;  // [n_split][T][Hq][2]: m (log2 units), l
   int mma_bt;      // > 0: tiles of this many tokens within one run are the tensor-core kernel's
 };
+
+inline int cache_code(gguf::GgmlType t) {
+  switch (t) {
+    case gguf::GgmlType::F32: return kF32;
+    case gguf::GgmlType::F16: return kF16;
+    case gguf::GgmlType::Q8_0: return kQ8;
+    case gguf::GgmlType::Q4_0: return kQ4;
+    default: return -1;
+  }
+}
+inline CacheArg cache_arg(const SeqMem& m) {
+  CacheArg c;
+  c.p = static_cast<const char*>(m.p);
+  c.code = cache_code(m.type);
+  c.nb1 = m.nb1, c.nb2 = m.nb2, c.nb3 = m.nb3;
+  c.vec = ((reinterpret_cast<uintptr_t>(m.p) | m.nb1 | m.nb2 | m.nb3) % 16) == 0;
+  return c;
+}
 
 // One item = eight consecutive elements e..e+7 of a cache row (e a multiple of 8). A tile is
 // fetched whole (global loads into registers) before any item is converted, so all its loads are in

@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/mma.cuh"
@@ -35,24 +36,15 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kThreads = 128, kRows = 64;  // 4 warps x 16 query rows
-enum : int { kF16 = 0, kQ8 = 1, kQ4 = 2 };  // cache element types as the kernel sees them
+using namespace attn;  // attention_common.cuh: cache codes, AttnIO, the 8-element item loads
 
-int code_of(GgmlType t) { return t == GgmlType::F16 ? kF16 : t == GgmlType::Q8_0 ? kQ8 : t == GgmlType::Q4_0 ? kQ4 : -1; }
+// The caches this kernel reads (F16, Q8_0, Q4_0): its cache code, else -1.
+int code_of(GgmlType t) { return t == GgmlType::F32 ? -1 : cache_code(t); }
 
 // Eight elements c .. c + 7 (c a multiple of 8) of a Q8_0 / Q4_0 cache row, dequantized, as F16.
-__device__ __forceinline__ uint4 dequant8(const char* row, int c, bool q8) {
-  const int eb = c & 31;
-  const unsigned short* blk = reinterpret_cast<const unsigned short*>(row + size_t(c >> 5) * (q8 ? 34 : 18));
-  const float d = __half2float(__ushort_as_half(blk[0]));
-  const unsigned short* qs = blk + 1 + ((q8 ? eb : (eb & 15)) >> 1);  // blocks are 2-byte aligned
-  const uint32_t lo = qs[0] | uint32_t(qs[1]) << 16, hi = qs[2] | uint32_t(qs[3]) << 16;
+__device__ __forceinline__ uint4 dequant8(const CacheArg& cache, const char* row, int c) {
   float f[8];
-  const int sh = eb >= 16 ? 4 : 0;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const uint32_t w = j < 4 ? lo : hi;
-    f[j] = q8 ? d * float(int8_t((w >> (8 * (j & 3))) & 0xff)) : d * float(int((w >> (8 * (j & 3) + sh)) & 0xf) - 8);
-  }
+  convert16(cache.code, fetch16(cache, row, c), c, f);
   return make_uint4(mma::pack_half2(f[0], f[1]), mma::pack_half2(f[2], f[3]), mma::pack_half2(f[4], f[5]),
                     mma::pack_half2(f[6], f[7]));
 }
@@ -64,17 +56,7 @@ struct Geo {
   static constexpr size_t smem = size_t(kRows + 4 * BK) * LDH * sizeof(__half);  // Q, K x 2, V x 2
 };
 
-struct MmaArgs {
-  const float* q;
-  int64_t q_s1, q_s2;
-  float* out;
-  int64_t o_s1, o_s2;
-  const int32_t* seq;
-  const int32_t* pos;
-  const char* k;
-  const char* v;
-  size_t k_nb1, k_nb2, k_nb3, v_nb1, v_nb2, v_nb3;
-  int k_code, v_code;  // kF16, kQ8 or kQ4
+struct MmaArgs : AttnIO {
   int T, G, hg, bt;
   float qscale;
 };
@@ -94,23 +76,23 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   const int slot = p.seq[t0], h0 = blockIdx.y * p.hg;
   const int64_t kvh = h0 / p.G;
   const int kv_hi = p.pos[t1 - 1] + 1;  // positions increase along a run
-  const char* kb = p.k + size_t(kvh) * p.k_nb1 + size_t(slot) * p.k_nb3;
-  const char* vb = p.v + size_t(kvh) * p.v_nb1 + size_t(slot) * p.v_nb3;
+  const char* kb = p.k.p + size_t(kvh) * p.k.nb1 + size_t(slot) * p.k.nb3;
+  const char* vb = p.v.p + size_t(kvh) * p.v.nb1 + size_t(slot) * p.v.nb3;
 
   // One tile of one cache into a stage; rows past the run's last position are zeros (never garbage).
-  auto load_one = [&](int code, const char* base, size_t nb2, __half* dst_stage, int k0) {
+  auto load_one = [&](const CacheArg& cache, const char* base, __half* dst_stage, int k0) {
     for (int i = tid; i < BK * (D / 8); i += kThreads) {
       const int row = i / (D / 8), c = (i % (D / 8)) * 8;
       const bool ok = k0 + row < kv_hi;
-      const char* src = base + size_t(ok ? k0 + row : 0) * nb2;
+      const char* src = base + size_t(ok ? k0 + row : 0) * cache.nb2;
       __half* dst = dst_stage + row * LDH + c;
-      if (F16 || code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
-      else *reinterpret_cast<uint4*>(dst) = ok ? dequant8(src, c, code == kQ8) : make_uint4(0u, 0u, 0u, 0u);
+      if (F16 || cache.code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
+      else *reinterpret_cast<uint4*>(dst) = ok ? dequant8(cache, src, c) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
   auto load_kv = [&](int stage, int k0) {
-    load_one(p.k_code, kb, p.k_nb2, Ks + stage * BK * LDH, k0);
-    load_one(p.v_code, vb, p.v_nb2, Vs + stage * BK * LDH, k0);
+    load_one(p.k, kb, Ks + stage * BK * LDH, k0);
+    load_one(p.v, vb, Vs + stage * BK * LDH, k0);
     mma::cp_commit();
   };
   const int n_tiles = (kv_hi + BK - 1) / BK;
@@ -243,7 +225,7 @@ void launch_one(const Launch& L, const MmaArgs& a, dim3 grid) {
 }
 template <int D>
 void launch(const Launch& L, const MmaArgs& a, dim3 grid) {
-  if (a.k_code == kF16 && a.v_code == kF16) launch_one<D, true>(L, a, grid);
+  if (a.k.code == kF16 && a.v.code == kF16) launch_one<D, true>(L, a, grid);
   else launch_one<D, false>(L, a, grid);
 }
 
@@ -280,9 +262,7 @@ int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* po
   m.q = q.p, m.q_s1 = q.s1, m.q_s2 = q.s2;
   m.out = out.p, m.o_s1 = out.s1, m.o_s2 = out.s2;
   m.seq = seq, m.pos = pos;
-  m.k = static_cast<const char*>(k.p), m.v = static_cast<const char*>(v.p);
-  m.k_nb1 = k.nb1, m.k_nb2 = k.nb2, m.k_nb3 = k.nb3, m.v_nb1 = v.nb1, m.v_nb2 = v.nb2, m.v_nb3 = v.nb3;
-  m.k_code = code_of(k.type), m.v_code = code_of(v.type);
+  m.k = cache_arg(k), m.v = cache_arg(v);
   m.T = int(T), m.G = int(a.n_head / a.n_head_kv), m.hg = kRows / bt, m.bt = bt;
   m.qscale = a.scale * 1.4426950408889634f;
   const dim3 grid(unsigned((T + bt - 1) / bt), unsigned(a.n_head / m.hg));

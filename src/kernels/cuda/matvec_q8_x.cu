@@ -72,61 +72,81 @@ __device__ __forceinline__ void quantize_unit(float v, int64_t b, int lane, int 
   }
 }
 
+// Where a producer writes: x (column c at x + c * x_stride) and, for each x order in mask, its int8
+// bytes and unit metadata.
+struct XOut {
+  float* x;
+  int64_t x_stride;
+  int mask;
+  int8_t* xq0;
+  Q8Meta* meta0;
+  int8_t* xq1;
+  Q8Meta* meta1;
+};
+
+// add_rms_norm's first half for thread tid of the 1024-thread layout: v = x + t (stored back into the
+// residual row), w's values in wv; returns the thread's sum of squares.
+template <int NV>
+__device__ __forceinline__ float add_residual(const XProducer& p, int col, int64_t k, int tid, float (&v)[NV],
+                                             float (&wv)[NV]) {
+  float* xr = row_mut(p.x, col);
+  float tv[NV];
+  row_load(xr, k, tid, kRowThreads, v);
+  row_load(row_mut(p.t, col), k, tid, kRowThreads, tv);
+  if (p.w) row_load(p.w, k, tid, kRowThreads, wv);
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] += tv[j], ss = fmaf(v[j], v[j], ss);
+  row_store(xr, k, tid, kRowThreads, v);
+  return ss;
+}
+// The normalized x (v * sc, times w when there is one) of thread tid of the 1024-thread layout, stored
+// and quantized by units (each warp holds whole units: k % 32 == 0).
+template <int NV>
+__device__ __forceinline__ void store_normed(float (&v)[NV], const float (&wv)[NV], const float* w, float sc, int col,
+                                             int64_t k, int tid, const XOut& o) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j) v[j] = w ? v[j] * sc * wv[j] : v[j] * sc;
+  row_store(o.x + int64_t(col) * o.x_stride, k, tid, kRowThreads, v);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);  // the warp's unit (warp-uniform)
+    if (e0 < k) quantize_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, tid & 31, o.mask, o.xq0, o.meta0, o.xq1, o.meta1);
+  }
+}
+
 template <int NV, XProducer::Kind KIND>
-__global__ void __launch_bounds__(kRowThreads) produce_x_kernel(const XProducer p, float* x, int64_t x_stride,
-                                                                int64_t k, int mask, int8_t* xq0, Q8Meta* meta0,
-                                                                int8_t* xq1, Q8Meta* meta1) {
+__global__ void __launch_bounds__(kRowThreads) produce_x_kernel(const XProducer p, const XOut o, int64_t k) {
   q8::pdl_launch_dependents();  // the mat-vec kernel may start its weight prefetch
   q8::pdl_wait();               // the inputs (and the workspace's last reader) are done
   __shared__ float red[32];
-  const int col = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
-  float* out = x + int64_t(col) * x_stride;
-  float v[NV];
+  const int col = blockIdx.x, tid = threadIdx.x;
+  float v[NV], wv[NV];
   if constexpr (KIND == XProducer::Kind::AddRmsNorm) {
-    float* xr = row_mut(p.x, col);
-    const float* tr = row_mut(p.t, col);
-    float tv[NV], wv[NV];
-    row_load(xr, k, tid, kRowThreads, v);
-    row_load(tr, k, tid, kRowThreads, tv);
-    if (p.w) row_load(p.w, k, tid, kRowThreads, wv);
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) v[j] += tv[j], ss = fmaf(v[j], v[j], ss);
-    row_store(xr, k, tid, kRowThreads, v);
-    ss = block_sum(ss, red);
-    const float sc = 1.f / sqrtf(ss * (1.0f / float(k)) + p.eps);
-#pragma unroll
-    for (int j = 0; j < NV; ++j) v[j] = p.w ? v[j] * sc * wv[j] : v[j] * sc;
+    const float ss = block_sum(add_residual(p, col, k, tid, v, wv), red);
+    store_normed(v, wv, p.w, 1.f / sqrtf(ss * (1.0f / float(k)) + p.eps), col, k, tid, o);
   } else {
-    float bv[NV];
-    row_load(out, k, tid, kRowThreads, v);
-    row_load(row_mut(p.b, col), k, tid, kRowThreads, bv);
+    row_load(o.x + int64_t(col) * o.x_stride, k, tid, kRowThreads, v);
+    row_load(row_mut(p.b, col), k, tid, kRowThreads, wv);
 #pragma unroll
-    for (int j = 0; j < NV; ++j) v[j] = siluf_(v[j]) * bv[j];
-  }
-  row_store(out, k, tid, kRowThreads, v);
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);  // the warp's unit (k % 32 == 0: warp-uniform)
-    if (e0 < k) quantize_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, lane, mask, xq0, meta0, xq1, meta1);
+    for (int j = 0; j < NV; ++j) v[j] = siluf_(v[j]) * wv[j];
+    store_normed(v, wv, nullptr, 1.f, col, k, tid, o);
   }
 }
 
 // SwiGLU over many blocks (no row reduction): thread i of block b takes element b * kWideThreads + i of
 // column blockIdx.y, so each warp holds one unit as in produce_x_kernel (the same bytes).
 constexpr int kWideThreads = 256;
-__global__ void __launch_bounds__(kWideThreads) swiglu_x_kernel(const XProducer p, float* x, int64_t x_stride, int64_t k,
-                                                                int mask, int8_t* xq0, Q8Meta* meta0, int8_t* xq1,
-                                                                Q8Meta* meta1) {
+__global__ void __launch_bounds__(kWideThreads) swiglu_x_kernel(const XProducer p, const XOut o, int64_t k) {
   q8::pdl_launch_dependents();
   q8::pdl_wait();
   const int col = blockIdx.y, lane = threadIdx.x & 31;
   const int64_t e = int64_t(blockIdx.x) * kWideThreads + threadIdx.x;
   if (e - lane >= k) return;  // whole warps (k % 32 == 0)
-  float* out = x + int64_t(col) * x_stride;
+  float* out = o.x + int64_t(col) * o.x_stride;
   const float v = siluf_(out[e]) * row_mut(p.b, col)[e];
   out[e] = v;
-  quantize_unit(v, int64_t(col) * (k / 32) + (e - lane) / 32, lane, mask, xq0, meta0, xq1, meta1);
+  quantize_unit(v, int64_t(col) * (k / 32) + (e - lane) / 32, lane, o.mask, o.xq0, o.meta0, o.xq1, o.meta1);
 }
 
 // add_rms_norm over a cluster of kClusterCtas blocks of kRowThreads / kClusterCtas threads (sm_90+):
@@ -136,10 +156,7 @@ __global__ void __launch_bounds__(kWideThreads) swiglu_x_kernel(const XProducer 
 // writes only its own elements of the residual row.
 constexpr int kClusterCtas = 8, kClusterThreads = kRowThreads / kClusterCtas;
 template <int NV>
-__global__ void __launch_bounds__(kClusterThreads) add_rms_x_cluster_kernel(const XProducer p, float* x,
-                                                                            int64_t x_stride, int64_t k, int mask,
-                                                                            int8_t* xq0, Q8Meta* meta0, int8_t* xq1,
-                                                                            Q8Meta* meta1) {
+__global__ void __launch_bounds__(kClusterThreads) add_rms_x_cluster_kernel(const XProducer p, const XOut o, int64_t k) {
 #if __CUDA_ARCH__ >= 900
   q8::pdl_launch_dependents();
   q8::pdl_wait();
@@ -148,35 +165,17 @@ __global__ void __launch_bounds__(kClusterThreads) add_rms_x_cluster_kernel(cons
   const cg::cluster_group cl = cg::this_cluster();
   const int rank = int(cl.block_rank()), col = blockIdx.y, lane = threadIdx.x & 31;
   const int tid = rank * kClusterThreads + int(threadIdx.x);  // the thread of the 1024-thread block
-  float* xr = row_mut(p.x, col);
-  const float* tr = row_mut(p.t, col);
-  float v[NV], tv[NV], wv[NV];
-  row_load(xr, k, tid, kRowThreads, v);
-  row_load(tr, k, tid, kRowThreads, tv);
-  if (p.w) row_load(p.w, k, tid, kRowThreads, wv);
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < NV; ++j) v[j] += tv[j], ss = fmaf(v[j], v[j], ss);
-  row_store(xr, k, tid, kRowThreads, v);
-  ss = warp_sum(ss);
+  float v[NV], wv[NV];
+  float ss = warp_sum(add_residual(p, col, k, tid, v, wv));
   if (lane == 0)
     for (int r = 0; r < kClusterCtas; ++r) *cl.map_shared_rank(&red[tid >> 5], r) = ss;
   cl.sync();  // every rank's warp sums have landed (and no rank exits while others still write to it)
   ss = warp_sum(red[lane]);
-  const float sc = 1.f / sqrtf(ss * (1.0f / float(k)) + p.eps);
-#pragma unroll
-  for (int j = 0; j < NV; ++j) v[j] = p.w ? v[j] * sc * wv[j] : v[j] * sc;
-  float* out = x + int64_t(col) * x_stride;
-  row_store(out, k, tid, kRowThreads, v);
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);
-    if (e0 < k) quantize_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, lane, mask, xq0, meta0, xq1, meta1);
-  }
+  store_normed(v, wv, p.w, 1.f / sqrtf(ss * (1.0f / float(k)) + p.eps), col, k, tid, o);
 #endif
 }
 
-using ProduceKernel = void (*)(const XProducer, float*, int64_t, int64_t, int, int8_t*, Q8Meta*, int8_t*, Q8Meta*);
+using ProduceKernel = void (*)(const XProducer, const XOut, int64_t);
 template <XProducer::Kind KIND>
 ProduceKernel block_kernel(int64_t nv) {
   return nv <= 1 ? produce_x_kernel<1, KIND> : nv <= 2 ? produce_x_kernel<2, KIND> : nv <= 4 ? produce_x_kernel<4, KIND>
@@ -232,7 +231,7 @@ void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int6
     cfg.gridDim = dim3(unsigned(m)), cfg.blockDim = dim3(kRowThreads);
   }
   cfg.attrs = at, cfg.numAttrs = unsigned(na);
-  cudaLaunchKernelEx(&cfg, kern, pre, x, x_stride, k, mask, xq0, m0, xq1, m1);
+  cudaLaunchKernelEx(&cfg, kern, pre, XOut{x, x_stride, mask, xq0, m0, xq1, m1}, k);
 }
 
 void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,
