@@ -89,6 +89,29 @@ def test_json(kiln_bin, tiny):
     assert tg["tg_weight_gbps"] == pytest.approx(tg["decode_weight_read_bytes"] * tg["avg_ts"] / 1e9, rel=1e-9)
 
 
+def test_depth(kiln_bin, tiny):
+    # -d: each test starts after D tokens already in the sequence (llama-bench's --n-depth and names);
+    # the memory holds D + P + N positions.
+    out = run_bench(kiln_bin, "-m", str(tiny), "-p", "8", "-n", "4", "-d", "0,24", "-r", "2", "-t", "1", "-o", "json")
+    rows = json.loads(out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4", "pp8 @ d24", "tg4 @ d24"]
+    assert [r["n_depth"] for r in rows] == [0, 0, 24, 24]
+    facts = file_facts(tiny)
+    head_dim = facts["n_embd"] // facts["n_head"]
+    row_kv = 2 * head_dim * 2 * facts["n_head_kv"]  # F16 K and V
+    for r in rows:
+        n_ctx = r["n_depth"] + r["n_prompt"] + r["n_gen"]
+        assert r["state_bytes"] == facts["n_layer"] * n_ctx * row_kv, r["test"]
+        # t/s counts the test's own tokens only (the depth prefill is untimed)
+        np.testing.assert_allclose(r["samples_ts"], [(r["n_prompt"] + r["n_gen"]) * 1e9 / ns for ns in r["samples_ns"]],
+                                   rtol=1e-9)
+    md = run_bench(kiln_bin, "-m", str(tiny), "-p", "0", "-n", "4", "-d", "16", "-r", "1", "-t", "1")
+    assert re.search(r"\|\s+tg4 @ d16\s+\|", md), md
+    r = subprocess.run([str(kiln_bin), "bench", *NGL_ARGS, "-m", str(tiny), "-d", "-1"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "-d -1" in r.stderr, r.stderr
+
+
 def test_batched_bench_jsonl(kiln_bin, tiny):
     """`kiln batched-bench`: llama-batched-bench's JSONL fields, one row per (npp, ntg, npl), the token
     counts and speeds consistent with the times (shared prompt: N_KV = pp + pl * tg)."""

@@ -13,7 +13,7 @@
 //          run, as llama-bench's -d / --n-depth; the test is named "tg128 @ d4096").
 // t/s ± stddev are the mean and sample standard deviation over the repetitions of tokens/second.
 // Memory: weights (bytes of the tensors the model runs), KV/recurrent state (Memory of n_ctx =
-// P + N positions, one sequence) and scratch (heap bytes the Context allocates, measured with
+// D + P + N positions, one sequence) and scratch (heap bytes the Context allocates, measured with
 // mallinfo2 around its construction and first decode). For tg, the weight bytes read per token
 // (matrices streamed by one decode step) and the resulting GB/s are reported, so the fraction of
 // the machine's memory bandwidth can be computed (bench/compare.sh does).
