@@ -36,6 +36,7 @@
 
 #include "core/fp16.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/tile_common.h"
 #include "tensor/blocks.h"
 
 namespace kiln::kernels::cpu {
@@ -44,23 +45,11 @@ namespace {
 using namespace kiln::tensor;
 using gguf::GgmlType;
 
-constexpr int R = kTileRows;  // 16
-inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-inline uint16_t ld16(const void* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
-inline int32_t ld32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
 inline float ldf(const void* p) { float v; std::memcpy(&v, p, 4); return v; }
-inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m256i ldy(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256 ldyf(const uint8_t* p) { return _mm256_load_ps(reinterpret_cast<const float*>(p)); }
 inline __m256i bcast(const uint8_t* p) { return _mm256_set1_epi32(ld32(p)); }
-inline uint32_t pair16(int lo, int hi) { return uint32_t(uint16_t(int16_t(lo))) | uint32_t(uint16_t(int16_t(hi))) << 16; }
 
-// 16 packed bytes -> 32 nibbles: low nibbles (elements 0..15) then high (16..31).
-inline __m256i unpack_nibbles(const uint8_t* qs) {
-  const __m128i raw = load128(qs), m4 = _mm_set1_epi8(0x0f);
-  return _mm256_setr_m128i(_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-}
 inline __m256i iq4nl_values() {
   const __m128i t = load128(kIQ4NLValues);
   return _mm256_setr_m128i(t, t);
@@ -91,16 +80,6 @@ inline void transpose_rows(const uint8_t* tmp, int U, uint8_t* out) {
     }
 }
 
-// Runs body.template operator()<NC>(c0) over the m columns in chunks of kNC, then the remainder.
-template <int kNC, class B>
-inline void over_columns(int64_t m, B&& body) {
-  int64_t c = 0;
-  for (; c + kNC <= m; c += kNC) body.template operator()<kNC>(c);
-  const int rest = int(m - c);
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((rest == I + 1 ? (body.template operator()<I + 1>(c), 0) : 0), ...);
-  }(std::make_integer_sequence<int, kNC - 1>{});
-}
 
 // Rows 8h..8h+7 of y's column (c0 + c) from the 8 lanes of v (only rows < nr).
 inline void store_rows(const TileMmArgs& a, int h, int64_t col, __m256 v) {
@@ -220,7 +199,6 @@ template <Sup S> constexpr int kVecs = 2 + kNsub<S> + (S == Sup::IQ4_XS ? 0 : kN
 template <Sup S> constexpr size_t kSupBytes = 4096 + size_t(kVecs<S>) * 64;
 template <Sup S> constexpr size_t kWBytes = S == Sup::Q4_K ? sizeof(BlockQ4_K) : S == Sup::Q5_K ? sizeof(BlockQ5_K)
                                            : S == Sup::Q6_K ? sizeof(BlockQ6_K) : sizeof(BlockIQ4_XS);
-constexpr size_t kQ8KSide = 64;
 
 // One row's super-block: codes[256] in element order; v[e] = the row's entry e of the kVecs vectors.
 template <Sup S>
@@ -406,33 +384,6 @@ void side_q8_0_d(int64_t k, const void* act, void* side) {
   for (int64_t b = 0; b < k / 32; ++b) {
     const float dx = h2f(ld16(a + size_t(b) * 34));
     std::memcpy(s + kStride * b, &dx, 4);
-  }
-}
-void side_q8_1(int64_t k, const void* act, void* side) {
-  const auto* a = static_cast<const uint8_t*>(act);
-  auto* s = static_cast<uint8_t*>(side);
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float v[2] = {h2f(ld16(a + size_t(b) * 36)), h2f(ld16(a + size_t(b) * 36 + 2))};
-    std::memcpy(s + 8 * b, v, 8);
-  }
-}
-// Q8_K columns: {float d_x, pad[3], bs32[4], bs16[8]} per super-block (see above).
-void side_q8_k(int64_t k, const void* act, void* side) {
-  const auto* a = static_cast<const BlockQ8_K*>(act);
-  auto* s = static_cast<uint8_t*>(side);
-  for (int64_t i = 0; i < k / 256; ++i) {
-    uint8_t* o = s + size_t(i) * kQ8KSide;
-    std::memset(o, 0, kQ8KSide);
-    std::memcpy(o, &a[i].d, 4);
-    const int16_t* bs = a[i].bsums;
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t v = pair16(bs[4 * j] + bs[4 * j + 1], bs[4 * j + 2] + bs[4 * j + 3]);
-      std::memcpy(o + 16 + 4 * j, &v, 4);
-    }
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t v = pair16(bs[2 * j], bs[2 * j + 1]);
-      std::memcpy(o + 32 + 4 * j, &v, 4);
-    }
   }
 }
 

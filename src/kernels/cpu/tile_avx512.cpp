@@ -1,8 +1,9 @@
 // kernels/cpu/tile_avx512.cpp — the AVX-512 table's many-column ("tile") quantized mat-mul:
 //   Q4_0 Q4_1 IQ4_NL Q8_0 Q4_K Q5_K Q6_K IQ4_XS weights against ggml-quantized activation columns.
 // Owns: the tile layout (16 weight rows decoded once into vpdpbusd order), the per-column side data
-//   (activation scales and offset sums), and the kernels that multiply a decoded tile with many
-//   columns. The results are the bits of the table's vec_dot_q8 entry for each type (the same
+//   (activation scales and offset sums; the Q8_1 / Q8_K layouts, which the AVX2 tile reads too, in
+//   tile_common.h with the helpers both tiles share), and the kernels that multiply a decoded tile
+//   with many columns. The results are the bits of the table's vec_dot_q8 entry for each type (the same
 //   per-output float chains; only the exact integer sums are formed differently), so the tile path
 //   is a speed choice, never a numerical one: matmul may take it for any column count.
 // Must not: change any float step of the orders documented in x86_kernels.inc / docs/kernels.md;
@@ -37,6 +38,7 @@
 
 #include "core/fp16.h"
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/tile_common.h"
 #include "tensor/blocks.h"
 
 namespace kiln::kernels::cpu {
@@ -45,20 +47,9 @@ namespace {
 using namespace kiln::tensor;
 using gguf::GgmlType;
 
-constexpr int R = kTileRows;  // 16
-inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
-inline uint16_t ld16(const void* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
-inline int32_t ld32(const void* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
-inline __m128i load128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m512i ldz(const uint8_t* p) { return _mm512_load_si512(p); }
 inline __m512i bcast(const uint8_t* p) { return _mm512_set1_epi32(ld32(p)); }
 
-// 16 packed bytes -> 32 nibbles: low nibbles (elements 0..15) then high (16..31).
-inline __m256i unpack_nibbles(const uint8_t* qs) {
-  const __m128i raw = load128(qs), m4 = _mm_set1_epi8(0x0f);
-  return _mm256_setr_m128i(_mm_and_si128(raw, m4), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-}
 inline __m256i iq4nl_u8() {  // IQ4_NL values + 128, as unsigned codes
   const __m128i t = _mm_xor_si128(load128(kIQ4NLValues), _mm_set1_epi8(char(0x80)));
   return _mm256_setr_m128i(t, t);
@@ -72,7 +63,6 @@ inline void transpose_rows(const uint8_t* tmp, int U, uint8_t* out) {
     _mm512_store_si512(out + 64 * g, _mm512_i32gather_epi32(_mm512_add_epi32(idx, _mm512_set1_epi32(g)), tmp, 4));
 }
 inline __mmask16 row_mask(int nr) { return __mmask16((1u << nr) - 1); }
-inline uint32_t pair16(int lo, int hi) { return uint32_t(uint16_t(int16_t(lo))) | uint32_t(uint16_t(int16_t(hi))) << 16; }
 
 // ---- side data: per column, from its quantized activation (act_type's layout) ----
 // Q8_0 activations (34-byte blocks): Q4_0 / IQ4_NL: {float d_x, int32 -off*sum(qs)} per block;
@@ -106,47 +96,7 @@ void side_q8_0_lanes(int64_t k, const void* act, void* side) {
     }
   }
 }
-// Q8_1 activations (36-byte blocks: fp16 d, fp16 s, qs) for Q4_1 weights: {float d_x, float s_x}.
-void side_q8_1(int64_t k, const void* act, void* side) {
-  const auto* a = static_cast<const uint8_t*>(act);
-  auto* s = static_cast<uint8_t*>(side);
-  for (int64_t b = 0; b < k / 32; ++b) {
-    const float v[2] = {h2f(ld16(a + size_t(b) * 36)), h2f(ld16(a + size_t(b) * 36 + 2))};
-    std::memcpy(s + 8 * b, v, 8);
-  }
-}
-// Q8_K activations: per super-block 64 bytes {float d_x, pad[3], uint32 bs32[4], uint32 bs16[8]}:
-// bs32[j] = the int16 pair (sum of sub-block 2j's 32 qs, of 2j+1's), bs16[j] = (bsums[2j], bsums[2j+1]).
-constexpr size_t kQ8KSide = 64;
-void side_q8_k(int64_t k, const void* act, void* side) {
-  const auto* a = static_cast<const BlockQ8_K*>(act);
-  auto* s = static_cast<uint8_t*>(side);
-  for (int64_t i = 0; i < k / 256; ++i) {
-    uint8_t* o = s + size_t(i) * kQ8KSide;
-    std::memset(o, 0, kQ8KSide);
-    std::memcpy(o, &a[i].d, 4);
-    const int16_t* bs = a[i].bsums;
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t v = pair16(bs[4 * j] + bs[4 * j + 1], bs[4 * j + 2] + bs[4 * j + 3]);
-      std::memcpy(o + 16 + 4 * j, &v, 4);
-    }
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t v = pair16(bs[2 * j], bs[2 * j + 1]);
-      std::memcpy(o + 32 + 4 * j, &v, 4);
-    }
-  }
-}
 
-// Runs body.template operator()<NC>(c0) over the m columns in chunks of kNC, then the remainder.
-template <int kNC, class B>
-inline void over_columns(int64_t m, B&& body) {
-  int64_t c = 0;
-  for (; c + kNC <= m; c += kNC) body.template operator()<kNC>(c);
-  const int rest = int(m - c);
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    ((rest == I + 1 ? (body.template operator()<I + 1>(c), 0) : 0), ...);
-  }(std::make_integer_sequence<int, kNC - 1>{});
-}
 
 // ---- 32-element block types: Q4_0 / IQ4_NL (repacked gemm order), Q8_0 / Q4_1 (one chain of 8
 // lanes; Q4_1 plus ggml's offset chain corr = fma(m_w, s_x, corr), added after the reduction) ----
