@@ -265,6 +265,13 @@ TEST(Jinja, InfiniteMacroRecursionIsBounded) {
   std::string e = error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
   EXPECT_NE(e.find("recursion"), std::string::npos) << e;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  // A recursive loop that never reaches a leaf, and loop() called wrongly.
+  e = error_of("{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}");
+  EXPECT_NE(e.find("recursion"), std::string::npos) << e;
+  e = error_of("{% for x in [1] recursive %}{{ loop() }}{% endfor %}");
+  EXPECT_NE(e.find("one iterable"), std::string::npos) << e;
+  e = error_of("{% for x in [1] %}{{ loop([1]) }}{% endfor %}");  // not recursive: loop is not callable
+  EXPECT_NE(e.find("not callable"), std::string::npos) << e;
 }
 
 TEST(Jinja, HugeRangeIsRejected) {

@@ -30,7 +30,7 @@ enum class NK : uint8_t {
 //  Compare: ch[0] then ch[k] compared with op names[k-1]. CondExpr: ch test, then, else|nullptr.
 //  Text: name text. Emit: ch[0]. If: ch conditions, blocks bodies (+ else block).
 //  For: names targets (unpack if >1 or `unpack`), ch[0] iter, ch[1] filter|nullptr,
-//    blocks[0] body, blocks[1] else. Set: names targets, attr (ns attribute), ch[0] value.
+//    blocks[0] body, blocks[1] else; `recursive`: loop(iterable) renders the loop again, one deeper. Set: names targets, attr (ns attribute), ch[0] value.
 //  SetBlock: names[0], ch filters, blocks[0]. Macro: name, names params, ch defaults|nullptr,
 //    blocks[0]. CallBlock: ch[0] the Call, names params, ch[1..] defaults, blocks[0].
 //  FilterBlock: ch filters (input nullptr), blocks[0]. Generation: blocks[0].
@@ -38,6 +38,7 @@ struct Node {
   NK kind;
   int line = 0;
   bool unpack = false;  // For/Set: tuple target
+  bool recursive = false;  // For: `recursive` (loop is callable)
   bool soft = false;    // Filter/Test: unknown name allowed until executed (inside an if)
   int n_pos = 0;
   std::string name, attr;

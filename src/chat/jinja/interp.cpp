@@ -1457,7 +1457,7 @@ struct Interp {
 
   // ---- calls ----
   Value call_value(const Value& callee, CallArgs& a, const std::string& what) {
-    if (callee.kind == Kind::Callable) return callee.fn->fn(*this, a);
+    if (callee.kind == Kind::Callable || callee.fn) return callee.fn->fn(*this, a);  // (a recursive loop's `loop`)
     if (callee.is_undefined()) undefined_error(callee, "call " + what);
     fail("call " + what, std::string("'") + type_name(callee) + "' object is not callable");
   }
@@ -1740,6 +1740,12 @@ struct Interp {
   Flow exec_for(Node* n, const ScopeP& sc, std::string& out) {
     Value seq = eval(n->ch[0], *sc);
     cur_line = n->line;
+    return run_for(n, sc, seq, 1, out);
+  }
+
+  // The loop of For node n over seq at loop depth `depth` (a recursive loop's loop(x) runs it again
+  // over x, one deeper, and returns what that rendered as Markup, as jinja2 does).
+  Flow run_for(Node* n, const ScopeP& sc, const Value& seq, int64_t depth, std::string& out) {
     std::vector<Value> items = iterate(seq, "for");
     if (n->ch[1]) {
       std::vector<Value> kept;
@@ -1767,8 +1773,8 @@ struct Interp {
       L.set("first", Value::boolean(k == 0));
       L.set("last", Value::boolean(k + 1 == len));
       L.set("length", Value::integer(int64_t(len)));
-      L.set("depth", Value::integer(1));
-      L.set("depth0", Value::integer(0));
+      L.set("depth", Value::integer(depth));
+      L.set("depth0", Value::integer(depth - 1));
       L.set("previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item"));
       L.set("nextitem", k + 1 < len ? items[k + 1] : Value::undefined("there is no next item"));
       Value cyc;
@@ -1781,6 +1787,25 @@ struct Interp {
       };
       cyc.fn = c;
       L.set("cycle", cyc);
+      if (n->recursive) {  // loop(iterable): the same loop one level deeper (a callable namespace)
+        auto rc = std::make_shared<Callable>();
+        rc->name = "loop";
+        rc->fn = [n, sc, depth](Interp& in, CallArgs& a) -> Value {
+          if (a.pos.size() != 1 || !a.kw.empty()) fail("loop", "a recursive loop is called with one iterable");
+          if (++in.depth > in.opt.max_recursion) {
+            in.depth--;
+            fail("loop", "maximum recursion depth exceeded (" + std::to_string(in.opt.max_recursion) + ")");
+          }
+          struct Dec {
+            size_t& d;
+            ~Dec() { d--; }
+          } dec{in.depth};
+          std::string sub;
+          in.run_for(n, sc, a.pos[0], depth + 1, sub);
+          return Value::str(std::move(sub), true);
+        };
+        loop.fn = rc;
+      }
       it_scope->set("loop", loop);
       Flow f = exec_block(n->blocks[0], it_scope, out);
       if (f == Flow::Break) break;

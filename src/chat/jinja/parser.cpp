@@ -518,7 +518,7 @@ class Parser {
     n->ch.push_back(parse_tuple({"recursive"}, false));
     n->ch.push_back(nullptr);
     if (skip_name("if")) n->ch[1] = parse_expression();
-    if (is_name("recursive")) syntax(cur().line, "recursive loops are not supported");
+    n->recursive = skip_name("recursive");
     expect_block_end();
     loop_depth_++;
     n->blocks.push_back(subparse({"endfor", "else"}));
