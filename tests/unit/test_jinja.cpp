@@ -274,6 +274,19 @@ TEST(Jinja, InfiniteMacroRecursionIsBounded) {
   EXPECT_NE(e.find("not callable"), std::string::npos) << e;
 }
 
+// Call-site *args / **kwargs and the macros' varargs / kwargs: what jinja2 refuses, kiln refuses.
+TEST(Jinja, StarArgumentErrors) {
+  EXPECT_NE(error_of("{{ dict(**[1]) }}").find("must be a mapping"), std::string::npos);
+  EXPECT_NE(error_of("{{ dict(a=1, **{'a': 2}) }}").find("multiple values"), std::string::npos);
+  EXPECT_NE(error_of("{{ dict(**{'a': 1}, b=2) }}").find("after **kwargs"), std::string::npos);
+  EXPECT_NE(error_of("{{ range(a=1, *[2]) }}").find("*args"), std::string::npos);
+  EXPECT_NE(error_of("{{ dict(**{1: 2}) }}").find("keywords must be strings"), std::string::npos);
+  // A macro whose body does not read varargs / kwargs takes no extra arguments (jinja2's rule).
+  EXPECT_NE(error_of("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, 2) }}").find("not more than"), std::string::npos);
+  EXPECT_NE(error_of("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, b=2) }}").find("no keyword argument"),
+            std::string::npos);
+}
+
 TEST(Jinja, HugeRangeIsRejected) {
   // jinja2's sandbox: "Range too big" (MAX_RANGE = 100000).
   std::string e = error_of("{% for i in range(10**9) %}x{% endfor %}");

@@ -25,7 +25,7 @@ enum class NK : uint8_t {
 //  Getattr: ch[0] obj, name attr. Getitem: ch[0] obj, ch[1] key (maybe a Slice).
 //  Slice: ch[0..2] start/stop/step (nullptr when absent).
 //  Call/Filter/Test: ch[0] callee/input (Filter in a block: nullptr), name (filter/test),
-//    then n_pos positional args and kw-args named by `names`.
+//    then n_pos positional args and kw-args named by `names`; star / dstar: `*expr` / `**expr`.
 //  Not/Neg/Pos: ch[0]. BinOp: name op, ch[0], ch[1]. And/Or: ch[0], ch[1].
 //  Compare: ch[0] then ch[k] compared with op names[k-1]. CondExpr: ch test, then, else|nullptr.
 //  Text: name text. Emit: ch[0]. If: ch conditions, blocks bodies (+ else block).
@@ -39,6 +39,9 @@ struct Node {
   int line = 0;
   bool unpack = false;  // For/Set: tuple target
   bool recursive = false;  // For: `recursive` (loop is callable)
+  bool catch_varargs = false, catch_kwargs = false;  // Macro/CallBlock: the body reads varargs / kwargs
+  Node* star = nullptr;   // Call/Filter/Test: `*expr` (more positional arguments)
+  Node* dstar = nullptr;  // Call/Filter/Test: `**expr` (more keyword arguments)
   bool soft = false;    // Filter/Test: unknown name allowed until executed (inside an if)
   int n_pos = 0;
   std::string name, attr;

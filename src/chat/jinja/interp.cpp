@@ -1485,21 +1485,30 @@ struct Interp {
       ~Dec() { d--; }
     } dec{depth};
     size_t nparams = sig->names.size();
-    if (a.pos.size() > nparams)
+    if (a.pos.size() > nparams && !sig->catch_varargs)
       fail(construct, "macro '" + sig->name + "' takes not more than " + std::to_string(nparams) + " argument(s)");
     auto sc = std::make_shared<Scope>();
     sc->parent = def_scope;
     std::vector<bool> bound(nparams, false);
+    std::vector<Value> extra_pos;
     for (size_t k = 0; k < a.pos.size(); k++) {
+      if (k >= nparams) {
+        extra_pos.push_back(a.pos[k]);
+        continue;
+      }
       sc->set(sig->names[k], a.pos[k]);
       bound[k] = true;
     }
-    Value caller;
+    Value caller, extra_kw = Value::dict();
     for (auto& kv : a.kw) {
       auto it = std::find(sig->names.begin(), sig->names.end(), kv.first);
       if (it == sig->names.end()) {
         if (kv.first == "caller") {
           caller = kv.second;
+          continue;
+        }
+        if (sig->catch_kwargs) {
+          extra_kw.d->set(kv.first, kv.second);
           continue;
         }
         fail(construct, "macro '" + sig->name + "' takes no keyword argument '" + kv.first + "'");
@@ -1516,6 +1525,8 @@ struct Interp {
       sc->set(sig->names[k], d ? eval(d, *sc) : Value::undefined("parameter '" + sig->names[k] + "' was not provided"));
     }
     if (!caller.is_undefined()) sc->set("caller", caller);
+    if (sig->catch_varargs) sc->set("varargs", Value::list(std::move(extra_pos), true));
+    if (sig->catch_kwargs) sc->set("kwargs", extra_kw);
     std::string out;
     exec_block(sig->blocks[0], sc, out);
     return Value::str(std::move(out));
@@ -1525,7 +1536,20 @@ struct Interp {
   void eval_args(Node* n, size_t first, Scope& sc, CallArgs& a) {
     size_t np = size_t(n->n_pos);
     for (size_t k = 0; k < np; k++) a.pos.push_back(eval(n->ch[first + k], sc));
+    if (n->star)
+      for (Value& v : iterate(eval(n->star, sc), "*args")) a.pos.push_back(std::move(v));
     for (size_t k = 0; k < n->names.size(); k++) a.kw.emplace_back(n->names[k], eval(n->ch[first + np + k], sc));
+    if (n->dstar) {
+      const Value d = eval(n->dstar, sc);
+      if (!d.is_dict()) fail("**kwargs", std::string("argument after ** must be a mapping, not ") + type_name(d));
+      for (const auto& [k, v] : d.d->items) {
+        const Value key = key_value(k);
+        if (!key.is_str()) fail("**kwargs", "keywords must be strings");
+        for (const auto& [name, _] : a.kw)
+          if (name == key.sv()) fail("**kwargs", "got multiple values for keyword argument '" + name + "'");
+        a.kw.emplace_back(key.sv(), v);
+      }
+    }
   }
 
   Value eval(Node* n, Scope& sc) {

@@ -582,7 +582,29 @@ class Parser {
     loop_depth_ = saved;
     next();
     expect_block_end();
+    catch_extra(n);
     return n;
+  }
+  // jinja2's macros take extra positional / keyword arguments only where the body reads `varargs` /
+  // `kwargs` (decided from the source, as jinja2's compiler does).
+  // (Nested macro definitions and call-block bodies are macros of their own.)
+  static bool reads(const Node* n, const char* name) {
+    if (n == nullptr || n->kind == NK::Macro) return false;
+    if (n->kind == NK::Name && n->name == name) return true;
+    if (reads(n->star, name) || reads(n->dstar, name)) return true;
+    for (const Node* c : n->ch)
+      if (reads(c, name)) return true;
+    if (n->kind == NK::CallBlock) return false;
+    for (const auto& b : n->blocks)
+      for (const Node* c : b)
+        if (reads(c, name)) return true;
+    return false;
+  }
+  static void catch_extra(Node* m) {
+    for (const Node* c : m->blocks[0]) {
+      m->catch_varargs = m->catch_varargs || reads(c, "varargs");
+      m->catch_kwargs = m->catch_kwargs || reads(c, "kwargs");
+    }
   }
 
   Node* parse_call_block(int line) {
@@ -602,6 +624,7 @@ class Parser {
     loop_depth_ = saved;
     next();
     expect_block_end();
+    catch_extra(n);
     return n;
   }
 
@@ -940,9 +963,21 @@ class Parser {
     bool kw_seen = false;
     std::vector<Node*> pos, kwv;
     while (!is_op(")")) {
-      if (!pos.empty() || !kwv.empty()) expect_op(",");
+      if (!pos.empty() || !kwv.empty() || n->star || n->dstar) expect_op(",");
       if (is_op(")")) break;
-      if (is_op("*") || is_op("**")) syntax(cur().line, "*args / **kwargs in calls are not supported");
+      if (n->dstar) syntax(cur().line, "arguments after **kwargs");
+      if (is_op("**")) {
+        next();
+        n->dstar = parse_expression();
+        kw_seen = true;
+        continue;
+      }
+      if (is_op("*")) {
+        if (n->star || kw_seen) syntax(cur().line, "*args after keyword arguments or a second *args");
+        next();
+        n->star = parse_expression();
+        continue;
+      }
       if (cur().type == TT::Name && peek().type == TT::Op && peek().val == "=") {
         n->names.push_back(cur().val);
         next();
@@ -950,7 +985,7 @@ class Parser {
         kwv.push_back(parse_expression());
         kw_seen = true;
       } else {
-        if (kw_seen) syntax(cur().line, "positional argument follows keyword argument");
+        if (kw_seen || n->star) syntax(cur().line, "positional argument follows keyword argument or *args");
         pos.push_back(parse_expression());
       }
     }
