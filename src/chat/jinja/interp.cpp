@@ -277,6 +277,7 @@ struct Interp {
         break;
       case Kind::List: {
         if (obj.gen) break;
+        if (obj.group && (name == "grouper" || name == "list")) return (*obj.l)[name == "grouper" ? 0 : 1];
         static const std::unordered_set<std::string> safe = {"index", "count", "copy"};
         if (safe.count(name) && !obj.tuple) return make_method(obj, name, false);
         if ((name == "index" || name == "count") && obj.tuple) return make_method(obj, name, false);
@@ -1432,6 +1433,112 @@ struct Interp {
       const Value* n = arg(a, 0, "name");
       if (!n || !n->is_str()) fail(construct, "attribute name must be a string");
       return get_attr(v, n->sv());
+    }
+    if (name == "groupby") {  // sorted by the attribute, runs of equal keys: (grouper, list) tuples
+      Value attribute = arg_or(a, 0, "attribute", Value::none());
+      if (attribute.is_none()) fail(construct, "groupby needs an attribute");
+      Value dflt = arg_or(a, 1, "default", Value::none());
+      bool cs = truthy(arg_or(a, 2, "case_sensitive", Value::boolean(false)));
+      auto items = iterate(v, cn);
+      std::vector<Value> keys;
+      for (auto& it : items) keys.push_back(sort_key(attr_path(it, attribute, dflt.is_none() ? nullptr : &dflt), cs));
+      std::vector<size_t> idx(items.size());
+      for (size_t k = 0; k < idx.size(); k++) idx[k] = k;
+      std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return less(keys[x], keys[y], "<"); });
+      std::vector<Value> out;
+      for (size_t i = 0; i < idx.size();) {
+        size_t j = i;
+        std::vector<Value> members;
+        while (j < idx.size() && py_eq(keys[idx[j]], keys[idx[i]])) members.push_back(items[idx[j++]]);
+        // The grouper as the first member has it (not lowercased), as jinja2 returns it.
+        Value g = Value::list({attr_path(members[0], attribute, dflt.is_none() ? nullptr : &dflt), Value::list(members)}, true);
+        g.group = true;
+        out.push_back(std::move(g));
+        i = j;
+      }
+      return Value::list(std::move(out));
+    }
+    if (name == "slice") {  // jinja2's do_slice: n columns, the first len % n one longer
+      const int64_t n = as_int(arg_or(a, 0, "slices", Value::integer(1)), cn);
+      if (n <= 0) fail(construct, "slices must be positive");
+      Value fill = arg_or(a, 1, "fill_with", Value::none());
+      auto seq = iterate(v, cn);
+      const int64_t len = int64_t(seq.size()), per = len / n, extra = len % n;
+      std::vector<Value> out;
+      int64_t off = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        const int64_t b = off + s * per;
+        if (s < extra) ++off;
+        const int64_t e = off + (s + 1) * per;
+        std::vector<Value> part(seq.begin() + b, seq.begin() + e);
+        if (!fill.is_none() && s >= extra) part.push_back(fill);
+        out.push_back(Value::list(std::move(part)));
+      }
+      return gen(std::move(out));
+    }
+    if (name == "truncate") {  // jinja2's do_truncate (leeway: the default policy, 5)
+      auto cps = utf8_decode(py_str(v));
+      const int64_t length = as_int(arg_or(a, 0, "length", Value::integer(255)), cn);
+      const bool killwords = truthy(arg_or(a, 1, "killwords", Value::boolean(false)));
+      const std::string end = py_str(arg_or(a, 2, "end", Value::str("...")));
+      Value lw = arg_or(a, 3, "leeway", Value::none());
+      const int64_t leeway = lw.is_none() ? 5 : as_int(lw, cn);
+      const int64_t end_len = int64_t(utf8_decode(end).size());
+      if (length < end_len) fail(construct, "expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
+      if (leeway < 0) fail(construct, "expected leeway >= 0, got " + std::to_string(leeway));
+      if (int64_t(cps.size()) <= length + leeway) return Value::str(py_str(v));
+      std::string head = utf8_encode(cps, 0, size_t(length - end_len));
+      if (!killwords) {
+        const size_t sp = head.rfind(' ');
+        if (sp != std::string::npos) head.resize(sp);
+      }
+      return Value::str(head + end);
+    }
+    if (name == "filesizeformat") {  // jinja2's do_filesizeformat
+      const bool binary = truthy(arg_or(a, 0, "binary", Value::boolean(false)));
+      const double bytes = v.kind == Kind::Int ? double(v.i) : v.kind == Kind::Float ? v.f : std::stod(py_str(v));
+      const double base = binary ? 1024 : 1000;
+      static const char* dec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+      static const char* bin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+      if (bytes == 1) return Value::str("1 Byte");
+      if (bytes < base) return Value::str(std::to_string(int64_t(bytes)) + " Bytes");
+      double unit = base;
+      int i = 0;
+      for (; i < 8; ++i) {
+        unit *= base;
+        if (bytes < unit || i == 7) break;
+      }
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.1f %s", base * bytes / unit, binary ? bin[i] : dec[i]);
+      return Value::str(buf);
+    }
+    if (name == "urlencode") {  // jinja2's do_urlencode: quote(str, safe="/"); pairs as a query string
+      auto quote = [](const std::string& s, bool qs) {
+        std::string o;
+        for (unsigned char c : s) {
+          if (std::isalnum(c) || c == '_' || c == '.' || c == '-' || c == '~' || (!qs && c == '/')) {
+            o += char(c);
+          } else if (qs && c == ' ') {
+            o += '+';
+          } else {
+            char h[4];
+            std::snprintf(h, sizeof h, "%%%02X", c);
+            o += h;
+          }
+        }
+        return o;
+      };
+      if (v.is_str() || !(v.is_list() || v.is_dict())) return Value::str(quote(py_str(v), false));
+      std::string out;
+      auto pairs = v.is_dict() ? std::vector<Value>{} : iterate(v, cn);
+      if (v.is_dict())
+        for (const auto& [k, x] : v.d->items) pairs.push_back(Value::list({key_value(k), x}, true));
+      for (const Value& p : pairs) {
+        if (!p.is_list() || p.l->size() != 2) fail(construct, "expected (key, value) pairs");
+        if (!out.empty()) out += '&';
+        out += quote(py_str((*p.l)[0]), true) + "=" + quote(py_str((*p.l)[1]), true);
+      }
+      return Value::str(out);
     }
     if (name == "batch") {
       int64_t n = as_int(arg_or(a, 0, "linecount", Value::integer(1)), cn);

@@ -37,6 +37,7 @@ struct Value {
   Kind kind = Kind::Undefined;
   bool tuple = false;   // List: a Python tuple (repr with parentheses)
   bool gen = false;     // List: a one-shot iterator/generator (map/select/...): no len, no index
+  bool group = false;   // List: a groupby item (a (grouper, list) tuple with those two attributes)
   bool safe = false;    // String: markupsafe.Markup (from |safe / |escape)
   bool unsafe = false;  // Undefined: produced by the sandbox (using it is a SecurityError)
   bool b = false;
