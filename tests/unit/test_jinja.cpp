@@ -285,6 +285,10 @@ TEST(Jinja, StarArgumentErrors) {
   EXPECT_NE(error_of("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, 2) }}").find("not more than"), std::string::npos);
   EXPECT_NE(error_of("{% macro f(a) %}{{ a }}{% endmacro %}{{ f(1, b=2) }}").find("no keyword argument"),
             std::string::npos);
+  EXPECT_NE(error_of("{{ 'abc' | filesizeformat }}").find("could not convert"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'abc' | truncate(2) }}").find("expected length >= 3"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | slice(0) }}").find("slices must be positive"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | groupby }}").find("attribute"), std::string::npos);
 }
 
 TEST(Jinja, HugeRangeIsRejected) {

@@ -1496,7 +1496,15 @@ struct Interp {
     }
     if (name == "filesizeformat") {  // jinja2's do_filesizeformat
       const bool binary = truthy(arg_or(a, 0, "binary", Value::boolean(false)));
-      const double bytes = v.kind == Kind::Int ? double(v.i) : v.kind == Kind::Float ? v.f : std::stod(py_str(v));
+      double bytes = 0;
+      if (v.is_number()) {
+        bytes = as_num(v);
+      } else {
+        const std::string t = py_str(v);
+        char* e = nullptr;
+        bytes = std::strtod(t.c_str(), &e);
+        if (t.empty() || e == t.c_str() || *e != '\0') fail(construct, "could not convert string to float: '" + t + "'");
+      }
       const double base = binary ? 1024 : 1000;
       static const char* dec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
       static const char* bin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
