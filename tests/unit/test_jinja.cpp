@@ -289,6 +289,7 @@ TEST(Jinja, StarArgumentErrors) {
   EXPECT_NE(error_of("{{ 'abc' | truncate(2) }}").find("expected length >= 3"), std::string::npos);
   EXPECT_NE(error_of("{{ [1] | slice(0) }}").find("slices must be positive"), std::string::npos);
   EXPECT_NE(error_of("{{ [1] | groupby }}").find("attribute"), std::string::npos);
+  EXPECT_NE(error_of("{{ {'a b': 1} | xmlattr }}").find("Invalid character in attribute name"), std::string::npos);
 }
 
 TEST(Jinja, HugeRangeIsRejected) {

@@ -1548,6 +1548,22 @@ struct Interp {
       }
       return Value::str(out);
     }
+    if (name == "xmlattr") {  // jinja2 3.1.6's do_xmlattr (no autoescape: a plain string)
+      if (!v.is_dict()) fail(construct, std::string("expected a mapping, got ") + type_name(v));
+      const bool autospace = truthy(arg_or(a, 0, "autospace", Value::boolean(true)));
+      std::string out;
+      for (const auto& [k, x] : v.d->items) {
+        if (x.is_none() || x.is_undefined()) continue;
+        const std::string key = py_str(key_value(k));
+        for (char c : key)
+          if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v' || c == '/' || c == '>' || c == '=')
+            fail(construct, "Invalid character in attribute name: " + py_repr(Value::str(key)));
+        if (!out.empty()) out += ' ';
+        out += html_escape(key) + "=\"" + html_escape(py_str(x)) + "\"";
+      }
+      if (autospace && !out.empty()) out = " " + out;
+      return Value::str(out);
+    }
     if (name == "batch") {
       int64_t n = as_int(arg_or(a, 0, "linecount", Value::integer(1)), cn);
       if (n <= 0) fail(construct, "linecount must be positive");
