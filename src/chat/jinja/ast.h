@@ -17,7 +17,7 @@ enum class NK : uint8_t {
   Const, Name, ListLit, TupleLit, DictLit, Getattr, Getitem, Slice, Call, Filter, Test,
   Not, Neg, Pos, BinOp, Compare, And, Or, CondExpr,
   // statements
-  Text, Emit, If, For, Set, SetBlock, Macro, CallBlock, FilterBlock, Break, Continue, Generation,
+  Text, Emit, If, For, Set, SetBlock, Macro, CallBlock, FilterBlock, Break, Continue, Generation, With,
 };
 
 // One generic node; the meaning of the fields depends on `kind` (see parser.cpp):
@@ -34,6 +34,7 @@ enum class NK : uint8_t {
 //  SetBlock: names[0], ch filters, blocks[0]. Macro: name, names params, ch defaults|nullptr,
 //    blocks[0]. CallBlock: ch[0] the Call, names params, ch[1..] defaults, blocks[0].
 //  FilterBlock: ch filters (input nullptr), blocks[0]. Generation: blocks[0].
+//  With: names targets, ch their values (evaluated in the enclosing scope), blocks[0] the body.
 struct Node {
   NK kind;
   int line = 0;

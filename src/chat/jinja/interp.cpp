@@ -1886,6 +1886,12 @@ struct Interp {
       }
       case NK::FilterBlock: emit(out, py_str(filtered_body(n, sc))); return Flow::Normal;
       case NK::Generation: return exec_block(n->blocks[0], sc, out);
+      case NK::With: {
+        auto ws = std::make_shared<Scope>();
+        ws->parent = sc;
+        for (size_t k = 0; k < n->names.size(); ++k) ws->set(n->names[k], eval(n->ch[k], *sc));
+        return exec_block(n->blocks[0], ws, out);
+      }
       case NK::Break: return Flow::Break;
       case NK::Continue: return Flow::Continue;
       default: fail("statement", "not a statement");

@@ -454,6 +454,20 @@ class Parser {
     if (kw == "macro") return parse_macro(line);
     if (kw == "call") return parse_call_block(line);
     if (kw == "filter") return parse_filter_block(line);
+    if (kw == "with") {  // {% with a = x, b = y %} ... {% endwith %}: a scope of its own
+      Node* n = mk(NK::With, line);
+      while (cur().type != TT::BlockEnd) {
+        if (!n->names.empty()) expect_op(",");
+        n->names.push_back(expect_name());
+        expect_op("=");
+        n->ch.push_back(parse_expression());
+      }
+      expect_block_end();
+      n->blocks.push_back(subparse({"endwith"}));
+      next();
+      expect_block_end();
+      return n;
+    }
     if (kw == "generation") {
       expect_block_end();
       Node* n = mk(NK::Generation, line);
