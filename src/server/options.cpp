@@ -108,20 +108,28 @@ const std::vector<Opt>& table() {
           });
     };
     // A boolean flag: `--flag` or `--flag=BOOL` on the command line, BOOL in its variables; set(so, b).
+    // With no_help, also its negative spelling `--no-flag` (the first name's), which sets false.
     auto add_bool_to = [&](std::vector<std::string> names, std::vector<std::string> env, std::string help,
-                           std::function<void(ServerOptions&, bool)> set) {
+                           std::function<void(ServerOptions&, bool)> set, std::string no_help = "") {
+      const std::string no_name = "--no-" + names[0].substr(2);
       add(std::move(names), std::move(env), "", std::move(help),
-          [set = std::move(set)](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          [set](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
             auto b = to_bool(v, src);
             KILN_TRY(b);
             set(so, *b);
             return {};
           });
       o.back().boolean = true;
+      if (!no_help.empty())
+        add({no_name}, {}, "", std::move(no_help), [set](ServerOptions& so, const std::string&, const std::string&) -> Status {
+          set(so, false);
+          return {};
+        });
     };
     auto add_bool = [&](std::vector<std::string> names, std::vector<std::string> env, std::string help,
-                        bool ServerOptions::*field) {
-      add_bool_to(std::move(names), std::move(env), std::move(help), [field](ServerOptions& so, bool b) { so.*field = b; });
+                        bool ServerOptions::*field, std::string no_help = "") {
+      add_bool_to(std::move(names), std::move(env), std::move(help), [field](ServerOptions& so, bool b) { so.*field = b; },
+                  std::move(no_help));
     };
 
     add({"-m", "--model"}, env_of("MODEL"), "FNAME", "model path (GGUF file)",
@@ -243,14 +251,10 @@ const std::vector<Opt>& table() {
         });
     add_bool({"--reasoning-preserve"}, env_of("REASONING_PRESERVE"),
              "keep reasoning_content of earlier assistant turns in the prompt (default: on)",
-             &ServerOptions::reasoning_preserve);
-    add({"--no-reasoning-preserve"}, {}, "", "drop reasoning of turns before the last user message",
-        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.reasoning_preserve = false; return {}; });
+             &ServerOptions::reasoning_preserve, "drop reasoning of turns before the last user message");
     add_bool_to({"--warmup"}, env_of("WARMUP"),
                 "before serving, one prompt-sized and one decode step on slot 0 (GPU set-up, the step's graph; default: on)",
-                [](ServerOptions& so, bool b) { so.engine.warmup = b; });
-    add({"--no-warmup"}, {}, "", "skip the warm-up (the first request pays for it)",
-        [](ServerOptions& so, const std::string&, const std::string&) -> Status { so.engine.warmup = false; return {}; });
+                [](ServerOptions& so, bool b) { so.engine.warmup = b; }, "skip the warm-up (the first request pays for it)");
     add_bool({"--metrics"}, env_of("ENDPOINT_METRICS"), "enable GET /metrics (Prometheus text format)", &ServerOptions::metrics);
     add_bool({"--embedding", "--embeddings"}, env_of("EMBEDDINGS"),
              "enable POST /v1/embeddings and /embedding (the prompt's hidden states after the output norm, pooled)",
@@ -332,12 +336,7 @@ const std::vector<Opt>& table() {
                 });
     add_bool_to({"--mmproj-offload"}, env_of("MMPROJ_OFFLOAD"),
                 "run the projector on the GPU when the model has layers there (default: on; --no-mmproj-offload: the CPU)",
-                [](ServerOptions& so, bool b) { so.engine.mmproj_offload = b; });
-    add({"--no-mmproj-offload"}, {}, "", "run the projector on the CPU",
-        [](ServerOptions& so, const std::string&, const std::string&) -> Status {
-          so.engine.mmproj_offload = false;
-          return {};
-        });
+                [](ServerOptions& so, bool b) { so.engine.mmproj_offload = b; }, "run the projector on the CPU");
     add_int({"--image-min-tokens"}, env_of("IMAGE_MIN_TOKENS"), "N",
         "each image is resized to give at least N tokens (default 8)", 1, 1 << 20,
         [](ServerOptions& so, int64_t x) { so.image_min_tokens = x; });
