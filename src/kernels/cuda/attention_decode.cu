@@ -32,8 +32,6 @@ using namespace attn;
 
 constexpr int kDecWarps = 8, kDecThreads = 32 * kDecWarps;
 
-constexpr int cmin(int a, int b) { return a < b ? a : b; }
-
 template <int D, int HG>
 constexpr size_t dec_smem() {
   return size_t(kDecWarps) * (size_t(HG) * D + 3 * HG) * sizeof(float);
@@ -44,7 +42,7 @@ template <int D, int HG>
 __global__ void __launch_bounds__(kDecThreads, HG >= 8 ? 1 : 2) attn_decode_kernel(const AttnK p) {
   constexpr int LPK = D / 8;                   // lanes per key row
   constexpr int KPS = 32 / LPK;                // keys per warp step
-  constexpr int NB = cmin(cmin(LPK, 16) / HG, 4);  // steps per batch: N <= 16 values, N <= LPK
+  constexpr int NB = (LPK / HG < 16 / HG ? LPK / HG : 16 / HG) < 4 ? (LPK / HG < 16 / HG ? LPK / HG : 16 / HG) : 4;  // steps per batch (N <= 16)
   constexpr int N = NB * HG;                   // values a lane reduces per batch
   constexpr int SPAN = LPK / N;                // lanes holding the same reduced value
   constexpr int BATCH = KPS * NB;              // keys per warp batch
