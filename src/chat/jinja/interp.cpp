@@ -1437,11 +1437,12 @@ struct Interp {
     if (name == "groupby") {  // sorted by the attribute, runs of equal keys: (grouper, list) tuples
       Value attribute = arg_or(a, 0, "attribute", Value::none());
       if (attribute.is_none()) fail(construct, "groupby needs an attribute");
-      Value dflt = arg_or(a, 1, "default", Value::none());
+      const Value dflt = arg_or(a, 1, "default", Value::none());
+      const Value* dp = dflt.is_none() ? nullptr : &dflt;
       bool cs = truthy(arg_or(a, 2, "case_sensitive", Value::boolean(false)));
       auto items = iterate(v, cn);
       std::vector<Value> keys;
-      for (auto& it : items) keys.push_back(sort_key(attr_path(it, attribute, dflt.is_none() ? nullptr : &dflt), cs));
+      for (auto& it : items) keys.push_back(sort_key(attr_path(it, attribute, dp), cs));
       std::vector<size_t> idx(items.size());
       for (size_t k = 0; k < idx.size(); k++) idx[k] = k;
       std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return less(keys[x], keys[y], "<"); });
@@ -1451,7 +1452,7 @@ struct Interp {
         std::vector<Value> members;
         while (j < idx.size() && py_eq(keys[idx[j]], keys[idx[i]])) members.push_back(items[idx[j++]]);
         // The grouper as the first member has it (not lowercased), as jinja2 returns it.
-        Value g = Value::list({attr_path(members[0], attribute, dflt.is_none() ? nullptr : &dflt), Value::list(members)}, true);
+        Value g = Value::list({attr_path(members[0], attribute, dp), Value::list(members)}, true);
         g.group = true;
         out.push_back(std::move(g));
         i = j;
@@ -1477,7 +1478,8 @@ struct Interp {
       return gen(std::move(out));
     }
     if (name == "truncate") {  // jinja2's do_truncate (leeway: the default policy, 5)
-      auto cps = utf8_decode(py_str(v));
+      const std::string str = py_str(v);
+      auto cps = utf8_decode(str);
       const int64_t length = as_int(arg_or(a, 0, "length", Value::integer(255)), cn);
       const bool killwords = truthy(arg_or(a, 1, "killwords", Value::boolean(false)));
       const std::string end = py_str(arg_or(a, 2, "end", Value::str("...")));
@@ -1486,7 +1488,7 @@ struct Interp {
       const int64_t end_len = int64_t(utf8_decode(end).size());
       if (length < end_len) fail(construct, "expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
       if (leeway < 0) fail(construct, "expected leeway >= 0, got " + std::to_string(leeway));
-      if (int64_t(cps.size()) <= length + leeway) return Value::str(py_str(v));
+      if (int64_t(cps.size()) <= length + leeway) return Value::str(str);
       std::string head = utf8_encode(cps, 0, size_t(length - end_len));
       if (!killwords) {
         const size_t sp = head.rfind(' ');
