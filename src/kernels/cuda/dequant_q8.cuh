@@ -91,15 +91,26 @@ constexpr uint32_t iq4_word(int i) {
   for (int j = 0; j < 4; ++j) w |= uint32_t(uint8_t(tensor::kIQ4NLValues[4 * i + j])) << (8 * j);
   return w;
 }
-__device__ __forceinline__ void iq4_pairs(uint32_t w, uint32_t& r0, uint32_t& r1) {
-  constexpr uint32_t T0 = iq4_word(0), T1 = iq4_word(1), T2 = iq4_word(2), T3 = iq4_word(3);
+// The codebook's words T0 and T2 held in registers for a whole kernel (T1 and T3 are prmt's immediate
+// operand): loaded once at the kernel's start, so that the compiler cannot fold them back into
+// constants, which it re-materialises before every lookup (one move per prmt).
+struct Tab {
+  uint32_t t0, t2;
+};
+__device__ const uint32_t kIq4TabWords[2] = {iq4_word(0), iq4_word(2)};
+__device__ __forceinline__ Tab iq4_tab() { return {__ldg(&kIq4TabWords[0]), __ldg(&kIq4TabWords[1])}; }
+__device__ __forceinline__ void iq4_pairs(uint32_t w, uint32_t& r0, uint32_t& r1, const Tab& t) {
+  constexpr uint32_t T1 = iq4_word(1), T3 = iq4_word(3);
   const uint32_t s = w & 0x77777777u, s1 = s >> 16;  // low 3 bits of each index as prmt selectors
   const uint32_t w4 = w << 4;
   // 0xFF in the bytes whose index has bit 3 set (prmt replicating the sign of the selected byte).
   const uint32_t m0 = prmt(w4, w, 0xD9C8u), m1 = prmt(w4, w, 0xFBEAu);
-  const uint32_t a0 = prmt(T0, T1, s), b0 = prmt(T2, T3, s), a1 = prmt(T0, T1, s1), b1 = prmt(T2, T3, s1);
+  const uint32_t a0 = prmt(t.t0, T1, s), b0 = prmt(t.t2, T3, s), a1 = prmt(t.t0, T1, s1), b1 = prmt(t.t2, T3, s1);
   r0 = (a0 & ~m0) | (b0 & m0);
   r1 = (a1 & ~m1) | (b1 & m1);
+}
+__device__ __forceinline__ void iq4_pairs(uint32_t w, uint32_t& r0, uint32_t& r1) {
+  iq4_pairs(w, r0, r1, Tab{iq4_word(0), iq4_word(2)});
 }
 
 template <GgmlType T>
@@ -116,7 +127,7 @@ struct U<GgmlType::Q4_0> {
   static constexpr int kQK = 32, kBS = 18, kAlign = natural_align<kBS>(), kOff = 8, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = false;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s, const Tab&) {
     uint32_t q[4];
     words<al(A, 2), 4>(b + 2, q);
 #pragma unroll
@@ -130,7 +141,7 @@ struct U<GgmlType::Q4_1> {
   static constexpr int kQK = 32, kBS = 20, kAlign = natural_align<kBS>(), kOff = 0, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = true;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s, const Tab&) {
     uint32_t q[4];
     words<al(A, 4), 4>(b + 4, q);
 #pragma unroll
@@ -152,7 +163,7 @@ struct U<GgmlType::Q5_0> {
   static constexpr int kQK = 32, kBS = 22, kAlign = natural_align<kBS>(), kOff = 16, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = false;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s, const Tab&) {
     uint32_t v[5];  // qh | qs[16]
     words<al(A, 2), 5>(b + 2, v);
     codes_q5({v[1], v[2], v[3], v[4]}, v[0], c);
@@ -164,7 +175,7 @@ struct U<GgmlType::Q5_1> {
   static constexpr int kQK = 32, kBS = 24, kAlign = natural_align<kBS>(), kOff = 0, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = true;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s, const Tab&) {
     uint32_t v[5];  // qh | qs[16]
     words<al(A, 4), 5>(b + 4, v);
     codes_q5({v[1], v[2], v[3], v[4]}, v[0], c);
@@ -177,7 +188,7 @@ struct U<GgmlType::Q8_0> {
   static constexpr int kQK = 32, kBS = 34, kAlign = natural_align<kBS>(), kOff = 0, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = false;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s, const Tab&) {
     words<al(A, 2), 8>(b + 2, c);
     s.d0 = h2f(ld16(b));
   }
@@ -188,11 +199,11 @@ struct U<GgmlType::IQ4_NL> {
   static constexpr int kQK = 32, kBS = 18, kAlign = natural_align<kBS>(), kOff = 0, kX = kXPairs;
   static constexpr bool kHalves = false, kMin = false;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int, uint32_t (&c)[8], Sc& s, const Tab& tab) {
     uint32_t q[4];
     words<al(A, 2), 4>(b + 2, q);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) iq4_pairs(q[j], c[2 * j], c[2 * j + 1]);
+    for (int j = 0; j < 4; ++j) iq4_pairs(q[j], c[2 * j], c[2 * j + 1], tab);
     s.d0 = h2f(ld16(b));
   }
 };
@@ -203,12 +214,12 @@ struct U<GgmlType::IQ4_XS> {
   static constexpr int kQK = 256, kBS = 136, kAlign = natural_align<kBS>(), kOff = 0, kX = kXPairs;
   static constexpr bool kHalves = false, kMin = false;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s, const Tab& tab) {
     uint32_t h[2], q[4];
     words<al(A, 8), 2>(b, h);
     words<al(A, 8), 4>(b + 8 + 16 * u, q);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) iq4_pairs(q[j], c[2 * j], c[2 * j + 1]);
+    for (int j = 0; j < 4; ++j) iq4_pairs(q[j], c[2 * j], c[2 * j + 1], tab);
     const int ls = int((h[1] >> (4 * u)) & 15u) | int((h[0] >> (16 + 2 * u)) & 3u) << 4;
     s.d0 = h2f(h[0] & 0xFFFFu) * float(ls - 32);
   }
@@ -232,7 +243,7 @@ struct U<GgmlType::Q4_K> {
   static constexpr int kQK = 256, kBS = 144, kAlign = natural_align<kBS>(), kOff = 0, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = true;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s, const Tab&) {
     uint32_t h[4];
     words<A, 4>(b, h);
     words<A, 8>(b + 16 + 32 * (u >> 1), c);
@@ -248,7 +259,7 @@ struct U<GgmlType::Q5_K> {
   static constexpr int kQK = 256, kBS = 176, kAlign = natural_align<kBS>(), kOff = 0, kX = kXNatural;
   static constexpr bool kHalves = false, kMin = true;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s, const Tab&) {
     uint32_t h[4], qh[8];
     words<A, 4>(b, h);
     words<A, 8>(b + 16, qh);
@@ -267,7 +278,7 @@ struct U<GgmlType::Q6_K> {
   static constexpr int kQK = 256, kBS = 210, kAlign = natural_align<kBS>(), kOff = 32, kX = kXNatural;
   static constexpr bool kHalves = true, kMin = false;
   template <int A>
-  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s) {
+  __device__ static void decode(const uint8_t* b, int u, uint32_t (&c)[8], Sc& s, const Tab&) {
     const int hh = u >> 2, q = u & 3;
     uint32_t qh[8];
     words<al(A, 16), 8>(b + 64 * hh + 32 * (q & 1), c);

@@ -183,6 +183,8 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
 #pragma unroll
     for (int c = 0; c < M; ++c) acc[r][c] = 0.f;
   const int blk = lane / G::kUPB, sub = lane % G::kUPB;
+  q8::Tab tab{};  // the IQ4 codebook words in registers (dequant_q8.cuh)
+  if constexpr (D::kX == q8::kXPairs) tab = q8::iq4_tab();
 
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) issue(kpart + int64_t(i) * ks, i);
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
       };
       auto decode = [&](int r, uint32_t (&cw)[8], q8::Sc& sc) {
         const int o = int((rbase[r] + uintptr_t(s) * G::kSB) & 15);
-        D::template decode<A>(st + r * G::kVPR * 16 + o + blk * D::kBS, sub, cw, sc);
+        D::template decode<A>(st + r * G::kVPR * 16 + o + blk * D::kBS, sub, cw, sc, tab);
       };
       // acc[r][c] += unit value of row r against x column c (the same arithmetic in both orders below).
       auto dot = [&](int r, int c, const uint32_t (&cw)[8], const q8::Sc& sc, const X& x) {
