@@ -121,6 +121,13 @@ class Stream : public WorkspaceSizes {
   virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { return nullptr; }
   virtual void replay(Graph& g) {}
 
+  // ---- batch invariance: on, every op computes each token's outputs with the same arithmetic however
+  // many tokens and sequences the batch holds and however a prompt is split (greedy text identical with
+  // and without prefix-cache hits or other slots' work). The CPU's kernels are so already (with flash
+  // attention); CUDA then takes per-token kernels (kernels/cuda/invariant.h), slower for prefill and
+  // batches. Set before the first op; it holds for the whole process on CUDA. ----
+  virtual void set_batch_invariant(bool on) {}
+
   // ---- workspaces (rule 4): the sizes are WorkspaceSizes' ----
   virtual void reserve_workspace(size_t bytes) = 0;
   virtual int workspace_grows() const = 0;  // reallocations after the first reserve

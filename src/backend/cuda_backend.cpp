@@ -24,6 +24,7 @@
 
 #include "backend/cuda_sizes.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/invariant.h"
 #endif
 
 namespace kiln::backend {
@@ -340,6 +341,7 @@ class CudaStream final : public Stream {
     return sizes_.top_logits_workspace(n_vocab, n_rows, k);
   }
   void reserve_workspace(size_t bytes) override { ensure(bytes, /*planned=*/true); }
+  void set_batch_invariant(bool on) override { C::set_batch_invariant(on); }
   int workspace_grows() const override { return grows_; }
 
   // ---- ops ----
@@ -765,7 +767,9 @@ class CudaStream final : public Stream {
   }
   // Holds p back when `out` (its output) is something a mat-mul producer can make; true if held.
   bool defer(const C::XProducer& p, const Tensor& out) {
-    if (out.type != GgmlType::F32 || out.ne[2] != 1 || out.ne[3] != 1 || out.nb[0] != 4 || out.nb[1] % 4 != 0 ||
+    // Batch-invariant: no producer fused into the next mat-mul's x (a batch of more than 8 columns
+    // could not take it), so every batch makes x with the same kernels.
+    if (C::batch_invariant() || out.type != GgmlType::F32 || out.ne[2] != 1 || out.ne[3] != 1 || out.nb[0] != 4 || out.nb[1] % 4 != 0 ||
         !C::produce_ok(out.ne[0], out.ne[1]))
       return false;
     def_.on = true, def_.p = p, def_.out = out;

@@ -100,6 +100,9 @@ struct EngineOptions {
   // false (`-fa off`): llama.cpp's non-flash attention arithmetic (model::ContextOptions::flash_attn):
   // bit-identical to llama.cpp on AVX-512 hosts, but results depend on batch composition.
   bool flash_attn = true;
+  // --batch-invariant (model::ContextOptions::batch_invariant): a token's results do not depend on the
+  // batch it is in or on how its prompt was split (the prefix cache changes the split), on the GPU too.
+  bool batch_invariant = false;
   // --embedding: the runner also keeps the normed hidden state of every output row, so requests
   // with Request::embed get embeddings (costs n_embd floats per output row of host memory).
   bool embeddings = false;

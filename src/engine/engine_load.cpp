@@ -83,6 +83,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.type_v = o.type_v;
   ro.delta_chunk_min = o.delta_chunk_min;
   ro.flash_attn = o.flash_attn;
+  ro.batch_invariant = o.batch_invariant;
   ro.embeddings = o.embeddings;
   ro.n_spec = o.spec.n_keep();
   ro.mtp = o.spec.type == SpecType::DraftMtp;

@@ -31,6 +31,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.n_threads = opt.n_threads;
   co.delta_chunk_min = opt.delta_chunk_min;
   co.flash_attn = opt.flash_attn;
+  co.batch_invariant = opt.batch_invariant;
   co.embeddings = opt.embeddings;
   co.mtp = opt.mtp;
   co.n_top = opt.n_top;

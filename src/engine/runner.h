@@ -93,6 +93,7 @@ struct ModelRunnerOptions {
   model::GgmlType type_v = model::GgmlType::F16;
   int delta_chunk_min = 0;  // model::ContextOptions::delta_chunk_min
   bool flash_attn = true;   // model::ContextOptions::flash_attn
+  bool batch_invariant = false;  // model::ContextOptions::batch_invariant
   bool embeddings = false;  // model::ContextOptions::embeddings
   int n_spec = 0;           // speculative decoding: draft tokens per verify run (model::MemoryOptions::n_spec)
   bool mtp = false;         // --spec-type draft-mtp: run the MTP block (Memory/ContextOptions::mtp)

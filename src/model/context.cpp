@@ -67,6 +67,7 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   }
   for (Dev& d : devs) {
     d.st = d.dev->create_stream();
+    if (opt.batch_invariant) d.st->set_batch_invariant(true);  // before the workspaces are sized
     plan(d);
     d.arena.allocate(*d.dev);
     reserve(d);

@@ -72,6 +72,10 @@ struct ContextOptions {
   // batch (ggml's own rule), so results are not batch-invariant. true (default): kiln's streaming
   // softmax, batch- and chunk-invariant.
   bool flash_attn = true;
+  // Each token's results independent of the batch and of how a prompt is split, on every device
+  // (backend::Stream::set_batch_invariant; the CPU's kernels are so already with flash_attn; on CUDA
+  // per-token kernels, process-wide once one Context asks for them).
+  bool batch_invariant = false;
   // Also keep each output row's hidden state after the output norm (the embedding llama.cpp pools):
   // n_embd x n_outputs_max floats of host memory, one more download per step on a GPU.
   bool embeddings = false;

@@ -195,6 +195,10 @@ const std::vector<Opt>& table() {
           so.engine.flash_attn = v != "off";
           return {};
         });
+    add_bool_to({"--batch-invariant"}, env_of("BATCH_INVARIANT"),
+                "the same bits for a token however the batch is made (GPU: per-token kernels, slower prefill and "
+                "batches; the CPU is batch-invariant already)",
+                [](ServerOptions& so, bool b) { so.engine.batch_invariant = b; });
     add({"-ctk", "--cache-type-k"}, env_of("CACHE_TYPE_K"), "TYPE",
         "KV cache type for K: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1 (default f16; the "
         "engine refuses the ones it does not implement)",

@@ -10,7 +10,9 @@
 //  - MoE expert offload (--cpu-moe, --n-cpu-moe, -ot: GPU layers whose routed experts run on the
 //    host) within the same bounds against the CPU run and against the all-GPU run;
 //  - sequence memory on the device: snapshot -> other tokens -> restore -> continue, and seq_copy,
-//    give the logits of an uninterrupted run (same device, same arithmetic: tight bound).
+//    give the logits of an uninterrupted run (same device, same arithmetic: tight bound);
+//  - batch invariance (ContextOptions::batch_invariant): a prompt prefilled in one batch, in chunks,
+//    or beside another sequence, and decode steps alone or batched, give the same bits.
 // The bounds hold the GPU's own arithmetic (F16 tensor-core prefill, its own summation orders)
 // near the CPU's; the fidelity against exact weights and llama.cpp is scripts/gpu_fidelity.sh.
 #include <gtest/gtest.h>
@@ -431,6 +433,87 @@ TEST(CudaModelMemory, SnapshotRestoreCopyOnDevice) {
     EXPECT_LT(d2, 1e-4) << preset;
     EXPECT_LT(d3, 1e-4) << preset;
   }
+}
+
+// --batch-invariant on CUDA (kernels/cuda/invariant.h): every token's logits are the same bits however
+// its prompt is split and whatever else the batch holds — one 100-token batch (past the mat-vec's 8
+// columns and the attention's 64-token prefill tiles), chunks of 1 / 7 / 30 / 62 tokens, beside another
+// sequence; then decode steps with two slots in one batch and with one alone (graph replays). The switch
+// is process-wide on CUDA: this test runs last and sets it back off.
+TEST(CudaModelInvariance, SameBitsWhateverTheBatch) {
+  REQUIRE_GPU();
+  struct Cfg {
+    const char* preset;
+    GgmlType t;
+  };
+  for (const Cfg& cfg : {Cfg{"tiny-llama", GgmlType::Q8_0}, Cfg{"tiny-qwen35", GgmlType::Q4_K},
+                         Cfg{"tiny-qwen35moe", GgmlType::Q8_0}, Cfg{"tiny-qwen3", GgmlType::F16}}) {
+    const auto path = test::generated_model("kiln_test_cuda_model", cfg.preset, cfg.t, 21);
+    LoadOptions lo;
+    lo.n_gpu_layers = kGpuLayersAll;
+    auto m = load_model(path, lo);
+    ASSERT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+    const int64_t V = (*m)->config().n_vocab;
+    MemoryOptions mo;
+    mo.n_ctx = 256;
+    mo.n_seq = 3;
+    auto mem = Memory::create(**m, mo);
+    ASSERT_TRUE(mem.ok()) << (mem.ok() ? "" : mem.error().message);
+    ContextOptions co;
+    co.n_batch = 160;
+    co.n_threads = 2;
+    co.batch_invariant = true;
+    Context cx(**m, co);
+    const auto p = random_tokens(100, V, 5), other = random_tokens(40, V, 6);
+    using Logits = std::vector<std::vector<float>>;
+    auto run = [&](Batch& b, Logits* into, int64_t first, int64_t count) {
+      EXPECT_TRUE(cx.decode(b, **mem).ok());
+      for (int64_t i = first; i < first + count; ++i) into->emplace_back(cx.logits(i), cx.logits(i) + V);
+    };
+    Logits whole, chunked, beside;
+    Batch b;
+    b.add_run(p, 0, 0, true);
+    run(b, &whole, 0, 100);
+    int32_t pos = 0;
+    for (int n : {1, 7, 30, 62}) {
+      b.clear();
+      b.add_run(std::vector<int32_t>(p.begin() + pos, p.begin() + pos + n), pos, 1, true);
+      run(b, &chunked, 0, n);
+      pos += n;
+    }
+    b.clear();
+    b.add_run(other, 0, 2, true);
+    b.add_run(p, 0, 0, true);
+    (*mem)->seq_clear(0);
+    run(b, &beside, 40, 100);
+    int bad_chunk = 0, bad_beside = 0;
+    for (size_t i = 0; i < 100; ++i) bad_chunk += whole[i] != chunked[i], bad_beside += whole[i] != beside[i];
+    EXPECT_EQ(bad_chunk, 0) << cfg.preset << ": rows that differ when the prompt is split";
+    EXPECT_EQ(bad_beside, 0) << cfg.preset << ": rows that differ beside another sequence";
+    // Decode: slots 0, 1 and 2 hold the same 100 tokens; the same next tokens with slots 0 and 1 in one
+    // batch, then slot 2 alone (other graph buckets).
+    (*mem)->seq_clear(2);
+    b.clear();
+    b.add_run(p, 0, 2, false);
+    EXPECT_TRUE(cx.decode(b, **mem).ok());
+    const auto next = random_tokens(4, V, 7);
+    int bad_step = 0;
+    for (int s = 0; s < 4; ++s) {
+      Logits two, one;
+      b.clear();
+      b.add(next[size_t(s)], 100 + s, 0, true);
+      b.add(next[size_t(s)], 100 + s, 1, true);
+      run(b, &two, 0, 2);
+      b.clear();
+      b.add(next[size_t(s)], 100 + s, 2, true);
+      run(b, &one, 0, 1);
+      bad_step += (two[0] != two[1]) + (two[0] != one[0]);
+    }
+    EXPECT_EQ(bad_step, 0) << cfg.preset << ": decode steps where two slots with one history differ";
+    std::printf("[cuda-model] %s %s batch-invariant: %d split, %d beside, %d decode rows differ\n", cfg.preset,
+                std::string(gguf::type_name(cfg.t)).c_str(), bad_chunk, bad_beside, bad_step);
+  }
+  backend::cuda_device(0).create_stream()->set_batch_invariant(false);
 }
 
 }  // namespace

@@ -9,9 +9,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Where the kiln processes the tests start run the model: -ngl for every `kiln` command line.
 # Default 0 (the CPU, whose arithmetic the llama.cpp-oracle tests hold bit for bit); a GPU run of
-# the suite sets KILN_TEST_NGL=all (docs/server.md).
+# the suite sets KILN_TEST_NGL=all (docs/gpu.md). Servers on a GPU also get --batch-invariant: the
+# suite checks that cache hits, concurrent slots and n > 1 give the text of a lone cold request.
 NGL = os.environ.get("KILN_TEST_NGL", "0")
 NGL_ARGS = ["-ngl", NGL]
+SERVE_GPU_ARGS = ["--batch-invariant"] if NGL != "0" else []
 
 
 def _build_dir() -> pathlib.Path:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import requests
-from conftest import NGL_ARGS
+from conftest import NGL_ARGS, SERVE_GPU_ARGS
 
 AGAINST = os.environ.get("KILN_TEST_AGAINST", "").rstrip("/")
 
@@ -54,7 +54,7 @@ class KilnServer:
             cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
         cmd += [str(a) for a in args]
         if model is not None and "-ngl" not in cmd:
-            cmd += NGL_ARGS
+            cmd += NGL_ARGS + SERVE_GPU_ARGS
         self.cmd = cmd
         e = dict(os.environ)
         for k in list(e):
@@ -116,8 +116,9 @@ def sse_events(resp):
     import json
     events = []
     text = ""
-    for line in resp.iter_lines(decode_unicode=True):
-        text += (line or "") + "\n"
+    for raw in resp.iter_lines():
+        line = raw.decode("utf-8")  # SSE is UTF-8 whatever the header says (requests would guess latin-1)
+        text += line + "\n"
         if line and line.startswith("data: "):
             payload = line[len("data: "):]
             if payload == "[DONE]":

@@ -125,5 +125,19 @@ TEST(ServerOptions, WarmupAndCacheStates) {
   EXPECT_FALSE(parse({"--cache-states", "-2"}).ok());
 }
 
+// --batch-invariant (off by default), KILN_BATCH_INVARIANT.
+TEST(ServerOptions, BatchInvariant) {
+  auto d = parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->engine.batch_invariant);
+  auto on = parse({"--batch-invariant"});
+  ASSERT_TRUE(on.ok()) << on.error().message;
+  EXPECT_TRUE(on->engine.batch_invariant);
+  auto env = parse({}, {{"KILN_BATCH_INVARIANT", "1"}});
+  ASSERT_TRUE(env.ok());
+  EXPECT_TRUE(env->engine.batch_invariant);
+  EXPECT_FALSE(parse({"--batch-invariant=maybe"}).ok());
+}
+
 }  // namespace
 }  // namespace kiln::server

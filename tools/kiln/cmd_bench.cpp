@@ -1,7 +1,7 @@
 // `kiln bench` — llama-bench-like throughput measurement of prompt processing (pp) and token
 // generation (tg) on the CPU, with the same flags and table so the numbers line up side by side:
 //   kiln bench -m FILE[,FILE] [-p 512] [-n 128] [-pg 512,128] [-d 0] [-r 5] [-t N] [-b 2048] [-ub 512]
-//              [-ctk f16] [-ctv f16] [-fa on|off|auto] [--delta-chunk 0] [-o md|json|jsonl] [--no-warmup]
+//              [-ctk f16] [-ctv f16] [-fa on|off|auto] [--delta-chunk 0] [-o md|json|jsonl] [--no-warmup] [--batch-invariant]
 // Every numeric/type flag takes a comma list (and may be repeated); all combinations are run.
 // Each model is loaded once. For every test, a warm-up run (not timed) precedes -r timed
 // repetitions; the sequence memory is cleared before each. Tokens are random ids (fixed seed).
@@ -316,7 +316,7 @@ int cmd_bench(int argc, char** argv) {
   int reps = 5;
   std::string output = "md", flash_attn = "auto", ngl = "auto";
   int main_gpu = 0;
-  bool no_warmup = false, progress = false;
+  bool no_warmup = false, progress = false, batch_invariant = false;
   app.add_option("-m,--model", models, "GGUF model file(s); comma list or repeated")->required();
   app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (pp tests; 0 = none)");
   app.add_option("-n,--n-gen", n_gen, "generated tokens (tg tests; 0 = none)");
@@ -338,6 +338,7 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("-r,--repetitions", reps, "timed repetitions per test")->check(CLI::PositiveNumber);
   app.add_option("-o,--output", output, "md, json or jsonl")->check(CLI::IsMember({"md", "json", "jsonl"}));
   app.add_flag("--no-warmup", no_warmup, "skip the untimed warm-up run");
+  app.add_flag("--batch-invariant", batch_invariant, "per-token kernels on the GPU (kiln serve --batch-invariant)");
   app.add_flag("--progress", progress, "print progress to stderr");
   normalize_bench_flags(argc, argv);
   CLI11_PARSE(app, argc, argv);
@@ -419,6 +420,7 @@ int cmd_bench(int argc, char** argv) {
           co.n_batch = ub;
           co.n_threads = int(nt);
           co.delta_chunk_min = int(dc);
+          co.batch_invariant = batch_invariant;
           co.flash_attn = fa_on;
           const size_t heap0 = heap_in_use();
           model::Context cx(**m, co);

@@ -28,6 +28,7 @@
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_tile.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/invariant.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/workspace.h"
@@ -237,7 +238,7 @@ bool aligned(const SeqMem& m) {
 }  // namespace
 
 int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType vt, int64_t T) {
-  if (T <= detail::kAttnDecodeTokens || L.sm < 80 || code_of(kt) < 0 || code_of(vt) < 0) return 0;
+  if (T <= detail::kAttnDecodeTokens || batch_invariant() || L.sm < 80 || code_of(kt) < 0 || code_of(vt) < 0) return 0;
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return 0;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return 0;
   static const bool off = [] {  // KILN_CUDA_ATTN_MMA=0: the CUDA-core kernel only (comparisons); read once

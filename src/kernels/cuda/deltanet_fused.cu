@@ -23,6 +23,7 @@
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/deltanet_common.cuh"
+#include "kernels/cuda/invariant.h"
 #include "kernels/cuda/row_common.cuh"
 
 namespace kiln::cuda {
@@ -183,7 +184,7 @@ bool delta_prep_fused(const Launch& L, float* x, int64_t x_stride, int64_t S, in
                       int d_conv, const int32_t* seq, SeqMem state, Rows beta, Rows g, const float* dt_bias,
                       const float* a, float eps, int64_t T, const int32_t* keep) {
   if (T == 0) return true;
-  if (T > kFusedMaxT || d_conv != 4 || S % 32 != 0 || S > 1024 || state.type != GgmlType::F32) return false;
+  if (T > kFusedMaxT || batch_invariant() || d_conv != 4 || S % 32 != 0 || S > 1024 || state.type != GgmlType::F32) return false;
   const int64_t C = (2 * Hk + Hv) * S;
   KILN_CHECK(state.ne0 == d_conv - 1 && state.ne1 == C, "delta_prep: conv state [{}, {}], expected [{}, {}]", state.ne0,
              state.ne1, d_conv - 1, C);
@@ -200,7 +201,7 @@ bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float
                             const int32_t* keep) {
   const int64_t T = v.n2, S = v.ne0, Hv = v.n1, Hk = q.n1;
   if (T == 0) return true;
-  if (T > kFusedMaxT || (S != 64 && S != 128) || state.type != GgmlType::F32) return false;
+  if (T > kFusedMaxT || batch_invariant() || (S != 64 && S != 128) || state.type != GgmlType::F32) return false;
   KILN_CHECK(q.ne0 == S && k.ne0 == S && k.n1 == Hk && Hk > 0 && Hv % Hk == 0 && q.n2 == T && k.n2 == T,
              "gated_delta_norm: q/k [{}, {}, {}] do not fit v [{}, {}, {}]", q.ne0, q.n1, q.n2, S, Hv, T);
   KILN_CHECK(out.ne0 == S && out.n1 == Hv && out.n2 == T && z.ne0 == S && z.n1 == Hv && z.n2 == T,

@@ -32,6 +32,7 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/invariant.h"
 #include "kernels/cuda/matmul_internal.h"
 #include "kernels/cuda/workspace.h"
 
@@ -211,7 +212,8 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
                 (long long)w_stride, k);
   KILN_MM_CHECK(m == 1 || (x_stride >= k && y_stride >= n), "matmul", "column strides too small (x, y)", x_stride,
                 y_stride);
-  const bool q8 = m <= kMvMaxM && detail::matvec_uses_q8(wt);
+  const bool inv = batch_invariant();  // every m on the mat-vec path (invariant.h)
+  const bool q8 = (m <= kMvMaxM || inv) && detail::matvec_uses_q8(wt);
   const int layout = detail::matvec_q8_x_layout(wt);
   if (pre) {  // x made (and, for the int8 path, quantized in the weight's x order) by one kernel
     KILN_MM_CHECK(produce_ok(k, m), "matmul", "an x producer needs k <= kProduceMaxK and m <= 8 (k, m)", k, m);
@@ -221,12 +223,12 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, L.sm,
                       detail::matvec_pdl(L.sm), L.stream);
   }
-  if (m >= detail::kMmqMinM &&
+  if (!inv && m >= detail::kMmqMinM &&
       detail::mmq(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m)) {
     launched("matmul");
     return;
   }
-  if (m > kMvMaxM) {
+  if (!inv && m > kMvMaxM) {
     gemm(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m);
     launched("matmul");
     return;
@@ -294,13 +296,14 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
                       L.stream);
   }
   bool done[detail::kMvMaxSeg] = {};
+  const bool inv = batch_invariant();  // invariant.h: per weight, every m on the mat-vec path
   // Large m (every weight), empty weights, the F32-x types and the small-batch mat-mul's weights: one
   // matmul each (on the mat-vec path the F32-x kernel reads no workspace, so the int8 weights'
   // quantized x below is not disturbed; the others run before it is made).
   for (int i = 0; i < n_w; ++i) {
     const MatmulW& W = ws[i];
-    const bool mmq = m >= detail::kMmqMinM && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
-    if (W.n == 0 || m > kMvMaxM || !detail::matvec_uses_q8(W.wt) || mmq) {
+    const bool mmq = !inv && m >= detail::kMmqMinM && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
+    if (W.n == 0 || (m > kMvMaxM && !inv) || !detail::matvec_uses_q8(W.wt) || mmq) {
       if (W.n > 0) matmul(L, W.wt, W.w, W.w_stride, k, W.n, x, x_stride, W.y, W.y_stride, m);
       done[i] = true;
     }
@@ -331,7 +334,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
         if (!done[q] && ws[q].wt == t) seg[nseg++] = q, rows += ws[q].n, done[q] = true;
       MvArgs a;
       a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl, a.bulk = detail::matvec_bulk(L.sm);
-      if (m == 1) {  // decode: one segmented launch (its own kernel instances, one column)
+      if (m == 1 && !inv) {  // decode: one segmented launch (its own kernel instances, one column)
         a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.n = ws[seg[0]].n, a.y = ws[seg[0]].y;
         a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = x_vec_ok(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);
         a.nseg = nseg;
@@ -371,6 +374,7 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
   KILN_MM_CHECK(w_stride >= size_t(k / block_elems(wt)) * block_bytes(wt), "matmul_id",
                 "w_stride below the row size", (long long)w_stride, k);
   if (n <= 0 || K <= 0 || T <= 0) return;
+  const bool inv = batch_invariant();  // invariant.h: the k-split from (k, n) alone
   MvArgs a;
   a.w = w, a.w_stride = w_stride, a.k = k, a.n = n, a.x = x, a.y = y, a.m = 1;
   a.xv = x_vec_ok(x, x_tok, nx == 1 ? 0 : x_slot);
@@ -391,7 +395,7 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
   constexpr int64_t kMaxGridY = 65535;
   for (int64_t s0 = 0; s0 < K * T; s0 += kMaxGridY) {
     a.slot0 = s0;
-    a.ks = mv_ks(L, k, n, std::min(kMaxGridY, K * T - s0));
+    a.ks = mv_ks(L, k, n, inv ? 1 : std::min(kMaxGridY, K * T - s0));
     if (q8) mv_q8(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
     else mv(wt, a, int(std::min(kMaxGridY, K * T - s0)), L.stream);
   }

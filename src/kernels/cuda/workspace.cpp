@@ -5,10 +5,19 @@
 #include "kernels/cuda/workspace.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/invariant.h"
 
 namespace kiln::cuda {
+
+namespace {
+std::atomic<bool> g_batch_invariant{false};
+}  // namespace
+void set_batch_invariant(bool on) { g_batch_invariant.store(on); }
+bool batch_invariant() { return g_batch_invariant.load(std::memory_order_relaxed); }
+
 namespace detail {
 namespace {
 
@@ -109,7 +118,8 @@ AttnPlan attn_make_plan(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int
       pl.hg = d;
       break;
     }
-  if (T <= kAttnDecodeTokens) {
+  const bool inv = batch_invariant();  // one token per block, all its keys in that block (invariant.h)
+  if (T <= kAttnDecodeTokens || inv) {
     pl.bq = 1;
     pl.rm = pl.hg <= 4 ? 4 : pl.hg <= 8 ? 8 : 16;
   } else {
@@ -120,7 +130,7 @@ AttnPlan attn_make_plan(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int
   pl.groups = n_head / pl.hg;
   const int64_t base = pl.tiles * pl.groups;
   int64_t ns = 1;
-  if (base < kAttnTargetBlocks) ns = std::min({ceil_div(kAttnTargetBlocks, base), n_kv / kAttnMinChunk, kAttnMaxSplit});
+  if (base < kAttnTargetBlocks && !inv) ns = std::min({ceil_div(kAttnTargetBlocks, base), n_kv / kAttnMinChunk, kAttnMaxSplit});
   attn_set_splits(pl, n_kv, ns);
   return pl;
 }
@@ -141,8 +151,10 @@ bool matmul_supported(GgmlType wt) { return detail::block_bytes(wt) != 0; }
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
   // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
-  const size_t mmq = detail::mmq_plan(wt, k, n, m).bytes;  // 0 where it does not apply
-  if (m <= detail::kMvMaxM) return std::max(mmq, detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0);
+  // Batch-invariant (invariant.h): the mat-vec path for every m.
+  const size_t mmq = batch_invariant() ? 0 : detail::mmq_plan(wt, k, n, m).bytes;  // 0 where it does not apply
+  if (m <= detail::kMvMaxM || batch_invariant())
+    return std::max(mmq, detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0);
   return std::max(mmq, detail::gemm_plan(wt, k, n, m).bytes);
 }
 
