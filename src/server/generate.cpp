@@ -5,6 +5,7 @@
 //   runner, with the answer shaped as OpenAI chat / completions, native /completion or a ChatDialect.
 // Must not: touch tensors; block the engine thread (it only submits and reads the request's events).
 // Threading: each function runs on the HTTP worker thread serving the request (see server.h).
+#include <algorithm>
 #include <ctime>
 
 #include "chat/tool_formats.h"
@@ -188,7 +189,7 @@ void Server::Impl::run_streaming(std::shared_ptr<Gen> g, httplib::Response& res)
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream",
+      "text/event-stream; charset=utf-8",
       [this, g, st](size_t, httplib::DataSink& sink) -> bool {
         if (st->finished) {
           sink.done();
@@ -224,7 +225,8 @@ void Server::Impl::run_streaming(std::shared_ptr<Gen> g, httplib::Response& res)
             sink.done();
             return true;
           }
-          auto ev = st->h.next(std::chrono::milliseconds(50));
+          // Wake at least as often as the keep-alive interval (at most every 50 ms to check shutdown).
+          auto ev = st->h.next(std::chrono::milliseconds(std::clamp(opt.sse_keepalive_ms, 1, 50)));
           if (!ev) {
             if (!sink.is_writable()) return false;  // client gone: the handle's release cancels
             if (Clock::now() - st->last_write >= std::chrono::milliseconds(opt.sse_keepalive_ms))

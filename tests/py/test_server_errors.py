@@ -164,15 +164,29 @@ def test_prompt_longer_than_context(srv):
     assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
 
 
-def test_sse_keepalive_comments(srv):
-    # A fresh ~300-token prompt (no prefix reuse) keeps the stream idle for longer than the 1 ms
-    # keep-alive interval while it is prefilled, however fast the machine.
-    long = " ".join(f"item{i}" for i in range(100))
-    msgs = [{"role": "user", "content": long}]
-    r = requests.post(srv.url + "/v1/chat/completions",
-                      json={"messages": msgs, "max_tokens": 3, "stream": True, "cache_prompt": False},
-                      headers=AUTH, stream=True)
-    raw = r.content.decode()
+@kiln_only
+def test_sse_keepalive_comments(kiln_bin):
+    # One slot: a stream queued behind a 600-token generation waits far longer than the 1 ms keep-alive
+    # interval, however fast the machine (a GPU prefills a short prompt in under a millisecond).
+    with KilnServer(kiln_bin, smollm2_path(), ["-c", "1024", "-np", "1", "--sse-keepalive-ms", "1"]) as s:
+        first = requests.post(s.url + "/completion", json={"prompt": "Once upon a time", "n_predict": 600,
+                                                           "ignore_eos": True, "stream": True}, stream=True)
+        lines = first.iter_lines()
+        next(line for line in lines if line.startswith(b"data: "))  # it holds the slot now
+        got = {}
+
+        def queued():
+            msgs = [{"role": "user", "content": "Hello"}]
+            r = requests.post(s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 3, "stream": True},
+                              stream=True)
+            got["raw"] = r.content.decode()
+
+        t = threading.Thread(target=queued)
+        t.start()
+        for _ in lines:  # let the first request run to its end
+            pass
+        t.join(timeout=120)
+    raw = got["raw"]
     assert ": keep-alive" in raw and raw.rstrip().endswith("data: [DONE]")
 
 

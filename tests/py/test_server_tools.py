@@ -114,7 +114,11 @@ def sample(url, extra):
         return list(ex.map(one, jobs))
 
 
-@pytest.mark.parametrize("server,extra", [("smol_qwen3", {}), ("smol_glm", {}),
+# GLM-4.7's and Qwen3.5's templates open <think> unless enable_thinking is false: the reasoning before a
+# call is free text (the grammar starts after it), which a sampled small model may not close within
+# max_tokens — so those two run without it here (thinking before calls: test_server_grammar.py).
+@pytest.mark.parametrize("server,extra", [("smol_qwen3", {}),
+                                          ("smol_glm", {"chat_template_kwargs": {"enable_thinking": False}}),
                                           ("tiny_qwen35", {"chat_template_kwargs": {"enable_thinking": False}})])
 def test_sampled_calls_parse_and_validate(request, server, extra):
     url = request.getfixturevalue(server)
