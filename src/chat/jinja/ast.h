@@ -1,5 +1,6 @@
 // chat/jinja/ast.h — lexer tokens and AST nodes of kiln's Jinja engine (internal).
 // Owns: the node layout shared by parser.cpp (builds it) and interp.cpp (walks it).
+// The filter / test names the parser accepts are registry.h's tables.
 // Must not: evaluate anything.
 // Threading: a Program is immutable after parse and shared between renders.
 #pragma once
@@ -65,8 +66,5 @@ void parse_program(std::string_view source, detail::Program& prog);
 
 // Renders (throws JinjaError).
 std::string render_program(const detail::Program& prog, const nlohmann::ordered_json& ctx);
-
-bool is_known_filter(const std::string& name);
-bool is_known_test(const std::string& name);
 
 }  // namespace kiln::chat::jinja

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "chat/jinja/ast.h"
+#include "chat/jinja/registry.h"
 
 namespace kiln::chat::jinja {
 namespace {
@@ -1073,7 +1074,7 @@ void check_names(Node* n, bool soft) {
   switch (n->kind) {
     case NK::Filter:
     case NK::Test:
-      if (!(n->kind == NK::Filter ? is_known_filter(n->name) : is_known_test(n->name))) {
+      if (!(n->kind == NK::Filter ? find_filter(n->name) != nullptr : find_test(n->name) != nullptr)) {
         if (!soft) throw JinjaError{n->kind == NK::Filter ? "filter" : "test",
                                     std::string("no ") + (n->kind == NK::Filter ? "filter" : "test") + " named '" + n->name + "'",
                                     n->line};
