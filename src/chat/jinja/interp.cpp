@@ -1,10 +1,11 @@
 // chat/jinja/interp.cpp — the tree-walking evaluator: scopes, statements (if, for with
-//       recursive loops, set, macro, call, filter, with, …), expressions, calls and
+//       recursive loops, set, macro, call, filter, with, block, …), expressions, calls and
 //       macros, with jinja2 + SandboxedEnvironment semantics (llama-server's: list/dict mutators
 //       allowed, see mutate.cpp) or HF transformers' ImmutableSandboxedEnvironment when
 //       Options::immutable_sandbox is set. Filters, tests, methods and globals are looked up in
 //       the registry (registry.h); values are operated on through objects.cpp.
-// Must not: implement filters, tests or methods (their files do).
+// Must not: implement filters, tests or methods (their files do), or load other templates (a
+//       chat template is one string: include / import / extends fail when executed).
 // Threading: one Interp per render call; the Program it walks is shared and read-only.
 #include <algorithm>
 
@@ -338,6 +339,19 @@ Flow Interp::exec(Node* n, const ScopeP& sc, std::string& out) {
       ws->parent = sc;
       for (size_t k = 0; k < n->names.size(); ++k) ws->set(n->names[k], eval(n->ch[k], *sc));
       return exec_block(n->blocks[0], ws, out);
+    }
+    case NK::Block: {  // rendered in place; it sees the template's variables, or with `scoped` the local ones
+      if (n->required) fail("block " + n->name, "Required block '" + n->name + "' not found");
+      auto bs = std::make_shared<Scope>();
+      bs->parent = n->scoped ? sc : root;
+      exec_block(n->blocks[0], bs, out);
+      return Flow::Normal;
+    }
+    case NK::Load: {
+      Value what = eval(n->ch[0], *sc);
+      cur_line = n->line;
+      fail(n->name, "cannot load template " + py_repr(what) +
+                        ": a chat template is a single string, there is no template loader");
     }
     case NK::Break: return Flow::Break;
     case NK::Continue: return Flow::Continue;

@@ -1,6 +1,7 @@
 // chat/jinja/parser.cpp — Jinja2 lexer (with trim_blocks/lstrip_blocks exactly as jinja2's
 // lexer applies them) and recursive-descent parser producing the AST in ast.h.
 #include <cstring>
+#include <unordered_set>
 
 #include "chat/jinja/ast.h"
 #include "chat/jinja/registry.h"
@@ -349,6 +350,7 @@ class Parser {
   detail::Program& prog_;
   int depth_ = 0;
   int loop_depth_ = 0;
+  std::unordered_set<std::string> block_names_;  // jinja2: a block name is defined once
 
   const Token& cur() const { return t_[i_]; }
   const Token& peek(size_t k = 1) const { return t_[std::min(i_ + k, t_.size() - 1)]; }
@@ -455,6 +457,8 @@ class Parser {
     if (kw == "macro") return parse_macro(line);
     if (kw == "call") return parse_call_block(line);
     if (kw == "filter") return parse_filter_block(line);
+    if (kw == "block") return parse_block(line);
+    if (kw == "include" || kw == "import" || kw == "from" || kw == "extends") return parse_load(kw, line);
     if (kw == "with") {  // {% with a = x, b = y %} ... {% endwith %}: a scope of its own
       Node* n = mk(NK::With, line);
       while (cur().type != TT::BlockEnd) {
@@ -649,6 +653,66 @@ class Parser {
     expect_block_end();
     n->blocks.push_back(subparse({"endfilter"}));
     next();
+    expect_block_end();
+    return n;
+  }
+
+  // {% block name [scoped] [required] %}…{% endblock [name] %}
+  Node* parse_block(int line) {
+    Node* n = mk(NK::Block, line);
+    n->name = expect_name();
+    if (!block_names_.insert(n->name).second) syntax(line, "block '" + n->name + "' defined twice");
+    if (is_name("scoped")) n->scoped = true, next();
+    if (is_name("required")) n->required = true, next();
+    expect_block_end();
+    int saved = loop_depth_;
+    loop_depth_ = 0;  // a block is a function of its own: no break / continue out of it
+    n->blocks.push_back(subparse({"endblock"}));
+    loop_depth_ = saved;
+    next();
+    if (cur().type == TT::Name) {
+      if (cur().val != n->name) syntax(cur().line, "endblock '" + cur().val + "' does not close block '" + n->name + "'");
+      next();
+    }
+    expect_block_end();
+    if (n->required)
+      for (const Node* c : n->blocks[0])
+        if (c->kind != NK::Text || c->name.find_first_not_of(" \t\n\r\f\v") != std::string::npos)
+          syntax(line, "Required blocks can only contain comments or whitespace");
+    return n;
+  }
+
+  // {% include name [ignore missing] [with|without context] %}, {% import name as x %},
+  // {% from name import a [as b], … %}, {% extends name %}: parsed like jinja2, failing when
+  // executed (a chat template is a single string; there is nothing to load).
+  Node* parse_load(const std::string& kw, int line) {
+    Node* n = mk(NK::Load, line);
+    n->name = kw;
+    n->ch.push_back(parse_expression());
+    auto context_modifier = [&] {
+      return (is_name("with") || is_name("without")) && peek().type == TT::Name && peek().val == "context";
+    };
+    if (kw == "include" && is_name("ignore") && peek().type == TT::Name && peek().val == "missing") {
+      next();
+      next();
+    } else if (kw == "import") {
+      if (!is_name("as")) syntax(cur().line, "expected 'as', got " + describe(cur()));
+      next();
+      expect_name();
+    } else if (kw == "from") {
+      if (!is_name("import")) syntax(cur().line, "expected 'import', got " + describe(cur()));
+      next();
+      while (!context_modifier()) {
+        expect_name();
+        if (is_name("as")) next(), expect_name();
+        if (!is_op(",")) break;
+        next();
+      }
+    }
+    if (kw != "extends" && context_modifier()) {
+      next();
+      next();
+    }
     expect_block_end();
     return n;
   }
@@ -1090,6 +1154,7 @@ void check_names(Node* n, bool soft) {
         for (Node* c : b) check_names(c, false);
       return;
     case NK::Macro:
+    case NK::Block:
     case NK::CallBlock:
     case NK::FilterBlock:
     case NK::SetBlock:
