@@ -406,7 +406,7 @@ Value f_batch(Interp& in, const std::string& name, const Value& v, CallArgs& a) 
 
 namespace tf = text_filters;
 
-// Every filter name jinja2 3.1 has, plus HF's tojson.
+// Every filter jinja2 3.1 has (tojson with HF's signature).
 constexpr FilterDef kFilters[] = {
     {"abs", f_abs},           {"attr", f_attr},           {"batch", f_batch},
     {"capitalize", tf::change_case}, {"center", tf::center}, {"count", f_length},
