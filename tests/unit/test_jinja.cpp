@@ -10,9 +10,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "chat/jinja/jinja.h"
+#include "chat/jinja/registry.h"
 
 namespace jj = kiln::chat::jinja;
 using json = nlohmann::ordered_json;
@@ -96,6 +99,132 @@ TEST(Jinja, UnknownFilterIsACompileErrorOutsideIf) {
   ASSERT_TRUE(ok.ok()) << ok.error().message;
   EXPECT_EQ(*ok, "ok");
   error_of("{% if true %}{{ x | no_such_filter }}{% endif %}ok");
+}
+
+TEST(Jinja, UnknownTestIsACompileErrorOutsideIf) {
+  std::string e = error_of("\n{{ x is no_such_test }}");
+  EXPECT_EQ(e, "template line 2: test: no test named 'no_such_test'");
+  auto ok = render("{% if false %}{{ x is no_such_test }}{% endif %}ok");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  // Names passed to map / select / reject are checked against the same registry when they run.
+  EXPECT_NE(error_of("{{ [1] | map('no_such_filter') | list }}").find("no filter named 'no_such_filter'"), std::string::npos);
+  EXPECT_NE(error_of("{{ [1] | select('no_such_test') | list }}").find("no test named 'no_such_test'"), std::string::npos);
+  EXPECT_NE(error_of("{{ [{'a': 1}] | rejectattr('a', 'nope') | list }}").find("no test named 'nope'"), std::string::npos);
+}
+
+// The registry (registry.h) is the one list of names: the parser accepts exactly these, and
+// every one of them executes. Each filter must render on at least one sample input (with the
+// arguments it requires); each test must run through select(); each method must be an
+// attribute of its type and each global defined.
+TEST(Jinja, EveryRegisteredNameExecutes) {
+  const std::map<std::string, std::string> required_args = {
+      {"attr", "('a')"}, {"groupby", "('a')"}, {"selectattr", "('a')"}, {"rejectattr", "('a')"}};
+  const char* inputs[] = {"3", "'a b'", "[3, 1]", "{'a': 1}", "[{'a': 1}, {'a': 2}]"};
+  std::set<std::string> names;
+  for (const jj::FilterDef& f : jj::filter_table()) {
+    const std::string name(f.name);
+    EXPECT_TRUE(names.insert(name).second) << "filter listed twice: " << name;
+    const auto a = required_args.find(name);
+    bool ran = false;
+    for (const char* in : inputs) {
+      auto r = render(std::string("{{ (") + in + ") | " + name + (a == required_args.end() ? "" : a->second) + " }}");
+      ran = ran || r.ok();
+      if (!r.ok()) {
+        EXPECT_EQ(r.error().message.find("no filter named"), std::string::npos) << r.error().message;
+      }
+    }
+    EXPECT_TRUE(ran) << "filter " << name << " failed on every sample input";
+  }
+  EXPECT_EQ(names.size(), 54u);  // all of jinja2 3.1's filters
+  names.clear();
+  for (const jj::TestDef& t : jj::test_table()) {
+    const std::string name(t.name);
+    EXPECT_TRUE(names.insert(name).second) << "test listed twice: " << name;
+    bool ran = false;
+    for (const char* args : {"", ", 2", ", [4]"}) {
+      auto r = render("{{ [4] | select('" + name + "'" + args + ") | list }}");
+      ran = ran || r.ok();
+      if (!r.ok()) {
+        EXPECT_EQ(r.error().message.find("no test named"), std::string::npos) << r.error().message;
+      }
+    }
+    EXPECT_TRUE(ran) << "test " << name << " failed with every sample argument";
+    if (name.find_first_of("=<>!") == std::string::npos) {  // an operator name is no identifier
+      auto r = render("{{ 4 is " + name + " }}");
+      if (!r.ok()) {
+        EXPECT_EQ(r.error().message.find("no test named"), std::string::npos) << r.error().message;
+      }
+    }
+  }
+  EXPECT_EQ(names.size(), 39u);  // all of jinja2 3.1's tests
+  const std::pair<const char*, std::span<const jj::MethodDef>> methods[] = {
+      {"'abc'", jj::str_method_table()}, {"[1]", jj::list_method_table()},
+      {"(1,)", jj::tuple_method_table()}, {"{'a': 1}", jj::dict_method_table()}};
+  for (const auto& [self, table] : methods)
+    for (const jj::MethodDef& m : table) {
+      auto r = render(std::string("{{ (") + self + ")." + std::string(m.name) + " is defined }}");
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      EXPECT_EQ(*r, "True") << self << "." << m.name;
+    }
+  for (const jj::GlobalDef& g : jj::global_table()) {
+    auto r = render("{{ " + std::string(g.name) + " is defined }}");
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(*r, "True") << g.name;
+  }
+  // What is not registered does not exist: an undefined attribute, not a method that fails.
+  auto r = render("{{ 'abc'.encode is defined }}|{{ (1,).append is defined }}|{{ {}.sort is defined }}");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "False|False|False");
+}
+
+TEST(Jinja, RandomPicksAnElement) {
+  // |random is random.choice: a pseudo-random element, not a fixed one.
+  auto t = jj::Template::parse("{{ l | random }}{{ 'xy' | random }}", opts());
+  ASSERT_TRUE(t.ok());
+  std::set<std::string> seen;
+  for (int i = 0; i < 200; i++) {
+    auto r = t->render(json::parse(kCtx));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(r->size(), 2u);
+    EXPECT_NE(std::string("123").find((*r)[0]), std::string::npos) << *r;
+    EXPECT_NE(std::string("xy").find((*r)[1]), std::string::npos) << *r;
+    seen.insert(*r);
+  }
+  EXPECT_GT(seen.size(), 1u);
+  auto r = render("{{ [] | random is undefined }}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "True");
+}
+
+TEST(Jinja, NewFilterErrors) {
+  // jinja2: TypeError (no len()), KeyError (a dict is not a sequence), ValueError, FilterArgumentError.
+  error_of("{{ 5 | random }}");
+  error_of("{{ {'a': 1} | random }}");
+  EXPECT_NE(error_of("{{ 'x' | wordwrap(0) }}").find("invalid width 0"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'x' | urlize(extra_schemes=['x']) }}").find("'x' is not a valid URI scheme prefix"), std::string::npos);
+}
+
+TEST(Jinja, TemplateLoadingIsAClearError) {
+  // A chat template is one string: jinja2 without a loader raises when one of these runs
+  // ("no loader for this environment specified"); kiln names the statement and the template.
+  const std::pair<const char*, const char*> loads[] = {{"include", "{% include 'parts/x.j2' ignore missing with context %}"},
+                                                       {"import", "{% import 'parts/x.j2' as m %}"},
+                                                       {"from", "{% from 'parts/x.j2' import a, b as c %}"},
+                                                       {"extends", "{% extends 'parts/x.j2' %}"}};
+  for (const auto& [kw, src] : loads) {
+    std::string e = error_of(std::string("a\n") + src);
+    EXPECT_EQ(e, std::string("template line 2: ") + kw +
+                     ": cannot load template 'parts/x.j2': a chat template is a single string, there is no template loader");
+  }
+  EXPECT_NE(error_of("{% set name = 'n.j2' %}{% include name %}").find("'n.j2'"), std::string::npos);
+  // Blocks render in place (jinja2 does the same without a parent template); what jinja2
+  // refuses, kiln refuses.
+  EXPECT_NE(error_of("{% block b required %}{% endblock %}").find("Required block 'b' not found"), std::string::npos);
+  EXPECT_NE(error_of("{% block b required %}x{% endblock %}").find("only contain comments or whitespace"), std::string::npos);
+  EXPECT_NE(error_of("{% block b %}{% endblock %}{% block b %}{% endblock %}").find("block 'b' defined twice"), std::string::npos);
+  error_of("{% block b %}{% endblock c %}");
+  error_of("{% for x in l %}{% block b %}{% break %}{% endblock %}{% endfor %}");  // a block is not inside the loop
+  error_of("{% import 'x' %}");  // 'as' missing
 }
 
 TEST(Jinja, UndefinedSemantics) {

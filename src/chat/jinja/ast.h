@@ -1,5 +1,6 @@
 // chat/jinja/ast.h — lexer tokens and AST nodes of kiln's Jinja engine (internal).
 // Owns: the node layout shared by parser.cpp (builds it) and interp.cpp (walks it).
+// The filter / test names the parser accepts are registry.h's tables.
 // Must not: evaluate anything.
 // Threading: a Program is immutable after parse and shared between renders.
 #pragma once
@@ -18,6 +19,7 @@ enum class NK : uint8_t {
   Not, Neg, Pos, BinOp, Compare, And, Or, CondExpr,
   // statements
   Text, Emit, If, For, Set, SetBlock, Macro, CallBlock, FilterBlock, Break, Continue, Generation, With,
+  Block, Load,
 };
 
 // One generic node; the meaning of the fields depends on `kind` (see parser.cpp):
@@ -35,11 +37,15 @@ enum class NK : uint8_t {
 //    blocks[0]. CallBlock: ch[0] the Call, names params, ch[1..] defaults, blocks[0].
 //  FilterBlock: ch filters (input nullptr), blocks[0]. Generation: blocks[0].
 //  With: names targets, ch their values (evaluated in the enclosing scope), blocks[0] the body.
+//  Block: name, blocks[0] the body (rendered in place: a chat template has no parent), `scoped`,
+//    `required`. Load: name the statement (include / import / from / extends), ch[0] the
+//    template name expression (a chat template cannot load another: an error when executed).
 struct Node {
   NK kind;
   int line = 0;
   bool unpack = false;  // For/Set: tuple target
   bool recursive = false;  // For: `recursive` (loop is callable)
+  bool scoped = false, required = false;  // Block: `scoped` (sees the local scope), `required`
   bool catch_varargs = false, catch_kwargs = false;  // Macro/CallBlock: the body reads varargs / kwargs
   Node* star = nullptr;   // Call/Filter/Test: `*expr` (more positional arguments)
   Node* dstar = nullptr;  // Call/Filter/Test: `**expr` (more keyword arguments)
@@ -65,8 +71,5 @@ void parse_program(std::string_view source, detail::Program& prog);
 
 // Renders (throws JinjaError).
 std::string render_program(const detail::Program& prog, const nlohmann::ordered_json& ctx);
-
-bool is_known_filter(const std::string& name);
-bool is_known_test(const std::string& name);
 
 }  // namespace kiln::chat::jinja

@@ -191,17 +191,6 @@ Value dict_mutator(const Value& self, const std::string& name, CallArgs& a, cons
 
 }  // namespace
 
-bool is_list_mutator(std::string_view name) {
-  static const std::unordered_set<std::string_view> s = {"append", "extend", "insert", "pop",
-                                                         "remove", "reverse", "sort",   "clear"};
-  return s.count(name) > 0;
-}
-
-bool is_dict_mutator(std::string_view name) {
-  static const std::unordered_set<std::string_view> s = {"pop", "popitem", "setdefault", "update", "clear"};
-  return s.count(name) > 0;
-}
-
 Value call_mutator(const Value& self, const std::string& name, CallArgs& a, const MutateEnv& env) {
   std::string construct = "method " + name;
   if (self.is_list() && !self.tuple && !self.gen) return list_mutator(self, name, a, env, construct);

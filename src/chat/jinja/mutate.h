@@ -1,9 +1,10 @@
 // chat/jinja/mutate.h — Python's mutating list and dict methods (append, pop, update, …) on
 // kiln's Jinja values, as jinja2's SandboxedEnvironment (and llama-server) runs them.
-// Owns: the mutator names, their Python semantics and error messages, the reference-cycle
-//       check and the work accounting of each mutation.
-// Must not: decide whether mutation is allowed (interp.cpp does: Options::immutable_sandbox),
-//       evaluate templates, or keep references into a container across a call.
+// Owns: the mutators' Python semantics and error messages, the reference-cycle check and the
+//       work accounting of each mutation.
+// Must not: register the mutator names (methods.cpp's registry tables do), decide whether
+//       mutation is allowed (objects.cpp does: Options::immutable_sandbox), evaluate templates,
+//       or keep references into a container across a call.
 // Threading: mutates the container shared by every Value that refers to it (Python reference
 //       semantics); such Values belong to one render call.
 #pragma once
@@ -23,9 +24,6 @@ struct MutateEnv {
   std::function<bool(const Value&, const Value&)> less;     // Python a < b (fails on mixed types)
   std::function<std::vector<Value>(const Value&)> iterate;  // Python iter(v) as a list
 };
-
-bool is_list_mutator(std::string_view name);  // append extend insert pop remove reverse sort clear
-bool is_dict_mutator(std::string_view name);  // pop popitem setdefault update clear
 
 // Calls list/dict mutator `name` on `self` (a list that is not a tuple/generator, or a dict).
 // Returns what Python returns (None for append/extend/…). Throws JinjaError on misuse, on a
