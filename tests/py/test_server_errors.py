@@ -260,7 +260,9 @@ def test_graceful_shutdown_during_stream(kiln_bin):
 
     t = threading.Thread(target=reader)
     t.start()
-    time.sleep(1.5)
+    t0 = time.time()
+    while not got and time.time() - t0 < 60:  # the stream has started (a loaded machine may take a while)
+        time.sleep(0.05)
     t0 = time.time()
     rc = s.stop(signal.SIGTERM, timeout=20)
     t.join(timeout=20)
