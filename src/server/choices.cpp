@@ -110,7 +110,7 @@ void Server::Impl::run_streaming_n(std::shared_ptr<Gen> g, httplib::Response& re
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream; charset=utf-8",
+      "text/event-stream",
       [this, g, m](size_t, httplib::DataSink& sink) -> bool {
         if (m->finished) {
           sink.done();

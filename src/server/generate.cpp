@@ -189,7 +189,7 @@ void Server::Impl::run_streaming(std::shared_ptr<Gen> g, httplib::Response& res)
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream; charset=utf-8",
+      "text/event-stream",
       [this, g, st](size_t, httplib::DataSink& sink) -> bool {
         if (st->finished) {
           sink.done();

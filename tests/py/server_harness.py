@@ -117,7 +117,7 @@ def sse_events(resp):
     events = []
     text = ""
     for raw in resp.iter_lines():
-        line = raw.decode("utf-8")  # SSE is UTF-8 whatever the header says (requests would guess latin-1)
+        line = raw.decode("utf-8")  # SSE is UTF-8; text/event-stream has no charset, so requests would guess latin-1
         text += line + "\n"
         if line and line.startswith("data: "):
             payload = line[len("data: "):]

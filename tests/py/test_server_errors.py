@@ -166,10 +166,10 @@ def test_prompt_longer_than_context(srv):
 
 @kiln_only
 def test_sse_keepalive_comments(kiln_bin):
-    # One slot: a stream queued behind a 600-token generation waits far longer than the 1 ms keep-alive
+    # One slot: a stream queued behind a 200-token generation waits far longer than the 1 ms keep-alive
     # interval, however fast the machine (a GPU prefills a short prompt in under a millisecond).
     with KilnServer(kiln_bin, smollm2_path(), ["-c", "1024", "-np", "1", "--sse-keepalive-ms", "1"]) as s:
-        first = requests.post(s.url + "/completion", json={"prompt": "Once upon a time", "n_predict": 600,
+        first = requests.post(s.url + "/completion", json={"prompt": "Once upon a time", "n_predict": 200,
                                                            "ignore_eos": True, "stream": True}, stream=True)
         lines = first.iter_lines()
         next(line for line in lines if line.startswith(b"data: "))  # it holds the slot now

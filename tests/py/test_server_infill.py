@@ -73,7 +73,7 @@ def test_infill_stream_equals_non_stream(url):
     whole = requests.post(url + "/infill", json={**GREEDY, **CASE}).json()
     r = requests.post(url + "/infill", json={**GREEDY, **CASE, "stream": True}, stream=True)
     assert r.status_code == 200
-    r.encoding = "utf-8"  # (kiln says charset=utf-8; llama-server's text/event-stream has none: requests would guess latin-1)
+    r.encoding = "utf-8"  # text/event-stream without a charset: requests would guess latin-1
     events, _ = sse_events(r)
     *parts, last = events
     assert all(p["stop"] is False for p in parts)
