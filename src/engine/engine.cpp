@@ -299,33 +299,52 @@ void Engine::Impl::image_positions(Active& a) {
   a.mpos_end = p;
 }
 
-// Embedding rows for prompt tokens [p0, p0 + n): nullptr for text, the image's row for image tokens
-// (the image encoded here, on the engine thread, the first time one of its tokens is prefilled).
-Status Engine::Impl::image_rows(Active& a, int64_t p0, int64_t n, std::vector<const float*>& out) {
+Status Engine::Impl::image_ready(Active& a, int64_t p0, int64_t& n) {
+  const auto& imgs = a.req.images;
+  if (a.img_jobs.size() != imgs.size()) a.img_jobs.resize(imgs.size());
+  for (size_t k = 0; k < imgs.size(); ++k) {
+    const ImageInput& im = imgs[k];
+    const int64_t nt = int64_t(im.nx) * im.ny;
+    if (im.pos + nt <= p0 || !a.img_embd[k].data.empty()) continue;  // prefilled (or cached) / encoded
+    // Not encoded yet: start it and every later image (they run one after another, off this thread).
+    for (size_t j = k; j < imgs.size(); ++j) {
+      if (a.img_jobs[j].valid() || !a.img_embd[j].data.empty()) continue;
+      const ImageInput& ij = imgs[j];
+      a.img_jobs[j] = std::async(std::launch::async, [this, chw = ij.chw, w = ij.w, h = ij.h, slot = a.slot, j] {
+        std::lock_guard<std::mutex> lk(vision_mu);
+        const auto t0 = Clock::now();
+        auto r = vision_enc->encode(chw->data(), w, h);
+        if (r.ok())
+          KILN_LOG_INFO("slot {} | image {} ({}x{} px, {} tokens) encoded in {:.1f} ms", slot, j, w, h,
+                        int64_t(r->nx) * r->ny, ms_between(t0, Clock::now()));
+        return r;
+      });
+    }
+    auto& job = a.img_jobs[k];
+    if (job.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      n = std::min(n, std::max<int64_t>(0, im.pos - p0));  // the text before it goes on
+      return {};
+    }
+    auto r = job.get();
+    if (!r.ok()) return err("image {}: {}", k, r.error().message);
+    if (r->nx != im.nx || r->ny != im.ny) return err("image {}: {}x{} tokens, expected {}x{}", k, r->nx, r->ny, im.nx, im.ny);
+    a.img_embd[k] = std::move(*r);
+  }
+  return {};
+}
+
+void Engine::Impl::image_rows(const Active& a, int64_t p0, int64_t n, std::vector<const float*>& out) const {
   const auto& imgs = a.req.images;
   for (int64_t i = p0; i < p0 + n; ++i) {
     const float* row = nullptr;
     for (size_t k = 0; k < imgs.size(); ++k) {
       const ImageInput& im = imgs[k];
-      const int64_t nt = int64_t(im.nx) * im.ny;
-      if (i < im.pos || i >= im.pos + nt) continue;
-      model::ImageEmbedding& e = a.img_embd[k];
-      if (e.data.empty()) {
-        const auto t0 = Clock::now();
-        auto r = vision_enc->encode(im.chw->data(), im.w, im.h);
-        if (!r.ok()) return err("image {}: {}", k, r.error().message);
-        if (r->nx != im.nx || r->ny != im.ny) return err("image {}: {}x{} tokens, expected {}x{}", k, r->nx, r->ny, im.nx, im.ny);
-        e = std::move(*r);
-        ++images_encoded;
-        KILN_LOG_INFO("slot {} | image {} ({}x{} px, {} tokens) encoded in {:.1f} ms", a.slot, k, im.w, im.h, nt,
-                      ms_between(t0, Clock::now()));
-      }
-      row = e.data.data() + size_t(i - im.pos) * size_t(vision->config().n_out);
+      if (i < im.pos || i >= im.pos + int64_t(im.nx) * im.ny) continue;
+      row = a.img_embd[k].data.data() + size_t(i - im.pos) * size_t(vision->config().n_out);
       break;
     }
     out.push_back(row);
   }
-  return {};
 }
 
 void Engine::Impl::step() {
@@ -368,6 +387,7 @@ void Engine::Impl::step() {
     row += 1 + k;
     budget -= 1 + k;
   }
+  bool waiting_image = false;  // a prompt waits for an image's encoding
   for (auto& a : active) {
     if (a->prompt_done || budget <= 0) continue;
     const auto& prompt = a->req.prompt;
@@ -377,10 +397,8 @@ void Engine::Impl::step() {
       auto it = std::upper_bound(a->cuts.begin(), a->cuts.end(), a->n_past);
       if (it != a->cuts.end()) n = std::min(n, *it - a->n_past);
     }
-    if (images) {
-      const size_t before = batch.embd.size();
-      if (Status is = image_rows(*a, a->n_past, n, batch.embd); !is.ok()) {
-        batch.embd.resize(before);
+    if (!a->req.images.empty()) {
+      if (Status is = image_ready(*a, a->n_past, n); !is.ok()) {
         runner->seq_clear(a->slot);
         slots[size_t(a->slot)].tokens.clear();
         a->n_past = 0;
@@ -388,6 +406,13 @@ void Engine::Impl::step() {
         finish(*a, FinishReason::Error, Event{}, is.error().message);
         continue;
       }
+      if (n == 0) {  // its next image is still being encoded: the other slots go on
+        waiting_image = true;
+        continue;
+      }
+    }
+    if (images) {
+      image_rows(*a, a->n_past, n, batch.embd);
       for (int64_t i = a->n_past; i < a->n_past + n; ++i) add_mpos(*a, i);
     }
     const bool last = a->n_past + n == P;
@@ -400,6 +425,14 @@ void Engine::Impl::step() {
   }
   if (batch.size() == 0) {
     drop_finished();
+    // Only image encodings to wait for: the first of them, briefly (new requests are looked at between).
+    if (waiting_image)
+      for (auto& a : active)
+        for (auto& f : a->img_jobs)
+          if (f.valid()) {
+            f.wait_for(std::chrono::milliseconds(2));
+            return;
+          }
     return;
   }
 

@@ -14,6 +14,8 @@
 //     info() are valid once state() == Ready.
 //   - Each RequestHandle is read by one consumer thread: next(timeout) pops events in order.
 //     Destroying a handle before its final event cancels the request.
+//   - Images (--mmproj) are encoded on a task thread of their own (std::async, one encode at a
+//     time); the engine thread only starts them and takes their results between steps.
 //
 // Scheduling (see docs/engine.md): every step builds one model::Batch of at most `step_tokens`
 //   (= min(n_batch, n_ubatch)) tokens: first one decode token for every generating request, then

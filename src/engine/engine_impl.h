@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -104,10 +105,12 @@ struct Active {
     int kept = -1;
   } pend;
   // Images: M-RoPE positions of every prompt token (3 each) and where generated tokens continue;
-  // each image's embeddings once encoded (model::ImageEmbedding, empty data until then).
+  // each image's embeddings once encoded (model::ImageEmbedding, empty data until then) and its
+  // encoding while it runs off the engine thread (valid from its start until its result is taken).
   std::vector<int32_t> mpos;
   int64_t mpos_end = 0;
   std::vector<model::ImageEmbedding> img_embd;
+  std::vector<std::future<Result<model::ImageEmbedding>>> img_jobs;
   bool finished = false;
   // per-step bookkeeping
   int64_t step_n = 0;
@@ -123,11 +126,13 @@ struct SlotState {
 struct Engine::Impl {
   Engine& eng;
   std::unique_ptr<Runner> runner;
-  // Vision (--mmproj): the projector and its encoder (run on this thread between steps).
+  // Vision (--mmproj): the projector and its encoder. Images are encoded off the engine thread, one at
+  // a time (vision_mu: the encoder is not reentrant), while the other slots keep decoding; a prompt
+  // is prefilled up to its first image not yet encoded.
   std::unique_ptr<model::VisionModel> vision;
   std::unique_ptr<ThreadPool> vision_pool;
   std::unique_ptr<model::VisionEncoder> vision_enc;
-  uint64_t images_encoded = 0;
+  std::mutex vision_mu;
   std::unique_ptr<PrefixCache> cache;
   std::unique_ptr<GrammarCache> grammars;
   const tokenizer::Tokenizer* tok = nullptr;
@@ -144,6 +149,8 @@ struct Engine::Impl {
   std::vector<SlotState> slots;
   std::deque<std::unique_ptr<Active>> waiting;
   std::vector<std::unique_ptr<Active>> active;  // admission order
+  // Encodings of requests that ended before them (their futures must not block the engine thread).
+  std::vector<std::future<Result<model::ImageEmbedding>>> orphan_jobs;
   uint64_t clock = 0;
   model::Batch batch;
   std::deque<std::function<void()>> tasks;  // taken from the inbox
@@ -165,10 +172,13 @@ struct Engine::Impl {
   void prepare(Active& a, int s);
   int pick_slot(const Active& a) const;
   void step();
-  // Images: the M-RoPE positions of a request's prompt (admission), and the embedding rows of
-  // prompt tokens [p0, p0 + n) (encoding images that are not yet). Errors: the encoder's.
+  // Images: the M-RoPE positions of a request's prompt (admission); image_ready: starts the encodings
+  // of the images at or after prompt position p0 and lowers n to the tokens from p0 that can be
+  // prefilled now (those before the first image whose encoding has not finished; 0: wait). Errors:
+  // the encoder's. image_rows: the embedding rows of prompt tokens [p0, p0 + n) (nullptr for text).
   void image_positions(Active& a);
-  Status image_rows(Active& a, int64_t p0, int64_t n, std::vector<const float*>& out);
+  Status image_ready(Active& a, int64_t p0, int64_t& n);
+  void image_rows(const Active& a, int64_t p0, int64_t n, std::vector<const float*>& out) const;
   int32_t sample(Active& a, const float* logits);
   int32_t sample_row(Active& a, int64_t row);
   bool embed_rows(Active& a);
@@ -188,7 +198,14 @@ struct Engine::Impl {
   void settle(Active& a);
   bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }
   void drop_finished() {
+    for (auto& a : active)
+      if (a->finished)
+        for (auto& f : a->img_jobs)
+          if (f.valid()) orphan_jobs.push_back(std::move(f));
     std::erase_if(active, [](const std::unique_ptr<Active>& a) { return a->finished; });
+    std::erase_if(orphan_jobs, [](const std::future<Result<model::ImageEmbedding>>& f) {
+      return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    });
   }
 };
 

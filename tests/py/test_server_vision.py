@@ -180,3 +180,43 @@ def test_without_projector(kiln_bin, tmpl):
         assert "--mmproj" in r.json()["error"]["message"]
         p = requests.get(s.url + "/props", timeout=10).json()
         assert p["modalities"]["vision"] is False
+
+
+def test_encoding_does_not_stall_other_slots(kiln_bin, tmpl):
+    """A large image is encoded off the engine thread: a text stream on the other slot keeps producing
+    tokens while it runs (before, the whole encode was one pause of every slot)."""
+    import time
+    w = h = 640
+    rows = b"".join(b"\0" + bytes((x * 7 + y * 13) % 256 for x in range(w * 3)) for y in range(h))
+    big = data_url(png(w, h, rows))
+    with KilnServer(kiln_bin, FIX / "model.gguf", ["-c", "4096", "-np", "2", "--mmproj", FIX / "mmproj.gguf",
+                                                   "--chat-template-file", tmpl, "--image-max-tokens", "1024"]) as s:
+        times, stop = [], threading.Event()
+
+        def stream():
+            r = requests.post(s.url + "/completion", json={"prompt": "Once upon a time", "n_predict": 1900,
+                                                           "ignore_eos": True, "stream": True}, stream=True)
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    times.append(time.time())
+                if stop.is_set():
+                    break
+            r.close()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        while len(times) < 5 and t.is_alive():
+            time.sleep(0.01)
+        t0 = time.time()
+        r = chat(s.url, big, max_tokens=1)
+        t1 = time.time()
+        stop.set()
+        t.join(timeout=60)
+        log = s.log_text()
+    assert r.status_code == 200, r.text
+    enc = [float(x.split("encoded in ")[1].split(" ms")[0]) for x in log.splitlines() if "encoded in" in x]
+    assert enc and enc[0] > 50, (enc, "the image must take long enough to encode for the check to mean anything")
+    inside = [x for x in times if t0 <= x <= t1]
+    assert inside and inside[-1] > t0 + 0.8 * (t1 - t0), "the text stream stopped while the image was encoded"
+    gaps = [b - a for a, b in zip([t0] + inside, inside)]
+    assert max(gaps) * 1000 < 0.5 * enc[0], (max(gaps), enc[0])
