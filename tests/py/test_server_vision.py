@@ -186,11 +186,12 @@ def test_encoding_does_not_stall_other_slots(kiln_bin, tmpl):
     """A large image is encoded off the engine thread: a text stream on the other slot keeps producing
     tokens while it runs (before, the whole encode was one pause of every slot)."""
     import time
-    w = h = 640
+    from conftest import NGL
+    w = h = 640 if NGL == "0" else 1600  # a GPU encodes ~50x faster: a larger image keeps it measurable
     rows = b"".join(b"\0" + bytes((x * 7 + y * 13) % 256 for x in range(w * 3)) for y in range(h))
     big = data_url(png(w, h, rows))
-    with KilnServer(kiln_bin, FIX / "model.gguf", ["-c", "4096", "-np", "2", "--mmproj", FIX / "mmproj.gguf",
-                                                   "--chat-template-file", tmpl, "--image-max-tokens", "1024"]) as s:
+    with KilnServer(kiln_bin, FIX / "model.gguf", ["-c", "8192", "-np", "2", "--mmproj", FIX / "mmproj.gguf",
+                                                   "--chat-template-file", tmpl, "--image-max-tokens", "4096"]) as s:
         times, stop = [], threading.Event()
 
         def stream():
