@@ -279,6 +279,7 @@ void Engine::Impl::image_positions(Active& a) {
   const int64_t P = int64_t(a.req.prompt.size());
   a.mpos.assign(size_t(3 * P), 0);
   a.img_embd.assign(imgs.size(), model::ImageEmbedding{});
+  a.img_jobs.resize(imgs.size());
   int32_t p = 0;
   size_t k = 0;
   for (int64_t i = 0; i < P;) {
@@ -301,7 +302,6 @@ void Engine::Impl::image_positions(Active& a) {
 
 Status Engine::Impl::image_ready(Active& a, int64_t p0, int64_t& n) {
   const auto& imgs = a.req.images;
-  if (a.img_jobs.size() != imgs.size()) a.img_jobs.resize(imgs.size());
   for (size_t k = 0; k < imgs.size(); ++k) {
     const ImageInput& im = imgs[k];
     const int64_t nt = int64_t(im.nx) * im.ny;

@@ -34,7 +34,7 @@ bool test_kind(Interp&, const std::string& name, const Value& v, CallArgs&) {
 
 bool test_case(Interp&, const std::string& name, const Value& v, CallArgs&) {  // lower / upper
   const std::string s = py_str(v);
-  return name == "lower" ? py_islower(s) : py_isupper(s);
+  return py_is_case(s, name != "lower");
 }
 
 bool test_parity(Interp&, const std::string& name, const Value& v, CallArgs&) {  // odd / even

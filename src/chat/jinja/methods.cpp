@@ -135,8 +135,7 @@ Value str_is(Interp&, const std::string& name, const Value& self, CallArgs&) {  
   };
   if (name == "isalpha") return Value::boolean(all(::isalpha));
   if (name == "isalnum") return Value::boolean(all(::isalnum));
-  if (name == "islower") return Value::boolean(py_islower(s));
-  if (name == "isupper") return Value::boolean(py_isupper(s));
+  if (name == "islower" || name == "isupper") return Value::boolean(py_is_case(s, name == "isupper"));
   if (name == "isspace") {
     auto cps = utf8_decode(s);
     return Value::boolean(!cps.empty() && std::all_of(cps.begin(), cps.end(), py_isspace));

@@ -238,19 +238,12 @@ std::string py_title(const std::string& s) {
   return o;
 }
 
-bool py_islower(const std::string& s) {
+bool py_is_case(const std::string& s, bool upper) {
   bool cased = false;
   for (char c : s) {
-    if (std::isupper(static_cast<unsigned char>(c))) return false;
-    cased = cased || std::islower(static_cast<unsigned char>(c));
-  }
-  return cased;
-}
-bool py_isupper(const std::string& s) {
-  bool cased = false;
-  for (char c : s) {
-    if (std::islower(static_cast<unsigned char>(c))) return false;
-    cased = cased || std::isupper(static_cast<unsigned char>(c));
+    const auto u = static_cast<unsigned char>(c);
+    if (upper ? std::islower(u) : std::isupper(u)) return false;
+    cased = cased || (upper ? std::isupper(u) : std::islower(u));
   }
   return cased;
 }

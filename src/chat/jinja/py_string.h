@@ -34,8 +34,7 @@ std::string ascii_lower(std::string s);
 std::string ascii_upper(std::string s);
 std::string py_capitalize(std::string s);  // str.capitalize()
 std::string py_title(const std::string& s);  // str.title()
-bool py_islower(const std::string& s);
-bool py_isupper(const std::string& s);
+bool py_is_case(const std::string& s, bool upper);  // str.isupper() (upper) / str.islower()
 // str.center / ljust / rjust / zfill (`how`: 'c', 'l', 'r'; zfill is 'r' with "0").
 std::string py_justify(const std::string& s, int64_t width, const std::string& fill, char how);
 
