@@ -152,9 +152,9 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   if (!matmul_supported(wt) || k <= 0 || n <= 0 || m <= 0) return 0;
   // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
   // Batch-invariant (invariant.h): the mat-vec path for every m.
-  const bool inv = batch_invariant();
-  const size_t mmq = inv ? 0 : detail::mmq_plan(wt, k, n, m).bytes;  // 0 where it does not apply
-  if (m <= detail::kMvMaxM || inv) return std::max(mmq, detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0);
+  const size_t mmq = batch_invariant() ? 0 : detail::mmq_plan(wt, k, n, m).bytes;  // 0 where it does not apply
+  if (m <= detail::kMvMaxM || batch_invariant())
+    return std::max(mmq, detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0);
   return std::max(mmq, detail::gemm_plan(wt, k, n, m).bytes);
 }
 
