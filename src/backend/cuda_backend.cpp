@@ -23,6 +23,7 @@
 #include <mutex>
 
 #include "backend/cuda_sizes.h"
+#include "core/log.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/invariant.h"
 #endif
@@ -213,7 +214,15 @@ class CudaStream final : public Stream {
     KILN_CUBLAS_CALL(cublasSetWorkspace(blas_, blas_ws_, blas_ws_bytes_));
     L_.stream = stream_;
     L_.blas = blas_;
-    L_.sm = dev.sm();
+    L_.sm = C::code_sm(dev.sm());
+    if (L_.sm < dev.sm()) {
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        KILN_LOG_INFO("CUDA{}: sm_{} card running sm_{} code (a build for an older card, or KILN_CUDA_SM): the "
+                      "newer cards' kernel paths are off; build with -DKILN_CUDA_ARCHS=native for them",
+                      dev.ordinal(), dev.sm(), L_.sm);
+      });
+    }
     L_.n_sm = dev.n_sm();
   }
   ~CudaStream() override {
@@ -378,7 +387,7 @@ class CudaStream final : public Stream {
     DeviceScope ds(dev_.ordinal());
     auto pf = prof([&] { return fmt::format("matmul_id {} {}x{}x{} K{} T{}", gguf::type_name(w.type), k, n, w.ne[2], K, T); }, double(w.nb[1]) * double(n) * double(std::min<int64_t>(K * T, w.ne[2])));
     const C::Launch L = launch(C::matmul_id_workspace(w.type, k, n, K * T));
-    C::matmul_id(L, w.type, ptr(w, "matmul_id w"), w.nb[1], w.nb[2], k, n, fptr(x, "matmul_id x"), x.ne[1],
+    C::matmul_id(L, w.type, ptr(w, "matmul_id w"), w.nb[1], w.nb[2], w.ne[2], k, n, fptr(x, "matmul_id x"), x.ne[1],
                  int64_t(x.nb[1] / 4), int64_t(x.nb[2] / 4), iptr(ids, "matmul_id ids"), K, T, fptr(y, "matmul_id y"),
                  int64_t(y.nb[1] / 4), int64_t(y.nb[2] / 4));
   }

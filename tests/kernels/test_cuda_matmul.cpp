@@ -93,7 +93,7 @@ struct Gpu {
     cublasSetStream(blas, stream);
     cudaDeviceProp p{};
     ck(cudaGetDeviceProperties(&p, 0), "props");
-    sm = p.major * 10 + p.minor, n_sm = p.multiProcessorCount;
+    sm = cu::code_sm(p.major * 10 + p.minor), n_sm = p.multiProcessorCount;
   }
   ~Gpu() {
     cudaFree(ws);
@@ -382,7 +382,7 @@ TEST(CudaMatmul, ExpertsAnyTokenCount) {
         Dev<float> dx(x);
         Dev<float> dy(size_t(y_tok * T));
         cu::Launch L = gpu.launch(cu::matmul_id_workspace(t, k, n, K * T));
-        cu::matmul_id(L, t, dw.p, w.stride, w.stride * size_t(n), k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy.p,
+        cu::matmul_id(L, t, dw.p, w.stride, w.stride * size_t(n), E, k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy.p,
                       y_slot, y_tok);
         gpu.sync();
         const std::vector<float> y = dy.down();
@@ -413,6 +413,71 @@ TEST(CudaMatmul, ExpertsAnyTokenCount) {
   }
   std::printf("matmul_id: F32 x: worst |y - ref| / sum|w x| over all types %.2e (bound %.0e); int8 x: x~ %.2e, "
               "det %.3f, stat %.2e\n", worst_all, kMvBound, q8_all.worst_tilde, q8_all.worst_det, q8_all.worst_stat);
+}
+
+// matmul_id of a prefill (at least kMmqIdMinSlots slots): the grouped tensor-core path (mmq.cu
+// mmq_id) for every block type — skewed routing (one expert takes about half the slots: several
+// 32-column tiles; a quarter of the experts get none), nx = 1 and K, a partial last row tile, padded
+// rows — against the double reference with the F16 bound of the tensor-core paths; every output
+// written (y starts as NaN); the same call again gives the same bits after the routing of another
+// call in between.
+TEST(CudaMatmul, ExpertsGrouped) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  if (!cu::detail::mmq_on(gpu.sm)) GTEST_SKIP() << "the small-batch mat-mul is off here (sm < 80 or KILN_CUDA_MMQ=0)";
+  const int64_t E = 40, n = 200, K = 8, T = 24, k = 512;
+  ASSERT_GE(K * T, cu::detail::kMmqIdMinSlots);
+  double worst_all = 0;
+  uint32_t seed = 7000;
+  int types = 0;
+  for (GgmlType t : kt::kMatmulTypes) {
+    if (!cu::detail::mmq_type(t)) continue;
+    ASSERT_TRUE(cu::detail::mmq_id_plan(t, k, n, K * T).ok);
+    ++types;
+    const std::string tn(kiln::gguf::type_name(t));
+    SCOPED_TRACE(tn);
+    const size_t pad = types % 2 == 0 ? size_t(kiln::gguf::type_info(t).type_size) : 0;  // misaligned expert rows
+    const Weights w = make_weights(t, k, n * E, pad, seed++);
+    Dev<uint8_t> dw(w.bytes);
+    std::mt19937 rng(seed++);
+    std::vector<int32_t> ids(size_t(K * T)), other(size_t(K * T));
+    for (auto& v : ids) v = rng() % 2 ? 3 : int32_t(rng() % 30);
+    for (auto& v : other) v = int32_t(rng() % E);
+    Dev<int32_t> dids(ids), dother(other);
+    for (int64_t nx : {int64_t(1), K}) {
+      SCOPED_TRACE("nx=" + std::to_string(nx));
+      const int64_t x_slot = k + 4, x_tok = nx * x_slot, y_slot = n + 3, y_tok = K * y_slot;
+      const std::vector<float> x = kt::randv(size_t(x_tok * T), seed++);
+      Dev<float> dx(x);
+      const std::vector<float> nan(size_t(y_tok * T), std::nanf(""));
+      Dev<float> dy(nan), dy2(nan), dy3(nan);
+      cu::Launch L = gpu.launch(cu::matmul_id_workspace(t, k, n, K * T));
+      const size_t ws = w.stride * size_t(n);
+      cu::matmul_id(L, t, dw.p, w.stride, ws, E, k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy.p, y_slot, y_tok);
+      cu::matmul_id(L, t, dw.p, w.stride, ws, E, k, n, dx.p, nx, x_slot, x_tok, dother.p, K, T, dy3.p, y_slot, y_tok);
+      cu::matmul_id(L, t, dw.p, w.stride, ws, E, k, n, dx.p, nx, x_slot, x_tok, dids.p, K, T, dy2.p, y_slot, y_tok);
+      gpu.sync();
+      const std::vector<float> y = dy.down(), y2 = dy2.down();
+      ErrAcc err;
+      int64_t differ = 0;
+      for (int64_t tk = 0; tk < T; ++tk)
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t e = ids[size_t(tk * K + j)];
+          const float* xc = x.data() + tk * x_tok + (nx == 1 ? 0 : j * x_slot);
+          for (int64_t r = 0; r < n; ++r) {
+            const size_t i = size_t(tk * y_tok + j * y_slot + r);
+            err.add(y[i], w.deq.data() + (e * n + r) * k, xc, k);
+            differ += std::memcmp(&y[i], &y2[i], sizeof(float)) != 0;
+          }
+        }
+      EXPECT_LE(err.worst, kF16GemmBound);
+      EXPECT_EQ(differ, 0) << "outputs that differ between two identical calls";
+      worst_all = std::max(worst_all, err.worst);
+    }
+  }
+  EXPECT_EQ(types, 10);
+  std::printf("matmul_id grouped (%lld slots over %lld experts): worst |y - ref| / sum|w x| %.2e (bound %.0e)\n",
+              (long long)(K * T), (long long)E, worst_all, kF16GemmBound);
 }
 
 // matmul_n: up to 4 weights sharing one x, against the same reference and bounds as matmul, per

@@ -116,7 +116,7 @@ class CudaSeq : public ::testing::Test {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     cudaDeviceGetAttribute(&L.n_sm, cudaDevAttrMultiProcessorCount, dev);
-    L.sm = major * 10 + minor;
+    L.sm = cuda::code_sm(major * 10 + minor);
     L.stream = stream_;
   }
   void TearDown() override {

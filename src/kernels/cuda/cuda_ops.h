@@ -30,7 +30,7 @@ struct Launch {
   cublasHandle_t blas = nullptr;  // bound to `stream`
   void* ws = nullptr;             // device workspace, ws_bytes long, 256-byte aligned
   size_t ws_bytes = 0;
-  int sm = 0;                     // compute capability * 10 + minor (e.g. 90, 89, 86)
+  int sm = 0;                     // code_sm(): compute capability * 10 + minor (e.g. 90, 89, 86)
   int n_sm = 0;                   // multiprocessors
 };
 
@@ -90,13 +90,15 @@ struct MatmulW {
 // weight on that one quantized x; the F32-x types / mode: their matmul each. m > 16: one matmul each. Workspace: the largest matmul_workspace of the weights.
 void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const float* x, int64_t x_stride, int64_t m,
               const XProducer* pre = nullptr);
-// Expert mat-mul: expert e's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t at
-// ids[t*K + j]); x column for (j, t) at x + t*x_tok + (nx == 1 ? 0 : j)*x_slot; y column (j, t) at
-// y + t*y_tok + j*y_slot. ids are in range (the router wrote them).
+// Expert mat-mul: expert e < n_expert's matrix at w + e*w_expert_stride; ids [K, T] (slot j of token t
+// at ids[t*K + j]); x column for (j, t) at x + t*x_tok + (nx == 1 ? 0 : j)*x_slot; y column (j, t) at
+// y + t*y_tok + j*y_slot. ids are in range (the router wrote them). From kMmqIdMinSlots slots on (a
+// prefill) the block types go through the grouped tensor-core mat-mul (mmq.cu: each expert's columns
+// together), else one mat-vec per slot.
 size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots);
-void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t k,
-               int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids, int64_t K,
-               int64_t T, float* y, int64_t y_slot, int64_t y_tok);
+void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t n_expert,
+               int64_t k, int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids,
+               int64_t K, int64_t T, float* y, int64_t y_slot, int64_t y_tok);
 // out column r (out + r*out_stride) = dequantized table row ids[r] (rows row_stride bytes apart).
 void get_rows(const Launch& L, GgmlType t, const void* table, size_t row_stride, int64_t k, const int32_t* ids,
               int64_t n, float* out, int64_t out_stride);
@@ -186,5 +188,13 @@ bool gated_delta_norm_fused(const Launch& L, Rows q, Rows k, Rows v, const float
 // enqueues a step op by op, so that per-op event timings (KILN_CUDA_PROFILE) measure the GPU's work,
 // not the host's launch rate.
 void busy_wait(const Launch& L, int64_t us);
+
+// ---- the architecture the kernels run as (elementwise.cu) ---------------------------------------
+// Launch::sm for the current device: its compute capability (device_sm), lowered to the virtual
+// architecture of the code the runtime loaded for it — a build for 86 on a Hopper card runs its
+// compute_86 PTX, whose sm_90-only paths (bulk copies, clusters, PDL) are compiled out, so the
+// launchers must not choose them — and to KILN_CUDA_SM when that is set (e.g. 86: the paths of the
+// RTX 30/40 cards on a newer one, for tests and comparisons).
+int code_sm(int device_sm);
 
 }  // namespace kiln::cuda

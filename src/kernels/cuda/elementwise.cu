@@ -1,6 +1,6 @@
 // kernels/cuda/elementwise.cu — the CUDA elementwise and row ops behind cuda_ops.h: unary,
 //   binary (same shape / row broadcast / scalar per row), scale, rms_norm, l2_norm, rope, softmax,
-//   hadamard, topk_route, and the strided row copy used by Stream::copy.
+//   hadamard, topk_route, the strided row copy used by Stream::copy, and code_sm.
 // Owns: the GPU arithmetic of these ops (semantics: kernels/ops.h). Row reductions sum in F32: each
 //   thread over a strided slice of the row, then a fixed warp/block tree (deterministic for a
 //   given shape; not the CPU's order). RoPE angles are formed in double once per (token, pair).
@@ -9,8 +9,10 @@
 // Threading: launchers are stateless and thread-safe.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -543,6 +545,16 @@ __global__ void busy_wait_kernel(int64_t ns) {
 void busy_wait(const Launch& L, int64_t us) {
   busy_wait_kernel<<<1, 1, 0, L.stream>>>(us * 1000);
   KILN_CUDA_LAUNCHED("busy_wait");
+}
+
+int code_sm(int device_sm) {
+  // The virtual architecture of the code the runtime picked for the current device: 90 for sm_90a
+  // code on a Hopper card, 86 when a build for 86 runs there (its compute_86 PTX, JIT-compiled).
+  cudaFuncAttributes a{};
+  int sm = device_sm;
+  if (cudaFuncGetAttributes(&a, busy_wait_kernel) == cudaSuccess && a.ptxVersion > 0) sm = std::min(sm, a.ptxVersion);
+  if (const char* e = std::getenv("KILN_CUDA_SM"); e != nullptr && std::atoi(e) > 0) sm = std::min(sm, std::atoi(e));
+  return sm;
 }
 
 }  // namespace kiln::cuda

@@ -12,9 +12,10 @@
 //   constant; expert matrices are addressed only after the wait, their ids come from the router). m > 16 (prefill): tensor cores through cuBLAS — W rows dequantized to F16
 //   in chunks of at most 64 MiB (F16 weights are used in place), X columns rounded to F16 in chunks
 //   of at most 32 MiB, cublasGemmEx F16 x F16 -> F32 with F32 compute; F32 weights: F32 cublasGemmEx
-//   on W and X in place. matmul_id runs the mat-vec kernel once per (token, slot) with that slot's
-//   expert (the expert id is read on the device): right for every T, but a prefill batch reads an
-//   expert matrix once per slot that uses it (no grouping of tokens per expert yet). k must be a
+//   on W and X in place. matmul_id: from kMmqIdMinSlots slots on, for the block types, the grouped
+//   tensor-core mat-mul (mmq.cu mmq_id: slots sorted by expert on the device, each expert's matrix
+//   read once per tile of up to 32 of its columns); else (decode, other types, --batch-invariant) the
+//   mat-vec kernel once per (token, slot) with that slot's expert (the id read on the device). k must be a
 //   multiple of 32 and of the type's block size (get_rows: of 8 and the block size). cuBLAS rounds
 //   X to F16 on the tensor-core path: |x| above 65504 becomes inf there.
 // Must not: allocate, synchronize or read device memory on the host (graph-capturable). cuBLAS is
@@ -364,9 +365,9 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
   launched("matmul_n");
 }
 
-void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t k,
-               int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids, int64_t K,
-               int64_t T, float* y, int64_t y_slot, int64_t y_tok) {
+void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, size_t w_expert_stride, int64_t n_expert,
+               int64_t k, int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids,
+               int64_t K, int64_t T, float* y, int64_t y_slot, int64_t y_tok) {
   KILN_MM_CHECK(matmul_supported(wt), "matmul_id", "unsupported weight type", int(wt), 0);
   KILN_MM_CHECK(k > 0 && k % block_elems(wt) == 0 && k % 32 == 0, "matmul_id",
                 "k must be a positive multiple of the block size and of 32 (k, block)", k, block_elems(wt));
@@ -374,7 +375,12 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
   KILN_MM_CHECK(w_stride >= size_t(k / block_elems(wt)) * block_bytes(wt), "matmul_id",
                 "w_stride below the row size", (long long)w_stride, k);
   if (n <= 0 || K <= 0 || T <= 0) return;
-  const bool inv = batch_invariant();  // invariant.h: the k-split from (k, n) alone
+  const bool inv = batch_invariant();  // invariant.h: the k-split from (k, n) alone; no grouping
+  if (!inv && detail::mmq_id(L, wt, static_cast<const uint8_t*>(w), w_stride, w_expert_stride, n_expert, k, n, x, nx,
+                             x_slot, x_tok, ids, K, T, y, y_slot, y_tok)) {
+    launched("matmul_id");
+    return;
+  }
   MvArgs a;
   a.w = w, a.w_stride = w_stride, a.k = k, a.n = n, a.x = x, a.y = y, a.m = 1;
   a.xv = x_vec_ok(x, x_tok, nx == 1 ? 0 : x_slot);

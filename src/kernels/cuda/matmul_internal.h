@@ -106,6 +106,12 @@ bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path
 // otherwise. Uses the workspace as mmq_plan lays it out.
 bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
          int64_t x_stride, float* y, int64_t y_stride, int64_t m);
+// The grouped expert mat-mul (mmq.cu; matmul_id's arguments, see cuda_ops.h): when mmq_id_plan(t, k,
+// n, K * T).ok, n_expert <= kMmqIdMaxExperts and the small-batch mat-mul is on; false (nothing
+// enqueued) otherwise. Each column's sums are those of one mmq column (F16 x, F32 accumulation).
+bool mmq_id(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, size_t w_estride, int64_t n_expert,
+            int64_t k, int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids,
+            int64_t K, int64_t T, float* y, int64_t y_slot, int64_t y_tok);
 // On for sm_80+ unless the environment has KILN_CUDA_MMQ=0 or set_mmq(false) (tests, comparisons).
 void set_mmq(bool on);
 bool mmq_on(int sm);

@@ -1,7 +1,10 @@
 // kernels/cuda/mmq.cu — the quantized mat-mul for small batches (kMmqMinM..kMmqMaxM columns: batched
 //   decode): y[:, c] = W x[:, c] on tensor cores, each weight byte read from memory once for all
 //   columns.
-// Owns: mmq_x_kernel (x to F16 in the weights' "pairs" order, see below) and mmq_kernel. A CTA of 8
+// Owns: mmq_x_kernel (x to F16 in the weights' "pairs" order, see below), mmq_kernel, and the grouped
+//   expert mat-mul mmq_id (matmul_id of a prefill: mmq_id_group_kernel sorts the slots by expert and
+//   writes a table of tiles of up to 32 columns of one expert, mmq_id_x_kernel gathers the sorted x
+//   columns, mmq_kernel runs one tile per blockIdx.y on that expert's matrix and scatters the columns). A CTA of 8
 //   warps takes kMmqRows = 128 rows of W (16 per warp) and all m columns over a range of k (a k split: the plan's
 //   nks CTAs per row tile, summed by the last CTA of the tile to arrive, in split order: results do not
 //   depend on timing). k advances in steps of 256 elements through a ring of 2-3 shared-memory
@@ -21,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -156,6 +160,14 @@ struct QArgs {
   int64_t y_stride;
   float* part;    // [nks][m][n] (nks > 1)
   unsigned* cnt;  // [row tiles] arrivals (zeroed by mmq_x_kernel)
+  // Grouped (mmq_id; nks = 1): blockIdx.y is tile i of tiles = {first sorted column, expert << 8 |
+  // columns (0: no tile)}; W = w + expert * w_estride, x16 the sorted columns; sorted column c is slot
+  // order[c] = t * K + j, written to y + t * y_tok + j * y_slot.
+  const int2* tiles = nullptr;
+  const int32_t* order = nullptr;
+  size_t w_estride = 0;
+  int K = 1;
+  int64_t y_tok = 0, y_slot = 0;
 };
 
 // x columns (x_stride floats apart) -> F16 [m][k] in pairs order; zeroes the n_cnt counters.
@@ -171,6 +183,52 @@ __global__ void mmq_x_kernel(const float* x, int64_t x_stride, int64_t k, int64_
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_cnt; i += stride) cnt[i] = 0;
 }
 
+// mmq_id, step 1 (one CTA of 1024 threads): counts the S slots per expert, lays the experts' columns
+// out in expert order (order[off[e] + i] = the i-th slot routed to e, i in arrival order: each column
+// is computed alone, so the results do not depend on it) and writes the tile table: ceil(count / 32)
+// tiles per expert, then empty tiles up to max_tiles.
+__global__ void __launch_bounds__(1024) mmq_id_group_kernel(const int32_t* ids, int S, int E, int max_tiles,
+                                                            int32_t* order, int2* tiles) {
+  __shared__ int cnt[kMmqIdMaxExperts], off[kMmqIdMaxExperts], toff[kMmqIdMaxExperts + 1];
+  pdl::begin();
+  const int tid = threadIdx.x, nt = blockDim.x;
+  auto expert = [&](int s) { return min(max(ids[s], 0), E - 1); };
+  for (int e = tid; e < E; e += nt) cnt[e] = 0;
+  __syncthreads();
+  for (int s = tid; s < S; s += nt) atomicAdd(&cnt[expert(s)], 1);
+  __syncthreads();
+  if (tid == 0) {
+    int o = 0, tt = 0;
+    for (int e = 0; e < E; ++e) off[e] = o, toff[e] = tt, o += cnt[e], tt += (cnt[e] + int(kMmqMaxM) - 1) / int(kMmqMaxM);
+    toff[E] = tt;
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += nt)
+    for (int c0 = 0; c0 < cnt[e]; c0 += int(kMmqMaxM))
+      tiles[toff[e] + c0 / int(kMmqMaxM)] = make_int2(off[e] + c0, e << 8 | min(int(kMmqMaxM), cnt[e] - c0));
+  for (int i = toff[E] + tid; i < max_tiles; i += nt) tiles[i] = make_int2(0, 0);
+  __syncthreads();
+  for (int e = tid; e < E; e += nt) cnt[e] = 0;  // now the experts' cursors
+  __syncthreads();
+  for (int s = tid; s < S; s += nt) {
+    const int e = expert(s);
+    order[off[e] + atomicAdd(&cnt[e], 1)] = s;
+  }
+}
+
+// mmq_id, step 2: the sorted columns of x to F16 [S][k] in pairs order (mmq_x_kernel's layout).
+__global__ void mmq_id_x_kernel(const float* x, int64_t x_slot, int64_t x_tok, bool nx_one, int K,
+                                const int32_t* order, int64_t k, int64_t S, __half2* out) {
+  pdl::begin();
+  const int64_t kp = k / 2, total = kp * S, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t c = i / kp, q = i - c * kp;
+    const int s = order[c], t = s / K, j = s - t * K;
+    const float* xc = x + t * x_tok + (nx_one ? 0 : j * x_slot) + (q >> 4) * 32 + (q & 15);
+    out[i] = __floats2half2_rn(xc[0], xc[16]);
+  }
+}
+
 template <GgmlType T, int A, int NT, bool BULK>
 __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   using G = Geo<T>;
@@ -180,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + kStages * kStage);
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int64_t tile = blockIdx.x, row0 = tile * kRows;
-  const int64_t s0 = int64_t(blockIdx.y) * a.steps_per, s1 = min(a.k / kStepK, s0 + a.steps_per);
+  const int64_t s0 = int64_t(a.tiles ? 0 : blockIdx.y) * a.steps_per, s1 = min(a.k / kStepK, s0 + a.steps_per);
   const int nst = int(s1 - s0);
   if constexpr (BULK) {
     if (tid == 0) {
@@ -190,9 +248,21 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
     __syncthreads();
   }
   pdl::begin();
+  const uint8_t* w = a.w;
+  const __half* x16 = a.x16;
+  int m = a.m;
+  int64_t c0 = 0;  // grouped: the tile's first sorted column
+  if (a.tiles != nullptr) {
+    const int2 td = a.tiles[blockIdx.y];
+    m = td.y & 0xFF;
+    if (m == 0) return;  // the whole CTA: no tile here
+    c0 = td.x;
+    w += size_t(td.y >> 8) * a.w_estride;
+    x16 += c0 * a.k;
+  }
 
   // The 16-byte aligned range around row r's bytes of step s.
-  auto row_src = [&](int64_t r, int64_t s) { return a.w + size_t(min(r, a.n - 1)) * a.w_stride + size_t(s) * G::kRB; };
+  auto row_src = [&](int64_t r, int64_t s) { return w + size_t(min(r, a.n - 1)) * a.w_stride + size_t(s) * G::kRB; };
   auto issue = [&](int64_t s, int slot) {
     uint8_t* st = sm + slot * kStage;
     if constexpr (BULK) {
@@ -201,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
         const uintptr_t p = uintptr_t(row_src(row0 + tid, s));
         const uintptr_t lo = p & ~uintptr_t(15), hi = (p + G::kRB + 15) & ~uintptr_t(15);
         mb_bulk_load(bar, smem_addr(st + tid * G::kSlot), reinterpret_cast<const void*>(lo), uint32_t(hi - lo));
-      } else if (tid - kRows < a.m) {
+      } else if (tid - kRows < m) {
         const int c = tid - kRows;
-        mb_bulk_load(bar, smem_addr(st + G::kW + c * kXCol), a.x16 + int64_t(c) * a.k + s * kStepK, 2 * kStepK);
+        mb_bulk_load(bar, smem_addr(st + G::kW + c * kXCol), x16 + int64_t(c) * a.k + s * kStepK, 2 * kStepK);
       } else {
         mb_arrive(bar);
       }
@@ -214,9 +284,9 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
         const uintptr_t lo = (p & ~uintptr_t(15)) + 16 * v;
         if (lo < p + G::kRB) mv_cp16(st + r * G::kSlot + 16 * v, reinterpret_cast<const void*>(lo));
       }
-      for (int i = tid; i < a.m * (2 * kStepK / 16); i += kThreads) {
+      for (int i = tid; i < m * (2 * kStepK / 16); i += kThreads) {
         const int c = i / (2 * kStepK / 16), v = i - c * (2 * kStepK / 16);
-        mv_cp16(st + G::kW + c * kXCol + 16 * v, a.x16 + int64_t(c) * a.k + s * kStepK + 8 * v);
+        mv_cp16(st + G::kW + c * kXCol + 16 * v, x16 + int64_t(c) * a.k + s * kStepK + 8 * v);
       }
       mv_cp_commit();
     }
@@ -272,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
         const uint32_t f0[4] = {p0[0], p8[0], p0[1], p8[1]}, f1[4] = {p0[2], p8[2], p0[3], p8[3]};
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const int c = min(8 * j + g, a.m - 1);
+          const int c = min(8 * j + g, m - 1);
           const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * u);
           mma::m16n8k16(acc[j], f0, xv.x, xv.y);
           mma::m16n8k16(acc[j], f1, xv.z, xv.w);
@@ -285,6 +355,19 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   }
 
   // acc[j][e]: row row0 + wr + 8 (e >> 1), column 8j + 2t + (e & 1).
+  if (a.tiles != nullptr) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = row0 + wr + 8 * (e >> 1);
+        const int col = 8 * j + 2 * t + (e & 1);
+        if (row >= a.n || col >= m) continue;
+        const int sl = a.order[c0 + col], tk = sl / a.K;
+        a.y[tk * a.y_tok + (sl - tk * a.K) * a.y_slot + row] = acc[j][e];
+      }
+    return;
+  }
   const bool split = a.nks > 1;
   float* out = split ? a.part + int64_t(blockIdx.y) * a.m * a.n : a.y;
   const int64_t ostride = split ? a.n : a.y_stride;
@@ -327,7 +410,7 @@ void launch_kernel(const Launch& L, const QArgs& q, dim3 grid) {
 template <GgmlType T>
 void launch_t(const Launch& L, const QArgs& q, dim3 grid, bool bulk) {
   constexpr int kNat = dq::fast_align<T>();
-  const bool nat = ((uintptr_t(q.w) | q.w_stride) % kNat) == 0;
+  const bool nat = ((uintptr_t(q.w) | q.w_stride | q.w_estride) % kNat) == 0;
   auto go = [&](auto a_tag, auto b_tag) {
     constexpr int A = decltype(a_tag)::value;
     constexpr bool B = decltype(b_tag)::value;
@@ -341,6 +424,24 @@ void launch_t(const Launch& L, const QArgs& q, dim3 grid, bool bulk) {
   };
   if (nat) with_bulk(std::integral_constant<int, kNat>{});
   else with_bulk(std::integral_constant<int, dq::min_align<T>()>{});
+}
+
+bool launch_type(const Launch& L, GgmlType t, const QArgs& q, dim3 grid) {
+  const bool bulk = matvec_bulk(L.sm);
+  switch (t) {
+    case GgmlType::Q4_0: launch_t<GgmlType::Q4_0>(L, q, grid, bulk); break;
+    case GgmlType::Q4_1: launch_t<GgmlType::Q4_1>(L, q, grid, bulk); break;
+    case GgmlType::Q5_0: launch_t<GgmlType::Q5_0>(L, q, grid, bulk); break;
+    case GgmlType::Q5_1: launch_t<GgmlType::Q5_1>(L, q, grid, bulk); break;
+    case GgmlType::Q8_0: launch_t<GgmlType::Q8_0>(L, q, grid, bulk); break;
+    case GgmlType::IQ4_NL: launch_t<GgmlType::IQ4_NL>(L, q, grid, bulk); break;
+    case GgmlType::Q4_K: launch_t<GgmlType::Q4_K>(L, q, grid, bulk); break;
+    case GgmlType::Q5_K: launch_t<GgmlType::Q5_K>(L, q, grid, bulk); break;
+    case GgmlType::Q6_K: launch_t<GgmlType::Q6_K>(L, q, grid, bulk); break;
+    case GgmlType::IQ4_XS: launch_t<GgmlType::IQ4_XS>(L, q, grid, bulk); break;
+    default: return false;  // mmq_plan / mmq_id_plan admit only the types above
+  }
+  return true;
 }
 
 }  // namespace
@@ -358,22 +459,29 @@ bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t
   pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 1024))), dim3(256), 0, mmq_x_kernel, x, x_stride,
               k, m, reinterpret_cast<__half2*>(x16), cnt, p.nks > 1 ? tiles : int64_t(0));
   const QArgs q{w, w_stride, k, n, x16, int(m), p.nks, p.steps_per, y, y_stride, part, cnt};
-  const dim3 grid(unsigned(tiles), unsigned(p.nks));
-  const bool bulk = matvec_bulk(L.sm);
-  switch (t) {
-    case GgmlType::Q4_0: launch_t<GgmlType::Q4_0>(L, q, grid, bulk); break;
-    case GgmlType::Q4_1: launch_t<GgmlType::Q4_1>(L, q, grid, bulk); break;
-    case GgmlType::Q5_0: launch_t<GgmlType::Q5_0>(L, q, grid, bulk); break;
-    case GgmlType::Q5_1: launch_t<GgmlType::Q5_1>(L, q, grid, bulk); break;
-    case GgmlType::Q8_0: launch_t<GgmlType::Q8_0>(L, q, grid, bulk); break;
-    case GgmlType::IQ4_NL: launch_t<GgmlType::IQ4_NL>(L, q, grid, bulk); break;
-    case GgmlType::Q4_K: launch_t<GgmlType::Q4_K>(L, q, grid, bulk); break;
-    case GgmlType::Q5_K: launch_t<GgmlType::Q5_K>(L, q, grid, bulk); break;
-    case GgmlType::Q6_K: launch_t<GgmlType::Q6_K>(L, q, grid, bulk); break;
-    case GgmlType::IQ4_XS: launch_t<GgmlType::IQ4_XS>(L, q, grid, bulk); break;
-    default: return false;  // mmq_plan admits only the types above
-  }
-  return true;
+  return launch_type(L, t, q, dim3(unsigned(tiles), unsigned(p.nks)));
+}
+
+bool mmq_id(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, size_t w_estride, int64_t n_expert,
+            int64_t k, int64_t n, const float* x, int64_t nx, int64_t x_slot, int64_t x_tok, const int32_t* ids,
+            int64_t K, int64_t T, float* y, int64_t y_slot, int64_t y_tok) {
+  const int64_t S = K * T;
+  const MmqIdPlan p = mmq_id_plan(t, k, n, S);
+  const int64_t max_tiles = mmq_id_max_tiles(S, n_expert);
+  if (!p.ok || n_expert < 1 || n_expert > kMmqIdMaxExperts || max_tiles > 65535 || !mmq_on(L.sm) ||
+      L.ws == nullptr || L.ws_bytes < p.bytes)
+    return false;
+  auto* base = static_cast<uint8_t*>(L.ws);
+  auto* x16 = reinterpret_cast<__half*>(base);
+  auto* order = reinterpret_cast<int32_t*>(base + p.order_off);
+  auto* tiles = reinterpret_cast<int2*>(base + p.tile_off);
+  pdl::launch(L, dim3(1), dim3(1024), 0, mmq_id_group_kernel, ids, int(S), int(n_expert), int(max_tiles), order, tiles);
+  const int64_t pairs = k / 2 * S;
+  pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 2048))), dim3(256), 0, mmq_id_x_kernel, x, x_slot,
+              x_tok, nx == 1, int(K), static_cast<const int32_t*>(order), k, S, reinterpret_cast<__half2*>(x16));
+  QArgs q{w, w_stride, k, n, x16, int(kMmqMaxM), 1, k / kStepK, y, 0, nullptr, nullptr};
+  q.tiles = tiles, q.order = order, q.w_estride = w_estride, q.K = int(K), q.y_tok = y_tok, q.y_slot = y_slot;
+  return launch_type(L, t, q, dim3(unsigned((n + kRows - 1) / kRows), unsigned(max_tiles)));
 }
 
 }  // namespace kiln::cuda::detail

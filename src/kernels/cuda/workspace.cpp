@@ -102,6 +102,21 @@ MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m) {
   return p;
 }
 
+int64_t mmq_id_max_tiles(int64_t n_slots, int64_t n_expert) {
+  return ceil_div(n_slots, kMmqMaxM) + std::min(n_slots, n_expert);
+}
+
+MmqIdPlan mmq_id_plan(GgmlType t, int64_t k, int64_t n, int64_t n_slots) {
+  MmqIdPlan p;
+  if (!mmq_type(t) || k <= 0 || k % 256 != 0 || n < 1 || n_slots < kMmqIdMinSlots || n_slots > (int64_t(1) << 24))
+    return p;
+  p.ok = true;
+  p.order_off = align256(size_t(n_slots) * size_t(k) * 2);
+  p.tile_off = p.order_off + align256(size_t(n_slots) * 4);
+  p.bytes = p.tile_off + align256(size_t(mmq_id_max_tiles(n_slots, n_slots)) * 8);
+  return p;
+}
+
 void attn_set_splits(AttnPlan& pl, int64_t n_kv, int64_t ns) {
   ns = std::max<int64_t>(1, ns);
   pl.chunk = ceil_div(ceil_div(n_kv, ns), kAttnMinChunk) * kAttnMinChunk;
@@ -159,8 +174,10 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
 }
 
 size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) {
-  if (!detail::matvec_q8_supported(wt) || k <= 0 || n <= 0 || n_slots <= 0) return 0;
-  return detail::q8_x_bytes(k, n_slots);  // x columns quantized: T (nx = 1) or K * T of them
+  if (k <= 0 || n <= 0 || n_slots <= 0) return 0;
+  const size_t grouped = batch_invariant() ? 0 : detail::mmq_id_plan(wt, k, n, n_slots).bytes;  // 0 where it does not apply
+  // x columns quantized for the per-slot mat-vec: T (nx = 1) or K * T of them
+  return std::max(grouped, detail::matvec_q8_supported(wt) ? detail::q8_x_bytes(k, n_slots) : 0);
 }
 
 size_t attention_workspace(const AttnArgs& a, int64_t n_tok) {

@@ -62,6 +62,19 @@ struct MmqPlan {
 bool mmq_type(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
 MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m);
 
+// The grouped expert mat-mul (mmq.cu, matmul_id with at least kMmqIdMinSlots slots): the slots sorted
+// by expert, each expert's columns in tiles of up to kMmqMaxM through the small-batch mat-mul, so a
+// prefill reads each expert matrix once per tile instead of once per slot. Workspace: x as F16
+// [n_slots][k] at 0, the sorted slots [n_slots] int32 at order_off, the tile table (int2 per tile, at
+// most mmq_id_max_tiles) at tile_off; bytes in all (sized without n_expert: tiles <= n_slots / 32 + n_slots).
+inline constexpr int64_t kMmqIdMinSlots = 128, kMmqIdMaxExperts = 1024;
+struct MmqIdPlan {
+  bool ok = false;
+  size_t order_off = 0, tile_off = 0, bytes = 0;
+};
+MmqIdPlan mmq_id_plan(GgmlType t, int64_t k, int64_t n, int64_t n_slots);
+int64_t mmq_id_max_tiles(int64_t n_slots, int64_t n_expert);
+
 // The attention work layout, a function of (head_dim, n_head, n_head_kv, n_tok, n_kv) only, so that
 // attention_workspace and the launcher agree.
 struct AttnPlan {
