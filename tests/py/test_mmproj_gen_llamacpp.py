@@ -8,10 +8,17 @@ and an output width of 256, the n_embd of the generated tiny-qwen35 text model m
 (mtmd refuses a projector whose width is not the text model's). llama.cpp must load them, give the
 image the expected token grid, finite and non-degenerate embeddings, and the same embeddings (to
 rounding) for the same weights stored as F32, F16 and Q8_0 — so it reads every tensor of each type
-where kiln writes it. kiln's own encoder on such files: tests/model/test_mmproj_gen.cpp.
+where kiln writes it. And kiln's encoder (`kiln image-embd`, the path `kiln serve` takes: PNG decode,
+preprocessing, ViT, merger) gives llama.cpp's embeddings on them, within the rounding the two differ
+by on real widths (llama.cpp's CPU graph: GELU-tanh from an F16 table in the merger where kiln takes
+the exact erf form as HF, F16 K/V in its flash attention); on the converter-written fixture the two
+are within 1.5e-3 of each other through HF (tests/py/test_vision_llamacpp.py). More of kiln's
+encoder on such files: tests/model/test_mmproj_gen.cpp.
 """
 import ctypes
+import struct
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -21,6 +28,9 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 W, H = 128, 64  # multiples of 32: no resize, a 4 x 2 token grid
 N_OUT = 256
+# kiln vs llama.cpp, relative to the largest |embedding| (measured: see test_kiln_encodes_as_llamacpp).
+# Q8_0: each engine rounds its activations for the Q8_0 matrices (each is 1.5e-2 from its own F32 result).
+TOL = {"f16-11": 5e-3, "f32": 5e-3, "q8": 3e-2, "tiny": 5e-3}
 
 
 def gen(kiln_bin, out, *args):
@@ -47,6 +57,18 @@ def image():
     y, x = np.mgrid[0:H, 0:W]
     rgb = np.stack([x * 255 // (W - 1), y * 255 // (H - 1), ((x * 7 + y * 3) % 256)], -1)
     return np.ascontiguousarray(rgb.astype(np.uint8))
+
+
+def write_png(path, rgb):
+    """RGB8 PNG, every row filter 0."""
+    h, w, _ = rgb.shape
+    raw = b"".join(b"\0" + rgb[y].tobytes() for y in range(h))
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +155,21 @@ def test_gguf_py_reads_generated_projector(files):
     assert types["v.patch_embd.weight.1"] == "F16" and types["v.position_embd.weight"] == "F32"
     names = [t.name for t in r.tensors]
     assert names.index("v.blk.10.ln1.weight") < names.index("v.blk.2.attn_out.bias")  # converter order
+
+
+@pytest.mark.parametrize("name", ["f16-11", "f32", "q8", "tiny"])
+def test_kiln_encodes_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
+    png = write_png(work_dir / "mm-image.png", image())
+    out = work_dir / f"kiln-{name}.f32"
+    r = subprocess.run([str(kiln_bin), "image-embd", "--mmproj", str(files[name]), "--image", str(png),
+                        "--image-min-tokens", "4", "-t", "2", "-o", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{W // 32} x {H // 32} tokens of {N_OUT} floats" in r.stdout, r.stdout
+    nx, ny, want = encode(mtmd, files[name])
+    got = np.fromfile(out, dtype="<f4").reshape(nx * ny, N_OUT)
+    d = float(np.abs(got - want).max())
+    rel = d / float(np.abs(want).max())
+    corr = float(np.corrcoef(got.ravel(), want.ravel())[0, 1])
+    print(f"{name}: max |kiln - llama.cpp| = {d:.2e} ({rel:.2e} of the largest), corr {corr:.6f}")
+    assert rel < TOL[name] and corr > 0.9995, (name, d, rel, corr)
