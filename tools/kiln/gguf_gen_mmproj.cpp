@@ -64,7 +64,7 @@ int gguf_gen_mmproj_main(int argc, char** argv) {
   int threads = 0;
   bool mmproj = false, list = false, dry_run = false, meta_only = false, quiet = false;
   int64_t n_layer = -1, n_embd = -1, n_head = -1, n_ff = -1, n_out = -1, n_pos = -1, patch = -1;
-  app.add_flag("--mmproj", mmproj, "write a vision projector (this command)")->required();
+  app.add_flag("--mmproj", mmproj, "write a vision projector (this command; how `kiln gguf gen` gets here)");
   app.add_option("--preset", preset, "named tower (see --list-presets)");
   app.add_flag("--list-presets", list, "list the projector presets and exit");
   app.add_option("--type", type_name, "matrix type, the converter's --outtype: F32 F16 BF16 Q8_0 (default F16)");
