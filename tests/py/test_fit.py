@@ -32,7 +32,8 @@ def models(kiln_bin, tmp_path_factory):
         assert p.stat().st_size < 16 * MIB  # the header only
         out[name] = p
     # Qwen3.5-9B's vision tower (HF vision_config: depth 27, width 1152, FFN 4304, patch 16 x 2 frames,
-    # 2x2 merge into 4096) in F16, norms and biases F32: header and tensor infos, no data.
+    # 2x2 merge into 4096) in F16, norms, biases and the position table F32 (llama.cpp's converter keeps
+    # V_ENC_EMBD_POS in F32): header and tensor infos, no data.
     proj = d / "mmproj.meta.gguf"
     w = GGUFWriter(str(proj), "clip")
     w.add_uint32("clip.vision.embedding_length", 1152)
@@ -51,7 +52,7 @@ def models(kiln_bin, tmp_path_factory):
     E, F, M = 1152, 4304, 4 * 1152
     t("v.patch_embd.weight", (E, 3, 16, 16), np.float16)
     t("v.patch_embd.weight.1", (E, 3, 16, 16), np.float16)
-    t("v.position_embd.weight", (2304, E), np.float16)
+    t("v.position_embd.weight", (2304, E), np.float32)
     for i in range(27):
         p = f"v.blk.{i}."
         t(p + "attn_qkv.weight", (3 * E, E), np.float16)
@@ -113,6 +114,23 @@ def test_user1_qwen35_9b_64k_projector_mtp_on_8gib(kiln_bin, models):
     assert r.returncode == 1
     for part in ("does not fit", "weights", "KV cache", "projector", "image batch", "MTP head"):
         assert part in r.stderr, r.stderr
+
+
+def test_generated_projector_is_planned_as_the_hand_written_one(kiln_bin, models, tmp_path):
+    """`kiln gguf gen --mmproj --preset qwen35-9b --meta-only` (docs/gguf.md) has the tensor table written
+    above with gguf-py: the plan counts the same projector bytes and chooses the same -ngl."""
+    gen = tmp_path / "mmproj-9b.meta.gguf"
+    r = run(kiln_bin, "gguf", "gen", "--mmproj", "--preset", "qwen35-9b", "--meta-only", "-q", "-o", gen)
+    assert r.returncode == 0, r.stderr
+    assert gen.stat().st_size < 1 << 20
+    base = ["fit", "-m", models["9b"], "-c", 65536, "--spec-type", "draft-mtp", "--device-memory", "8GiB"]
+    r_hand = run(kiln_bin, *base, "--mmproj", models["mmproj"])
+    r_gen = run(kiln_bin, *base, "--mmproj", gen)
+    assert r_hand.returncode == 0 and r_gen.returncode == 0, (r_hand.stderr, r_gen.stderr)
+    assert row(r_gen.stdout, "projector") == row(r_hand.stdout, "projector")
+    assert row(r_gen.stdout, "projector")[1] == pytest.approx(models["mmproj_bytes"] / MIB, abs=0.05)
+    assert row(r_gen.stdout, "image batch") == row(r_hand.stdout, "image batch")
+    assert chosen(r_gen.stdout) == chosen(r_hand.stdout)
 
 
 def test_user1_context_left_unset_is_lowered_first(kiln_bin, models):

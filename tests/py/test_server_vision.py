@@ -221,3 +221,26 @@ def test_encoding_does_not_stall_other_slots(kiln_bin, tmpl):
     assert inside and inside[-1] > t0 + 0.8 * (t1 - t0), "the text stream stopped while the image was encoded"
     gaps = [b - a for a, b in zip([t0] + inside, inside)]
     assert max(gaps) * 1000 < 0.5 * enc[0], (max(gaps), enc[0])
+
+
+def test_generated_projector(kiln_bin, tmpl, tmp_path):
+    """A projector written by `kiln gguf gen --mmproj` with Qwen3.5-9B's tower widths (2 of its 27 blocks,
+    output width 256) beside a generated tiny-qwen35 text model (n_embd 256): kiln serves an image
+    with it, the image's 6 tokens (96x64 px) counted in the prompt."""
+    import subprocess
+    text, proj = tmp_path / "text.gguf", tmp_path / "mmproj.gguf"
+    for args in (["--preset", "tiny-qwen35", "-o", text],
+                 ["--mmproj", "--preset", "qwen35-9b", "--n-layer", "2", "--n-out", "256", "-o", proj]):
+        r = subprocess.run([str(kiln_bin), "gguf", "gen", "-q", *map(str, args)], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+    with KilnServer(kiln_bin, text, ["-c", "512", "--mmproj", proj, "--chat-template-file", tmpl,
+                                     "--image-min-tokens", "4"]) as s:
+        r = chat(s.url, data_url((FIX / "img0.png").read_bytes()), max_tokens=2)
+        assert r.status_code == 200, r.text
+        t = requests.post(s.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": [{"type": "text", "text": "describe"}]}],
+                                "max_tokens": 1}).json()
+        assert r.json()["usage"]["prompt_tokens"] - t["usage"]["prompt_tokens"] >= 6 + 2, (r.json()["usage"], t)
+        p = requests.get(s.url + "/props", timeout=10).json()
+        assert p["modalities"]["vision"] is True

@@ -11,7 +11,8 @@ int cmd_gguf(int argc, char** argv) {
       "usage: kiln gguf <action> [options]\n\n"
       "actions:\n"
       "  info FILE [--json]     print metadata and the tensor table of a GGUF file\n"
-      "  gen [options] -o FILE  write a random-weight model (see `kiln gguf gen --help`)\n";
+      "  gen [options] -o FILE  write a random-weight model (see `kiln gguf gen --help`), or with\n"
+      "                         --mmproj a vision projector (`kiln gguf gen --mmproj --help`)\n";
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(usage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 #include "gguf_cmds.h"
 #include "model/gen/gen.h"
@@ -18,6 +19,7 @@ Examples:
   kiln gguf gen --preset tiny-qwen35 -o tiny.gguf
   kiln gguf gen --preset qwen35-9b --mix iq4_xs --mtp -o q9b.gguf
   kiln gguf gen --arch llama --n-layer 4 --n-embd 512 --type Q8_0 -o l.gguf
+  kiln gguf gen --mmproj --preset qwen35-9b -o mmproj.gguf   # a vision projector (see --mmproj --help)
 
 Types: --type applies one type to every quantizable matrix (like llama-quantize --pure); rows whose
 length is not a multiple of the block size fall back (IQ4_XS->IQ4_NL, Q4_K->Q5_0, Q5_K->Q5_1,
@@ -41,6 +43,8 @@ void print_presets() {
 }  // namespace
 
 int gguf_gen_main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)  // a vision projector: its own options (gguf_gen_mmproj.cpp)
+    if (std::string_view(argv[i]) == "--mmproj") return gguf_gen_mmproj_main(argc, argv);
   CLI::App app{"kiln gguf gen — write a random-weight GGUF model (llama, qwen3, qwen35, qwen35moe)",
                "kiln gguf gen"};
   app.footer(kHelpFooter);

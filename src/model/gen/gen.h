@@ -1,7 +1,8 @@
 // model/gen/gen.h — random-weight GGUF model generator (`kiln gguf gen`).
 // Owns: architecture knowledge needed to WRITE a llama.cpp-compatible file for `llama`, `qwen3`,
 //       `qwen35`, `qwen35moe` (keys, tensor names, shapes, converter conventions), named presets,
-//       per-tensor quant mixes, a working byte-level BPE vocabulary and a chat template.
+//       per-tensor quant mixes, a working byte-level BPE vocabulary and a chat template. Vision
+//       projectors (mmproj) are model/gen/mmproj.h; both draw their weights through model/gen/synth.h.
 // Must not: run models or depend on how kiln's own loader works (files must load in llama.cpp).
 // Determinism: the output is a pure function of (spec, type/mix, seed): same inputs -> byte-identical
 //       file, independent of the thread count.

@@ -10,52 +10,13 @@
 #include "gguf/reader.h"
 #include "gguf/writer.h"
 #include "model/gen/gen.h"
+#include "model/gen/synth.h"
 #include "tensor/quant.h"
 
 namespace kiln::model::gen {
 namespace {
 
 using gguf::GgmlType;
-
-// ---- randomness: splitmix64 seeding + xoshiro256**; normals from 4 x 16-bit uniforms ----
-inline uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-struct Rng {
-  uint64_t s[4];
-  explicit Rng(uint64_t seed) {
-    for (auto& v : s) v = splitmix64(seed);
-  }
-  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  uint64_t next() {
-    const uint64_t r = rotl(s[1] * 5, 7) * 9;
-    const uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-  }
-  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-  // Irwin-Hall(4) rescaled to unit variance: a bounded (|x| < 3.47), smooth normal approximation.
-  float normal() {
-    const uint64_t r = next();
-    const float sum = float(r & 0xffff) + float((r >> 16) & 0xffff) + float((r >> 32) & 0xffff) + float(r >> 48);
-    return (sum * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
-  }
-};
-
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
 
 // ---- how a tensor's values are drawn ----
 enum class Init { Normal, Norm, SsmA, DtBias };
@@ -265,25 +226,6 @@ void fill_values(const InitSpec& init, Rng& rng, float* x, int64_t n) {
   }
 }
 
-void encode_row(GgmlType t, const float* src, uint8_t* dst, int64_t n) {
-  switch (t) {
-    case GgmlType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
-    case GgmlType::F16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_fp16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      break;
-    case GgmlType::BF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_bf16(src[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      break;
-    default: tensor::quantize_row(t, src, dst, n); break;
-  }
-}
-
 Result<std::vector<TensorDef>> make_defs(const GenOptions& o) {
   KILN_TRY(validate(o.spec));
   auto defs = build_defs(o.spec);
@@ -445,7 +387,7 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
   auto pool = std::make_shared<ThreadPool>(opt.n_threads);
   for (size_t ti = 0; ti < defs->size(); ++ti) {
     const TensorDef& d = (*defs)[ti];
-    const uint64_t tseed = opt.seed * 0x9e3779b97f4a7c15ull ^ fnv1a(d.name);
+    const uint64_t tseed = tensor_seed(opt.seed, d.name);
     const uint64_t row_bytes = tensor::row_size(d.type, d.ne[0]);
     auto fill = [defs, ti, tseed, row_bytes, pool](int64_t row0, int64_t n_rows, uint8_t* dst) {
       const TensorDef& t = (*defs)[ti];
@@ -454,8 +396,7 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
       pool->parallel_for(n_rows, [&](int64_t b, int64_t e, int) {
         std::vector<float> buf(static_cast<size_t>(n));
         for (int64_t r = b; r < e; ++r) {
-          uint64_t sm = tseed ^ (uint64_t(row0 + r) * 0xd1b54a32d192ed03ull);
-          Rng rng(splitmix64(sm));
+          Rng rng = row_rng(tseed, row0 + r);
           fill_values(t.init, rng, buf.data(), n);
           encode_row(t.type, buf.data(), dst + uint64_t(r) * row_bytes, n);
         }

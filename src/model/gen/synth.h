@@ -1,0 +1,86 @@
+// model/gen/synth.h — the generators' shared weight synthesis (internal to src/model/gen).
+// Owns: the seeded RNG (splitmix64 seeding + xoshiro256**, bounded Irwin-Hall normals), the
+//   per-tensor / per-row seed derivation, and the float-row -> GGUF-type encoding. Both the text
+//   model generator (generator.cpp) and the projector generator (mmproj.cpp) draw every value
+//   through these, so their files are a pure function of (spec, types, seed).
+// Must not: know tensor names or architectures.
+// Threading: plain functions; an Rng belongs to one thread (one per row).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+#include "core/fp16.h"
+#include "gguf/types.h"
+#include "tensor/quant.h"
+
+namespace kiln::model::gen {
+
+inline uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+struct Rng {
+  uint64_t s[4];
+  explicit Rng(uint64_t seed) {
+    for (auto& v : s) v = splitmix64(seed);
+  }
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t next() {
+    const uint64_t r = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+  }
+  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
+  // Irwin-Hall(4) rescaled to unit variance: a bounded (|x| < 3.47), smooth normal approximation.
+  float normal() {
+    const uint64_t r = next();
+    const float sum = float(r & 0xffff) + float((r >> 16) & 0xffff) + float((r >> 32) & 0xffff) + float(r >> 48);
+    return (sum * (1.0f / 65536.0f) - 2.0f) * 1.7320508f;
+  }
+};
+
+inline uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The stream of one tensor's values: a function of the file's seed and the tensor's name.
+inline uint64_t tensor_seed(uint64_t seed, std::string_view name) { return seed * 0x9e3779b97f4a7c15ull ^ fnv1a(name); }
+// The RNG of one row: every row has its own stream, so the bytes depend on neither chunking nor threads.
+inline Rng row_rng(uint64_t tseed, int64_t row) {
+  uint64_t sm = tseed ^ (uint64_t(row) * 0xd1b54a32d192ed03ull);
+  return Rng(splitmix64(sm));
+}
+
+// One row of n floats in type t (float types converted, others through kiln's reference quantizers).
+inline void encode_row(gguf::GgmlType t, const float* src, uint8_t* dst, int64_t n) {
+  switch (t) {
+    case gguf::GgmlType::F32: std::memcpy(dst, src, size_t(n) * 4); break;
+    case gguf::GgmlType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_fp16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      break;
+    case gguf::GgmlType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      break;
+    default: tensor::quantize_row(t, src, dst, n); break;
+  }
+}
+
+}  // namespace kiln::model::gen
