@@ -35,6 +35,7 @@
 #include "gguf/types.h"
 #include "kernel_test_util.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/invariant.h"
 #include "kernels/cuda/matmul_internal.h"
 #include "tensor/quant.h"
 
@@ -352,6 +353,37 @@ TEST(CudaMatmul, BackToBackSharedWorkspace) {
     delete dx[i];
     delete dy[i];
   }
+}
+
+// Dense weights whose k is a multiple of 8 but not of 32 (Qwen3.5's vision FFN: 1152 -> 4304 -> 1152):
+// the cuBLAS path, also with the batch-invariant switch on, against the double reference.
+TEST(CudaMatmul, DenseOddK) {
+  KILN_REQUIRE_GPU();
+  Gpu gpu;
+  uint32_t seed = 9000;
+  for (bool inv : {false, true}) {
+    cu::set_batch_invariant(inv);
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      for (int64_t k : {int64_t(4304), int64_t(1000)}) {
+        const int64_t n = 77, m = 40;
+        SCOPED_TRACE(std::string(kiln::gguf::type_name(t)) + " k=" + std::to_string(k) + (inv ? " invariant" : ""));
+        ASSERT_TRUE(cu::detail::gemm_any_k(t, k, m));
+        const Weights w = make_weights(t, k, n, 0, seed++);
+        const std::vector<float> x = kt::randv(size_t(k * m), seed++);
+        Dev<uint8_t> dw(w.bytes);
+        Dev<float> dx(x), dy(size_t(n * m));
+        cu::Launch L = gpu.launch(cu::matmul_workspace(t, k, n, m));
+        cu::matmul(L, t, dw.p, w.stride, k, n, dx.p, k, dy.p, n, m);
+        gpu.sync();
+        const std::vector<float> y = dy.down();
+        ErrAcc err;
+        for (int64_t c = 0; c < m; ++c)
+          for (int64_t r = 0; r < n; ++r) err.add(y[size_t(c * n + r)], w.deq.data() + r * k, x.data() + c * k, k);
+        EXPECT_LE(err.worst, t == GgmlType::F32 ? kF32GemmBound : kF16GemmBound);
+      }
+    }
+  }
+  cu::set_batch_invariant(false);
 }
 
 TEST(CudaMatmul, ExpertsAnyTokenCount) {

@@ -205,8 +205,10 @@ bool matvec_uses_q8(GgmlType t) {
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
             int64_t x_stride, float* y, int64_t y_stride, int64_t m, const XProducer* pre) {
   KILN_MM_CHECK(matmul_supported(wt), "matmul", "unsupported weight type", int(wt), 0);
-  KILN_MM_CHECK(k > 0 && k % block_elems(wt) == 0 && k % 32 == 0, "matmul",
-                "k must be a positive multiple of the block size and of 32 (k, block)", k, block_elems(wt));
+  const bool any_k = detail::gemm_any_k(wt, k, m);  // cuBLAS only (workspace.h)
+  KILN_MM_CHECK(k > 0 && k % block_elems(wt) == 0 && (k % 32 == 0 || any_k), "matmul",
+                "k must be a positive multiple of the block size and of 32 (of 8 for F32/F16/BF16 weights and more "
+                "than 16 columns) (k, block)", k, block_elems(wt));
   KILN_MM_CHECK(n >= 0 && m >= 0, "matmul", "negative n or m", n, m);
   if (n == 0 || m == 0) return;
   KILN_MM_CHECK(w_stride >= size_t(k / block_elems(wt)) * block_bytes(wt), "matmul", "w_stride below the row size",
@@ -229,7 +231,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     launched("matmul");
     return;
   }
-  if (!inv && m > kMvMaxM) {
+  if ((!inv || any_k) && m > kMvMaxM) {
     gemm(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m);
     launched("matmul");
     return;

@@ -168,7 +168,7 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) {
   // int8 x: room for both x orders (matmul_n with an XProducer quantizes x once per order it needs).
   // Batch-invariant (invariant.h): the mat-vec path for every m.
   const size_t mmq = batch_invariant() ? 0 : detail::mmq_plan(wt, k, n, m).bytes;  // 0 where it does not apply
-  if (m <= detail::kMvMaxM || batch_invariant())
+  if (m <= detail::kMvMaxM || (batch_invariant() && !detail::gemm_any_k(wt, k, m)))
     return std::max(mmq, detail::matvec_q8_supported(wt) ? 2 * detail::q8_x_bytes(k, m) : 0);
   return std::max(mmq, detail::gemm_plan(wt, k, n, m).bytes);
 }

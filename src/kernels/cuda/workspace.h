@@ -47,6 +47,14 @@ bool matvec_q8_supported(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q
 size_t q8_x_meta_offset(int64_t k, int64_t ncols);
 size_t q8_x_bytes(int64_t k, int64_t ncols);
 
+// Dense weights (F32 / F16 / BF16) whose k is a multiple of 8 but not of 32 (a vision tower's 4304-wide
+// FFN): only the cuBLAS path takes them, for more than kMvMaxM columns — also with --batch-invariant
+// (an image is encoded alone, its columns never share a launch with another request's).
+inline bool gemm_any_k(GgmlType t, int64_t k, int64_t m) {
+  return (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) && k % 32 != 0 && k % 8 == 0 &&
+         m > kMvMaxM;
+}
+
 // The small-batch quantized mat-mul (mmq.cu): kMmqMinM..kMmqMaxM columns, the block types of
 // mmq_type, k a multiple of 256. Row tiles of kMmqRows; the k range cut into nks splits of steps_per steps
 // of 256 (more splits while the grid is under ~264 CTAs, each split keeping >= 4 steps). Workspace:
