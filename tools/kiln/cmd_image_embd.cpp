@@ -94,9 +94,13 @@ int cmd_image_embd(int argc, char** argv) {
       if (r > 0 || repeat == 1) total_ms += ms;
     }
     const int n_timed = repeat == 1 ? 1 : repeat - 1;
+    // A projector on the host runs on this command's pool (the model's host device only holds its weights).
+    const std::string where = (*vm)->device().type() == backend::DeviceType::Cpu
+                                  ? "the CPU, " + std::to_string(pool.size()) + " threads"
+                                  : (*vm)->device().name();
     std::printf("image %zu: %s %dx%d px -> %dx%d px, %d x %d tokens of %lld floats, encode %.2f ms (mean of %d) on %s\n",
                 i, images[i].c_str(), img->w, img->h, px.w, px.h, e->nx, e->ny, (long long)c.n_out_total(),
-                total_ms / n_timed, n_timed, (*vm)->device().name().c_str());
+                total_ms / n_timed, n_timed, where.c_str());
     if (f) f.write(reinterpret_cast<const char*>(e->data.data()), std::streamsize(e->data.size() * sizeof(float)));
   }
   if (f && !f.good()) {
