@@ -10,6 +10,34 @@
 
 namespace kiln::engine {
 
+namespace {
+// Sets bits [b, e) of a bit array.
+void set_bits(uint64_t* w, uint32_t b, uint32_t e) {
+  if (b >= e) return;
+  const uint32_t wb = b >> 6, we = (e - 1) >> 6;
+  const uint64_t lo = ~uint64_t(0) << (b & 63), hi = ~uint64_t(0) >> (63 - ((e - 1) & 63));
+  if (wb == we) {
+    w[wb] |= lo & hi;
+    return;
+  }
+  w[wb] |= lo;
+  for (uint32_t i = wb + 1; i < we; ++i) w[i] = ~uint64_t(0);
+  w[we] |= hi;
+}
+void clear_bits(uint64_t* w, uint32_t b, uint32_t e) {
+  if (b >= e) return;
+  const uint32_t wb = b >> 6, we = (e - 1) >> 6;
+  const uint64_t lo = ~uint64_t(0) << (b & 63), hi = ~uint64_t(0) >> (63 - ((e - 1) & 63));
+  if (wb == we) {
+    w[wb] &= ~(lo & hi);
+    return;
+  }
+  w[wb] &= ~lo;
+  for (uint32_t i = wb + 1; i < we; ++i) w[i] = 0;
+  w[we] &= ~hi;
+}
+}  // namespace
+
 // ============================================================================================
 // TokenTrie
 
@@ -32,6 +60,7 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(std::vector<std::string> piece
   // Preorder construction from the sorted pieces: `path` holds the nodes of the previous piece.
   t->byte_.push_back(0);
   t->depth_.push_back(0);
+  t->parent_.push_back(0);
   t->end_.push_back(0);
   t->tok_begin_.push_back(0);
   std::vector<uint32_t> path{0};
@@ -46,6 +75,7 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(std::vector<std::string> piece
       path.pop_back();
     }
     for (size_t k = common; k < s.size(); ++k) {
+      t->parent_.push_back(path.back());
       path.push_back(uint32_t(t->byte_.size()));
       t->byte_.push_back(uint8_t(s[k]));
       t->depth_.push_back(uint16_t(k + 1));
@@ -53,6 +83,7 @@ std::shared_ptr<const TokenTrie> TokenTrie::build(std::vector<std::string> piece
       t->tok_begin_.push_back(uint32_t(t->toks_.size()));
     }
     t->toks_.push_back(id);  // ends at path.back(): its range grows until the next node starts
+    t->tok_node_.push_back(path.back());
     t->max_depth_ = std::max(t->max_depth_, s.size());
     prev = &s;
   }
@@ -91,7 +122,10 @@ GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> g, std::shared
     start_ = uint32_t(states_.size() - 1);
   }
   walk_.resize(trie_->max_depth_ + 1);
+  path_.resize(trie_->max_depth_ + 1);
+  chain_.resize(trie_->max_depth_ + 1);
   scratch_mask_.resize(trie_->words());
+  ctx_bits_.resize((trie_->toks_.size() + 64) / 64);
 }
 
 uint32_t GrammarAutomaton::intern_stack(uint32_t pos, uint32_t parent) {
@@ -207,7 +241,7 @@ const uint64_t* GrammarAutomaton::mask(uint32_t s) {
   } else {
     uint64_t* m = scratch_mask_.data();
     std::fill(scratch_mask_.begin(), scratch_mask_.end(), 0);
-    ctx_.clear();
+    bool any_ctx = false;
     const uint32_t off = states_[s].off, len = states_[s].len;
     uint32_t last = kUnknown;  // windows repeat within a state (same top, other contexts): OR once
     for (uint32_t k = 0; k < len; ++k) {
@@ -220,9 +254,10 @@ const uint64_t* GrammarAutomaton::mask(uint32_t s) {
       if (!w.acc_bits.empty())
         for (size_t i = 0; i < w.acc_bits.size(); ++i) m[i] |= w.acc_bits[i];
       for (int32_t t : w.acc_ids) m[uint32_t(t) >> 6] |= uint64_t(1) << (t & 63);
-      ctx_.insert(ctx_.end(), w.ctx.begin(), w.ctx.end());
+      for (const auto& [b, e] : w.ctx) set_bits(ctx_bits_.data(), b, e);
+      any_ctx |= !w.ctx.empty();
     }
-    if (!ctx_.empty()) check_context_tokens(s, m);
+    if (any_ctx) check_context_tokens(s, m);
     const TokenTrie& T = *trie_;
     if (states_[s].accepting)
       for (int32_t e : T.eog_)
@@ -247,46 +282,51 @@ void GrammarAutomaton::store_mask(uint32_t s) {
   }
 }
 
-// Runs the context-dependent tokens of ctx_ (ranges of trie-ordered token indices) through state s
-// and sets the bits of those that live. Tokens come in trie (byte) order, so walk_[0..k] — the
-// states after the previous token's first bytes — is reused up to the common prefix, and a token
-// sharing a prefix that already died is rejected without a step.
+// Runs the context-dependent tokens (ctx_bits_, by trie order) through state s, sets the bits of
+// those that live and clears ctx_bits_. A restricted walk of the trie: path_[d] / walk_[d] are the
+// nodes and states of the current path, reused up to the next token's deepest ancestor on it (found
+// by the preorder ranges), and a node that dies skips every token below it at once.
 void GrammarAutomaton::check_context_tokens(uint32_t s, uint64_t* m) {
-  std::sort(ctx_.begin(), ctx_.end());
   const TokenTrie& T = *trie_;
   const int32_t* toks = T.toks_.data();
-  const std::string* prev = nullptr;
-  size_t valid = 0;                    // walk_[0..valid] hold the states after prev's first bytes
-  size_t dead_at = size_t(-1);         // prev died reading its byte dead_at - 1
+  const uint32_t* tok_node = T.tok_node_.data();
+  const uint32_t* end = T.end_.data();
+  const uint32_t* tb = T.tok_begin_.data();
+  const uint32_t* parent = T.parent_.data();
+  const uint16_t* depth = T.depth_.data();
+  const uint8_t* byte = T.byte_.data();
+  uint64_t* c = ctx_bits_.data();
+  const uint32_t n_ranks = uint32_t(T.toks_.size());
+  path_[0] = 0;
   walk_[0] = s;
-  uint32_t done = 0;                   // ranges overlap when windows share tokens: each index once
-  for (const auto& [b0, e] : ctx_) {
-    for (uint32_t r = std::max(b0, done); r < e; ++r) {
+  uint32_t top = 0;  // depth of the last node on the path
+  uint32_t* chain = chain_.data();
+  for (uint32_t wi = 0; wi < ctx_bits_.size(); ++wi) {
+    while (c[wi]) {
+      const uint32_t r = wi * 64 + uint32_t(__builtin_ctzll(c[wi]));
+      c[wi] &= c[wi] - 1;
+      if (r >= n_ranks) continue;
       const int32_t id = toks[r];
       if ((m[uint32_t(id) >> 6] >> (id & 63)) & 1) continue;  // accepted by some window already
-      const std::string& p = T.pieces_[size_t(id)];
-      size_t lcp = 0;
-      if (prev) {
-        const size_t n = std::min(p.size(), prev->size());
-        while (lcp < n && p[lcp] == (*prev)[lcp]) ++lcp;
-      }
-      if (lcp >= dead_at) continue;  // its prefix of dead_at bytes is prev's, which died
+      const uint32_t n = tok_node[r];
+      while (top > 0 && !(path_[top] <= n && n < end[path_[top]])) --top;
+      uint32_t k = 0;
+      for (uint32_t x = n; depth[x] > top; x = parent[x]) chain[k++] = x;
       ++context_checks_;
-      size_t j = std::min(lcp, valid);
-      dead_at = size_t(-1);
-      for (; j < p.size(); ++j) {
-        const uint32_t t = next(walk_[j], uint8_t(p[j]));
-        if (t == kDead) {
-          dead_at = j + 1;
+      bool dead = false;
+      while (k > 0) {
+        const uint32_t x = chain[--k];
+        const uint32_t t = next(walk_[top], byte[x]);
+        if (t == kDead) {  // every token below x dies too: clear their bits
+          clear_bits(c, r + 1, tb[end[x]]);
+          dead = true;
           break;
         }
-        walk_[j + 1] = t;
+        path_[++top] = x;
+        walk_[top] = t;
       }
-      valid = j;
-      prev = &p;
-      if (dead_at == size_t(-1)) m[uint32_t(id) >> 6] |= uint64_t(1) << (id & 63);
+      if (!dead) m[uint32_t(id) >> 6] |= uint64_t(1) << (id & 63);
     }
-    done = std::max(done, e);
   }
 }
 
@@ -343,7 +383,9 @@ void GrammarAutomaton::classify(uint32_t top, bool cut, Window& w) {
     if (!w.ctx.empty() && w.ctx.back().second == b) w.ctx.back().second = e;
     else w.ctx.emplace_back(b, e);
   };
-  std::vector<int32_t> acc;
+  std::vector<uint64_t>& acc = scratch_acc_;  // accepted ids, bit per id
+  acc.assign(T.words(), 0);
+  size_t n_acc = 0;
   walk_[0] = s0;
   exit_.assign(T.max_depth_ + 1, 0);
   for (uint32_t i = 1; i < n;) {
@@ -358,7 +400,8 @@ void GrammarAutomaton::classify(uint32_t top, bool cut, Window& w) {
     }
     walk_[d] = t;
     exit_[d] = exit_[d - 1] || states_[t].accepting;
-    acc.insert(acc.end(), toks + tb[i], toks + tb[i + 1]);
+    for (uint32_t k = tb[i]; k < tb[i + 1]; ++k) acc[uint32_t(toks[k]) >> 6] |= uint64_t(1) << (toks[k] & 63);
+    n_acc += tb[i + 1] - tb[i];
     if (states_[t].only_end) {  // the window has ended: nothing more is read inside it
       if (cut) add_ctx(tb[i + 1], tb[end[i]]);
       i = end[i];
@@ -366,12 +409,12 @@ void GrammarAutomaton::classify(uint32_t top, bool cut, Window& w) {
     }
     ++i;
   }
-  if (acc.size() * 32 >= size_t(T.n_vocab())) {
-    w.acc_bits.assign(T.words(), 0);
-    for (int32_t t : acc) w.acc_bits[uint32_t(t) >> 6] |= uint64_t(1) << (t & 63);
+  if (n_acc * 32 >= size_t(T.n_vocab())) {  // a list would be larger than the bits
+    w.acc_bits = acc;
   } else {
-    std::sort(acc.begin(), acc.end());
-    w.acc_ids = std::move(acc);
+    w.acc_ids.reserve(n_acc);
+    for (size_t i = 0; i < acc.size(); ++i)
+      for (uint64_t b = acc[i]; b; b &= b - 1) w.acc_ids.push_back(int32_t(i * 64 + size_t(__builtin_ctzll(b))));
   }
 }
 

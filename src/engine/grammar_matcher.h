@@ -78,6 +78,8 @@ class TokenTrie {
   std::vector<uint32_t> end_;       // one past the node's subtree
   std::vector<uint32_t> tok_begin_; // tokens ending at node i: toks_[tok_begin_[i] .. tok_begin_[i+1])
   std::vector<int32_t> toks_;
+  std::vector<uint32_t> parent_;    // per node (the root's is 0)
+  std::vector<uint32_t> tok_node_;  // per toks_ index: the node the token ends at
   size_t max_depth_ = 0;
 };
 
@@ -173,8 +175,11 @@ class GrammarAutomaton {
   std::unordered_map<uint64_t, char> visited_;
   std::vector<uint32_t> walk_;
   std::vector<char> exit_;  // classify(): the window can end within the first d bytes
+  std::vector<uint64_t> scratch_acc_;  // classify(): the accepted tokens
   std::vector<uint64_t> scratch_mask_;
-  std::vector<std::pair<uint32_t, uint32_t>> ctx_;  // mask(): the state's context-dependent ranges
+  std::vector<uint64_t> ctx_bits_;  // mask(): the state's context-dependent tokens, bit per toks_ index
+  std::vector<uint32_t> path_;      // check_context_tokens(): the nodes of the current trie path
+  std::vector<uint32_t> chain_;     //   and the nodes from there down to the next token's
 };
 
 // One request's position in a grammar.
