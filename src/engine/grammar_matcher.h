@@ -116,7 +116,7 @@ class GrammarAutomaton {
   uint32_t next_token(uint32_t s, int32_t token);
   // Classifies the tokens of the windows of the stacks reachable from the start (breadth first, at
   // most `max_stacks` stacks), so that new states met later find their windows classified.
-  void precompute(size_t max_stacks = 4096);
+  void precompute(size_t max_stacks = 32768);
   // The reference: s's mask by one walk of the whole trie, whatever the options (tests).
   void mask_by_trie_walk(uint32_t s, uint64_t* out);
 
