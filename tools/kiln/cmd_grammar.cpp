@@ -144,9 +144,15 @@ int cmd_grammar(int argc, char** argv) {
   sp.temperature = 1.0f;
   kiln::engine::Sampler sampler(sp, n_vocab);
 
+  std::vector<double> mask_times;  // each mask of the last run, ms
+  auto pct = [&](double q) {
+    std::sort(mask_times.begin(), mask_times.end());
+    return mask_times.empty() ? 0.0 : mask_times[std::min(mask_times.size() - 1, size_t(q * double(mask_times.size())))];
+  };
   auto run = [&](kiln::engine::GrammarAutomaton& a, int gens, double& mask_ms, double& sample_ms, int64_t& n_steps,
                  int64_t& n_done) {
     mask_ms = sample_ms = 0;
+    mask_times.clear();
     n_steps = n_done = 0;
     std::mt19937 pick(seed);
     std::vector<int32_t> allowed;
@@ -155,7 +161,9 @@ int cmd_grammar(int argc, char** argv) {
       for (int k = 0; k < steps; ++k) {
         auto tm = Clock::now();
         const uint64_t* m = a.mask(s);
-        mask_ms += ms_since(tm);
+        const double dt = ms_since(tm);
+        mask_ms += dt;
+        mask_times.push_back(dt);
         tm = Clock::now();
         (void)sampler.sample(logits.data(), m);
         sample_ms += ms_since(tm);
@@ -211,10 +219,12 @@ int cmd_grammar(int argc, char** argv) {
     const size_t checks = u.context_checks();
     run(u, bench, mask_ms, sample_ms, n_steps, n_done);
     if (o->window_depth)
-      std::printf("a new state's mask (mask cache off, windows precomputed): %.1f us/step, %.0f context-dependent tokens "
-                  "run per mask\n", 1e3 * mask_ms / double(n_steps), double(u.context_checks() - checks) / double(n_steps));
+      std::printf("a new state's mask (mask cache off, windows precomputed): %.1f us/step (p99 %.0f us, slowest %.0f us), "
+                  "%.0f context-dependent tokens run per mask\n", 1e3 * mask_ms / double(n_steps), 1e3 * pct(0.99), 1e3 * pct(1),
+                  double(u.context_checks() - checks) / double(n_steps));
     else
-      std::printf("a new state's mask (mask cache off, whole-trie walk): %.1f us/step\n", 1e3 * mask_ms / double(n_steps));
+      std::printf("a new state's mask (mask cache off, whole-trie walk): %.1f us/step (p99 %.0f us, slowest %.0f us)\n",
+                  1e3 * mask_ms / double(n_steps), 1e3 * pct(0.99), 1e3 * pct(1));
   }
   t0 = Clock::now();
   const int reps = 200;
