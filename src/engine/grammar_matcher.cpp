@@ -244,10 +244,15 @@ const uint64_t* GrammarAutomaton::mask(uint32_t s) {
     bool any_ctx = false;
     const uint32_t off = states_[s].off, len = states_[s].len;
     uint32_t last = kUnknown;  // windows repeat within a state (same top, other contexts): OR once
+    uint64_t gen = window_gen_;
     for (uint32_t k = 0; k < len; ++k) {
       const uint32_t id = pool_[off + k];
       if (id == 0) continue;
       const uint32_t wi = window_of(id);
+      if (window_gen_ != gen) {  // the windows were dropped: indices start again
+        gen = window_gen_;
+        last = kUnknown;
+      }
       if (wi == last) continue;
       last = wi;
       const Window& w = windows_[wi];
@@ -354,7 +359,15 @@ uint32_t GrammarAutomaton::window_of(uint32_t stack) {
   } else {
     Window w;
     classify(top, cut, w);
-    window_bytes_ += w.acc_bits.size() * 8 + w.acc_ids.size() * 4 + w.ctx.size() * 8 + 64;
+    const size_t bytes = w.acc_bits.size() * 8 + w.acc_ids.size() * 4 + w.ctx.size() * 8 + 64;
+    if (window_bytes_ + bytes > opt_.window_cache_bytes) {  // over budget: forget every window
+      windows_.clear();
+      window_ids_.clear();
+      std::fill(stack_window_.begin(), stack_window_.end(), 0);
+      window_bytes_ = 0;
+      ++window_gen_;
+    }
+    window_bytes_ += bytes;
     wi = uint32_t(windows_.size());
     windows_.push_back(std::move(w));
     window_ids_.emplace(key, wi);
@@ -388,7 +401,7 @@ void GrammarAutomaton::classify(uint32_t top, bool cut, Window& w) {
   size_t n_acc = 0;
   walk_[0] = s0;
   exit_.assign(T.max_depth_ + 1, 0);
-  for (uint32_t i = 1; i < n;) {
+  for (uint32_t i = 1; i < n; ++classify_nodes_) {
     const uint32_t d = depth[i];
     const uint32_t prev = walk_[d - 1];
     uint32_t t = trans_[size_t(prev) * 256 + byte[i]];
@@ -418,13 +431,15 @@ void GrammarAutomaton::classify(uint32_t top, bool cut, Window& w) {
   }
 }
 
-void GrammarAutomaton::precompute(size_t max_stacks) {
+void GrammarAutomaton::precompute(size_t max_stacks, size_t max_nodes) {
   if (opt_.window_depth <= 0) return;
+  const size_t nodes0 = classify_nodes_;
   std::vector<uint32_t> queue(pool_.begin() + states_[start_].off, pool_.begin() + states_[start_].off + states_[start_].len);
   std::vector<char> seen(nodes_.size(), 0);
   for (uint32_t id : queue) seen[id] = 1;
   std::vector<uint32_t> next_stacks;
   for (size_t qi = 0; qi < queue.size() && qi < max_stacks; ++qi) {
+    if (classify_nodes_ - nodes0 >= max_nodes || window_bytes_ * 2 > opt_.window_cache_bytes) break;
     const uint32_t id = queue[qi];
     if (id == 0) continue;
     const auto [pos, parent] = nodes_[id];

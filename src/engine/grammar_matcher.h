@@ -91,6 +91,8 @@ class GrammarAutomaton {
     size_t mask_cache_bytes = size_t(256) << 20;  // cached masks beyond this are dropped (recomputed on demand)
     // Positions per window (above); 0: every new state's mask is one walk of the whole trie.
     int window_depth = 3;
+    // Window classes beyond this are dropped (reclassified on demand); precompute() stops at half.
+    size_t window_cache_bytes = size_t(256) << 20;
   };
   GrammarAutomaton(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie, Options o);
   GrammarAutomaton(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie)
@@ -115,8 +117,10 @@ class GrammarAutomaton {
   // The token's successor state (kDead if the grammar rejects it). EOG ids: s itself when accepting.
   uint32_t next_token(uint32_t s, int32_t token);
   // Classifies the tokens of the windows of the stacks reachable from the start (breadth first, at
-  // most `max_stacks` stacks), so that new states met later find their windows classified.
-  void precompute(size_t max_stacks = 32768);
+  // most `max_stacks` stacks, stopping once the classifying walks have visited `max_nodes` trie
+  // nodes — ≈ 0.5 s here — or the windows fill half their cache), so that new states met later find
+  // their windows classified. A window left out is classified when met.
+  void precompute(size_t max_stacks = 32768, size_t max_nodes = size_t(256) << 20);
   // The reference: s's mask by one walk of the whole trie, whatever the options (tests).
   void mask_by_trie_walk(uint32_t s, uint64_t* out);
 
@@ -169,6 +173,8 @@ class GrammarAutomaton {
   std::unordered_map<uint64_t, uint32_t> window_ids_;  // (window's stack node << 1 | cut) → windows_
   std::vector<uint32_t> stack_window_;                 // stack node → windows_ index + 1 (0: not yet)
   size_t window_bytes_ = 0;
+  uint64_t window_gen_ = 0;     // bumped when the windows are dropped (window_cache_bytes)
+  size_t classify_nodes_ = 0;   // trie nodes visited by classify()
   size_t context_checks_ = 0;
   // scratch
   std::vector<uint32_t> tmp_;

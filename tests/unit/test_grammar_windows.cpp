@@ -4,7 +4,7 @@
 // ggml-vocab-*.gguf in ../shared/data, skipped when absent), for JSON-schema grammars
 // (chat/json_schema.h), the generic JSON grammar and GBNF with nested and recursive rules,
 // repetitions, character classes and Unicode; window depths 1 (most tokens context-dependent)
-// to 6, windows met lazily or precomputed. Plus small hand-checked cases and GrammarCache::prepare.
+// to 6, windows met lazily or precomputed, a window cache small enough to be dropped over and over. Plus small hand-checked cases and GrammarCache::prepare.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -114,10 +114,19 @@ struct Counts {
 // Random generations; at every step the windowed mask must equal the whole-trie walk of the same
 // state. Tokens: uniform among the allowed ones half of the time, otherwise the shortest of 8
 // uniform draws (short tokens close strings and structures, so the walks get around the grammar).
-Counts compare(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<const TokenTrie>& trie, int depth,
-               bool precompute, int gens, int steps, uint32_t seed) {
+struct Config {
+  int depth;
+  bool precompute;
+  size_t window_cache_bytes;
+};
+
+Counts compare(const std::shared_ptr<const Grammar>& g, const std::shared_ptr<const TokenTrie>& trie, Config cfg,
+               int gens, int steps, uint32_t seed) {
+  const int depth = cfg.depth;
+  const bool precompute = cfg.precompute;
   GrammarAutomaton::Options o;
   o.window_depth = depth;
+  o.window_cache_bytes = cfg.window_cache_bytes;
   o.mask_cache_bytes = 0;  // every mask computed anew
   GrammarAutomaton a(g, trie, o);
   if (precompute) a.precompute();
@@ -180,12 +189,14 @@ void compare_all(const char* vocab, int gens, int steps) {
     auto g = G(text);
     ASSERT_TRUE(g);
     size_t checks_shallow = 0;
-    for (int depth : {1, 2, 3, 6}) {
-      SCOPED_TRACE("window depth " + std::to_string(depth));
-      const Counts c = compare(g, trie, depth, depth % 2 == 1, gens, steps, ++seed);
+    // Depth 2 with a window cache of 64 KiB: windows are dropped and reclassified all the time.
+    for (const Config cfg : {Config{1, true, size_t(256) << 20}, Config{2, false, size_t(64) << 10},
+                             Config{3, true, size_t(256) << 20}, Config{6, false, size_t(256) << 20}}) {
+      SCOPED_TRACE("window depth " + std::to_string(cfg.depth));
+      const Counts c = compare(g, trie, cfg, gens, steps, ++seed);
       if (::testing::Test::HasFailure()) return;
       EXPECT_GE(c.states, gens);
-      if (depth == 1) checks_shallow = c.context_checks;
+      if (cfg.depth == 1) checks_shallow = c.context_checks;
     }
     // One-position windows end inside almost every token: the context-dependent path is exercised.
     EXPECT_GT(checks_shallow, 0u);
@@ -247,6 +258,10 @@ TEST(GrammarWindows, PrepareClassifiesTheWindowsOnce) {
   EXPECT_TRUE(m.can_end());
   EXPECT_EQ(a->n_windows(), windows);
   EXPECT_EQ(cache.prepare(g, {}), nullptr);
+  // The precompute stops at its budget of trie nodes: here after the first window.
+  GrammarAutomaton b(g, trie);
+  b.precompute(32768, 1);
+  EXPECT_EQ(b.n_windows(), 1u);
 }
 
 }  // namespace
