@@ -29,7 +29,7 @@ int cmd_grammar(int argc, char** argv) {
   CLI::App app{"Check a GBNF grammar or a JSON schema (prints the GBNF), or benchmark token masks over a vocabulary.",
                "kiln grammar"};
   std::string gfile, jfile, model;
-  int bench = 0, steps = 200;
+  int bench = 0, steps = 200, window_depth = kiln::engine::GrammarAutomaton::Options{}.window_depth;
   uint32_t seed = 1;
   app.add_option("-g,--grammar", gfile, "GBNF file");
   app.add_option("-j,--json-schema", jfile, "JSON schema file (converted to GBNF)");
@@ -37,6 +37,8 @@ int cmd_grammar(int argc, char** argv) {
   app.add_option("--bench", bench, "benchmark: this many generations of random allowed tokens")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps, "tokens per generation at most (default 200)")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "random seed (default 1)");
+  app.add_option("--window-depth", window_depth, "positions per precomputed token window (0: every new state walks the whole trie)")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -98,27 +100,38 @@ int cmd_grammar(int argc, char** argv) {
   std::printf("vocabulary %lld tokens, trie %zu nodes built in %.1f ms; grammar %zu rules compiled in %.2f ms\n",
               (long long)n_vocab, trie->n_nodes(), trie_ms, (*g)->n_rules(), compile_ms);
 
-  // A request's first constrained step on the engine thread: without GrammarCache::prepare the
-  // automaton is built and its start state's mask walked there; with it (what Engine::submit does on
-  // the submitting thread) the engine adopts the automaton and the mask is a lookup. Best of 5.
+  kiln::engine::GrammarAutomaton::Options opt;
+  opt.window_depth = window_depth;
+  kiln::engine::GrammarAutomaton::Options ref_opt;  // the former scheme: every new state one trie walk
+  ref_opt.window_depth = 0;
+
+  // A request's first constrained step on the engine thread: unprepared, the automaton is built and
+  // its start state's mask computed there; prepared (what Engine::submit does on the submitting
+  // thread: GrammarCache::prepare = precompute() + the start mask), the engine finds the start mask
+  // cached. Best of 5.
   {
-    double cold_ms = 1e9, prep_ms = 1e9, first_ms = 1e9;
+    double cold_ms = 1e9, ref_ms = 1e9, prep_ms = 1e9;
+    size_t windows = 0, mib = 0;
     for (int r = 0; r < 5; ++r) {
-      kiln::engine::GrammarCache cold(trie), warm(trie);
       t0 = Clock::now();
-      auto a0 = cold.get(*g);
-      (void)a0->mask(a0->start());
+      kiln::engine::GrammarAutomaton a0(*g, trie, opt);
+      (void)a0.mask(a0.start());
       cold_ms = std::min(cold_ms, ms_since(t0));
       t0 = Clock::now();
-      auto p = warm.prepare(*g, {});
-      prep_ms = std::min(prep_ms, ms_since(t0));
+      kiln::engine::GrammarAutomaton a1(*g, trie, ref_opt);
+      (void)a1.mask(a1.start());
+      ref_ms = std::min(ref_ms, ms_since(t0));
       t0 = Clock::now();
-      auto a1 = warm.get(*g, {}, std::move(p));
-      (void)a1->mask(a1->start());
-      first_ms = std::min(first_ms, ms_since(t0));
+      kiln::engine::GrammarAutomaton a2(*g, trie, opt);
+      a2.precompute();
+      (void)a2.mask(a2.start());
+      prep_ms = std::min(prep_ms, ms_since(t0));
+      windows = a2.n_windows();
+      mib = a2.memory_bytes();
     }
-    std::printf("first constrained step on the engine thread: %.3f ms unprepared, %.4f ms prepared "
-                "(the submitting thread spent %.3f ms)\n", cold_ms, first_ms, prep_ms);
+    std::printf("first constrained step unprepared: %.3f ms (window depth %d), %.3f ms (whole-trie walk); "
+                "prepared: a lookup, after %.1f ms on the submitting thread (precompute: %zu windows, automaton %.1f MiB)\n",
+                cold_ms, window_depth, ref_ms, prep_ms, windows, double(mib) / (1 << 20));
   }
 
   // Random logits and a sampler (temperature 1, llama.cpp defaults) to time the mask's application.
@@ -131,9 +144,15 @@ int cmd_grammar(int argc, char** argv) {
   sp.temperature = 1.0f;
   kiln::engine::Sampler sampler(sp, n_vocab);
 
+  std::vector<double> mask_times;  // each mask of the last run, ms
+  auto pct = [&](double q) {
+    std::sort(mask_times.begin(), mask_times.end());
+    return mask_times.empty() ? 0.0 : mask_times[std::min(mask_times.size() - 1, size_t(q * double(mask_times.size())))];
+  };
   auto run = [&](kiln::engine::GrammarAutomaton& a, int gens, double& mask_ms, double& sample_ms, int64_t& n_steps,
                  int64_t& n_done) {
     mask_ms = sample_ms = 0;
+    mask_times.clear();
     n_steps = n_done = 0;
     std::mt19937 pick(seed);
     std::vector<int32_t> allowed;
@@ -142,7 +161,9 @@ int cmd_grammar(int argc, char** argv) {
       for (int k = 0; k < steps; ++k) {
         auto tm = Clock::now();
         const uint64_t* m = a.mask(s);
-        mask_ms += ms_since(tm);
+        const double dt = ms_since(tm);
+        mask_ms += dt;
+        mask_times.push_back(dt);
         tm = Clock::now();
         (void)sampler.sample(logits.data(), m);
         sample_ms += ms_since(tm);
@@ -167,30 +188,48 @@ int cmd_grammar(int argc, char** argv) {
       }
     }
   };
-  kiln::engine::GrammarAutomaton a(*g, trie);
+  // Cold: a fresh automaton (windows precomputed, as prepare() leaves it), every state's first mask
+  // computed on the way; then the same generations again, warm (every mask cached).
   double mask_ms, sample_ms;
   int64_t n_steps, n_done;
-  t0 = Clock::now();
-  run(a, bench, mask_ms, sample_ms, n_steps, n_done);
-  std::printf("cold: %d generations, %lld steps (%lld complete) in %.1f ms: mask %.1f us/step (%zu states, %zu masks built)\n",
-              bench, (long long)n_steps, (long long)n_done, ms_since(t0), 1e3 * mask_ms / double(n_steps), a.n_states(),
-              a.masks_computed());
-  const size_t built = a.masks_computed();
-  run(a, bench, mask_ms, sample_ms, n_steps, n_done);
-  std::printf("warm: mask %.2f us/step (%zu new masks), sampler with mask %.1f us/step\n", 1e3 * mask_ms / double(n_steps),
-              a.masks_computed() - built, 1e3 * sample_ms / double(n_steps));
-  // Uncached: every mask is a trie walk (transitions memoised): the cost of a state seen for the first time.
-  kiln::engine::GrammarAutomaton::Options o;
-  o.mask_cache_bytes = 0;
-  kiln::engine::GrammarAutomaton u(*g, trie, o);
-  run(u, bench, mask_ms, sample_ms, n_steps, n_done);  // builds the transitions
-  run(u, bench, mask_ms, sample_ms, n_steps, n_done);
-  std::printf("mask cache off: trie walk %.1f us/step\n", 1e3 * mask_ms / double(n_steps));
+  for (const auto* o : {&ref_opt, &opt}) {
+    kiln::engine::GrammarAutomaton a(*g, trie, *o);
+    a.precompute();
+    t0 = Clock::now();
+    run(a, bench, mask_ms, sample_ms, n_steps, n_done);
+    std::printf("cold (%s): %d generations, %lld steps (%lld complete) in %.1f ms: mask %.1f us/step (%zu states, %zu masks "
+                "built, %zu windows)\n",
+                o->window_depth ? "windows" : "whole-trie walks", bench, (long long)n_steps, (long long)n_done, ms_since(t0),
+                1e3 * mask_ms / double(n_steps), a.n_states(), a.masks_computed(), a.n_windows());
+    if (o != &opt) continue;
+    const size_t built = a.masks_computed();
+    run(a, bench, mask_ms, sample_ms, n_steps, n_done);
+    std::printf("warm: mask %.2f us/step (%zu new masks), sampler with mask %.1f us/step; automaton memory %.1f MiB\n",
+                1e3 * mask_ms / double(n_steps), a.masks_computed() - built, 1e3 * sample_ms / double(n_steps),
+                double(a.memory_bytes()) / (1 << 20));
+  }
+  // Uncached: every mask computed anew (transitions and windows memoised, precomputed as prepare()
+  // does): the cost of a state seen for the first time.
+  for (const auto* o : {&ref_opt, &opt}) {
+    kiln::engine::GrammarAutomaton::Options uo = *o;
+    uo.mask_cache_bytes = 0;
+    kiln::engine::GrammarAutomaton u(*g, trie, uo);
+    u.precompute();
+    run(u, bench, mask_ms, sample_ms, n_steps, n_done);  // builds the transitions
+    const size_t checks = u.context_checks();
+    run(u, bench, mask_ms, sample_ms, n_steps, n_done);
+    if (o->window_depth)
+      std::printf("a new state's mask (mask cache off, windows precomputed): %.1f us/step (p99 %.0f us, slowest %.0f us), "
+                  "%.0f context-dependent tokens run per mask\n", 1e3 * mask_ms / double(n_steps), 1e3 * pct(0.99), 1e3 * pct(1),
+                  double(u.context_checks() - checks) / double(n_steps));
+    else
+      std::printf("a new state's mask (mask cache off, whole-trie walk): %.1f us/step (p99 %.0f us, slowest %.0f us)\n",
+                  1e3 * mask_ms / double(n_steps), 1e3 * pct(0.99), 1e3 * pct(1));
+  }
   t0 = Clock::now();
   const int reps = 200;
   for (int i = 0; i < reps; ++i) (void)sampler.sample(logits.data());
-  std::printf("sampler without mask: %.1f us/step; automaton memory %.1f MiB\n", 1e3 * ms_since(t0) / reps,
-              double(a.memory_bytes()) / (1 << 20));
+  std::printf("sampler without mask: %.1f us/step\n", 1e3 * ms_since(t0) / reps);
   return 0;
 }
 
