@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -212,22 +213,10 @@ int gguf_gen_main(int argc, char** argv) {
     std::fprintf(stderr, "kiln gguf gen: %s\n", pl.error().message.c_str());
     return 2;
   }
-  uint64_t total = 0, n_params = 0;
-  for (const auto& t : *pl) {
-    total += t.n_bytes;
-    uint64_t n = 1;
-    for (auto d : t.ne) n *= uint64_t(d);
-    n_params += n;
-  }
+  const GenTotals tot = gen_totals(*pl);
+  const uint64_t total = tot.bytes, n_params = tot.params;
   if (dry_run) {
-    for (const auto& t : *pl) {
-      std::string shape;
-      for (size_t i = 0; i < t.ne.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.ne[i]);
-      std::printf("%-44s %-7.*s [%s] %llu bytes\n", t.name.c_str(), int(gguf::type_name(t.type).size()),
-                  gguf::type_name(t.type).data(), shape.c_str(), (unsigned long long)t.n_bytes);
-    }
-    std::printf("%zu tensors, %.3f B parameters, %.3f GiB of tensor data\n", pl->size(), double(n_params) / 1e9,
-                double(total) / double(1ull << 30));
+    print_gen_plan(*pl, 44);
     return 0;
   }
   if (out.empty()) {
@@ -235,16 +224,7 @@ int gguf_gen_main(int argc, char** argv) {
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  int last_pct = -1;
-  auto progress = [&](size_t done, size_t all) {
-    if (quiet || all == 0) return;
-    const int pct = int(100 * done / all);
-    if (pct != last_pct) {
-      std::fprintf(stderr, "\rkiln gguf gen: %3d%% (%zu/%zu tensors)", pct, done, all);
-      last_pct = pct;
-    }
-  };
-  auto st = gen::generate(opt, out, progress);
+  auto st = gen::generate(opt, out, gen_progress("kiln gguf gen", quiet));
   if (!quiet) std::fprintf(stderr, "\n");
   if (!st.ok()) {
     std::fprintf(stderr, "kiln gguf gen: %s\n", st.error().message.c_str());
@@ -259,6 +239,42 @@ int gguf_gen_main(int argc, char** argv) {
                  out.c_str(), s.arch.c_str(), pl->size(), double(n_params) / 1e9, double(total) / 1048576.0, secs,
                  double(total) / 1048576.0 / std::max(secs, 1e-9));
   return 0;
+}
+
+GenTotals gen_totals(const std::vector<gen::PlannedTensor>& pl) {
+  GenTotals t;
+  for (const auto& p : pl) {
+    t.bytes += p.n_bytes;
+    uint64_t n = 1;
+    for (auto d : p.ne) n *= uint64_t(d);
+    t.params += n;
+  }
+  return t;
+}
+
+void print_gen_plan(const std::vector<gen::PlannedTensor>& pl, int name_width) {
+  for (const auto& t : pl) {
+    std::string shape;
+    for (size_t i = 0; i < t.ne.size(); ++i) shape += (i ? ", " : "") + std::to_string(t.ne[i]);
+    std::printf("%-*s %-7.*s [%s] %llu bytes\n", name_width, t.name.c_str(), int(gguf::type_name(t.type).size()),
+                gguf::type_name(t.type).data(), shape.c_str(), (unsigned long long)t.n_bytes);
+  }
+  const GenTotals tot = gen_totals(pl);
+  std::printf("%zu tensors, %.1f M parameters, %.1f MiB of tensor data\n", pl.size(), double(tot.params) / 1e6,
+              double(tot.bytes) / 1048576.0);
+}
+
+std::function<void(size_t, size_t)> gen_progress(const char* what, bool quiet) {
+  if (quiet) return [](size_t, size_t) {};
+  auto last = std::make_shared<int>(-1);
+  return [what, last](size_t done, size_t all) {
+    if (all == 0) return;
+    const int pct = int(100 * done / all);
+    if (pct != *last) {
+      std::fprintf(stderr, "\r%s: %3d%% (%zu/%zu tensors)", what, pct, done, all);
+      *last = pct;
+    }
+  };
 }
 
 }  // namespace kiln::tools

@@ -138,22 +138,10 @@ int gguf_gen_mmproj_main(int argc, char** argv) {
     std::fprintf(stderr, "kiln gguf gen --mmproj: %s\n", pl.error().message.c_str());
     return 2;
   }
-  uint64_t total = 0, n_params = 0;
-  for (const auto& pt : *pl) {
-    total += pt.n_bytes;
-    uint64_t n = 1;
-    for (auto d : pt.ne) n *= uint64_t(d);
-    n_params += n;
-  }
+  const GenTotals tot = gen_totals(*pl);
+  const uint64_t total = tot.bytes, n_params = tot.params;
   if (dry_run) {
-    for (const auto& pt : *pl) {
-      std::string shape;
-      for (size_t i = 0; i < pt.ne.size(); ++i) shape += (i ? ", " : "") + std::to_string(pt.ne[i]);
-      std::printf("%-32s %-5.*s [%s] %llu bytes\n", pt.name.c_str(), int(gguf::type_name(pt.type).size()),
-                  gguf::type_name(pt.type).data(), shape.c_str(), (unsigned long long)pt.n_bytes);
-    }
-    std::printf("%zu tensors, %.1f M parameters, %.1f MiB of tensor data\n", pl->size(), double(n_params) / 1e6,
-                double(total) / 1048576.0);
+    print_gen_plan(*pl, 32);
     return 0;
   }
   if (out.empty()) {
@@ -161,16 +149,7 @@ int gguf_gen_mmproj_main(int argc, char** argv) {
     return 2;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  int last_pct = -1;
-  auto progress = [&](size_t done, size_t all) {
-    if (quiet || all == 0) return;
-    const int pct = int(100 * done / all);
-    if (pct != last_pct) {
-      std::fprintf(stderr, "\rkiln gguf gen --mmproj: %3d%% (%zu/%zu tensors)", pct, done, all);
-      last_pct = pct;
-    }
-  };
-  auto st = gen::generate_mmproj(opt, out, progress);
+  auto st = gen::generate_mmproj(opt, out, gen_progress("kiln gguf gen --mmproj", quiet));
   if (!quiet) std::fprintf(stderr, "\n");
   if (!st.ok()) {
     std::fprintf(stderr, "kiln gguf gen --mmproj: %s\n", st.error().message.c_str());

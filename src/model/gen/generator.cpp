@@ -384,26 +384,8 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
     write_vocabulary(v, w);
   }
 
-  auto pool = std::make_shared<ThreadPool>(opt.n_threads);
-  for (size_t ti = 0; ti < defs->size(); ++ti) {
-    const TensorDef& d = (*defs)[ti];
-    const uint64_t tseed = tensor_seed(opt.seed, d.name);
-    const uint64_t row_bytes = tensor::row_size(d.type, d.ne[0]);
-    auto fill = [defs, ti, tseed, row_bytes, pool](int64_t row0, int64_t n_rows, uint8_t* dst) {
-      const TensorDef& t = (*defs)[ti];
-      const int64_t n = t.ne[0];
-      // Every row has its own RNG stream, so the bytes do not depend on chunking or threads.
-      pool->parallel_for(n_rows, [&](int64_t b, int64_t e, int) {
-        std::vector<float> buf(static_cast<size_t>(n));
-        for (int64_t r = b; r < e; ++r) {
-          Rng rng = row_rng(tseed, row0 + r);
-          fill_values(t.init, rng, buf.data(), n);
-          encode_row(t.type, buf.data(), dst + uint64_t(r) * row_bytes, n);
-        }
-      });
-    };
-    KILN_TRY(w.add_tensor(d.name, d.type, d.ne, fill));
-  }
+  KILN_TRY(add_random_tensors<TensorDef>(w, defs, opt.seed, opt.n_threads,
+                                        [](const TensorDef& t, Rng& rng, float* buf, int64_t n) { fill_values(t.init, rng, buf, n); }));
   return w.write(path, progress, opt.meta_only);
 }
 

@@ -283,25 +283,8 @@ Status generate_mmproj(const MmprojOptions& opt, const std::string& path,
   w.set("clip.vision.is_deepstack_layers", gguf::make_bool_array(is_ds));
   w.set_u32("general.quantization_version", 2);
 
-  auto pool = std::make_shared<ThreadPool>(opt.n_threads);
-  for (size_t ti = 0; ti < defs->size(); ++ti) {
-    const Def& d = (*defs)[ti];
-    const uint64_t tseed = tensor_seed(opt.seed, d.name);
-    const uint64_t row_bytes = tensor::row_size(d.type, d.ne[0]);
-    auto fill = [defs, ti, tseed, row_bytes, pool](int64_t row0, int64_t n_rows, uint8_t* dst) {
-      const Def& t = (*defs)[ti];
-      const int64_t n = t.ne[0];
-      pool->parallel_for(n_rows, [&](int64_t b, int64_t e, int) {
-        std::vector<float> buf(static_cast<size_t>(n));
-        for (int64_t r = b; r < e; ++r) {
-          Rng rng = row_rng(tseed, row0 + r);
-          fill_values(t, rng, buf.data(), n);
-          encode_row(t.type, buf.data(), dst + uint64_t(r) * row_bytes, n);
-        }
-      });
-    };
-    KILN_TRY(w.add_tensor(d.name, d.type, d.ne, fill));
-  }
+  KILN_TRY(add_random_tensors<Def>(w, defs, opt.seed, opt.n_threads,
+                                        [](const Def& t, Rng& rng, float* buf, int64_t n) { fill_values(t, rng, buf, n); }));
   return w.write(path, progress, opt.meta_only);
 }
 

@@ -3,12 +3,20 @@
 //   per-tensor / per-row seed derivation, and the float-row -> GGUF-type encoding. Both the text
 //   model generator (generator.cpp) and the projector generator (mmproj.cpp) draw every value
 //   through these, so their files are a pure function of (spec, types, seed).
+//   add_random_tensors: every tensor of a definition list added to a gguf::Writer, rows synthesised
+//   on a thread pool when the writer asks for them.
 // Must not: know tensor names or architectures.
 // Threading: plain functions; an Rng belongs to one thread (one per row).
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string_view>
+#include <vector>
+
+#include "core/result.h"
+#include "core/thread_pool.h"
+#include "gguf/writer.h"
 
 #include "core/fp16.h"
 #include "gguf/types.h"
@@ -81,6 +89,34 @@ inline void encode_row(gguf::GgmlType t, const float* src, uint8_t* dst, int64_t
       break;
     default: tensor::quantize_row(t, src, dst, n); break;
   }
+}
+
+// Adds every tensor of defs (each with .name, .type, .ne) to w; when w writes a chunk of rows, each row
+// is drawn by fill_row(def, rng, buf, n) from its own RNG stream (row_rng of the tensor's seed: the bytes
+// depend on neither chunking nor threads) and encoded to the tensor's type, on n_threads threads.
+template <class Def, class FillRow>
+Status add_random_tensors(gguf::Writer& w, std::shared_ptr<const std::vector<Def>> defs, uint64_t seed, int n_threads,
+                          FillRow fill_row) {
+  auto pool = std::make_shared<ThreadPool>(n_threads);
+  for (size_t ti = 0; ti < defs->size(); ++ti) {
+    const Def& d = (*defs)[ti];
+    const uint64_t tseed = tensor_seed(seed, d.name);
+    const uint64_t row_bytes = tensor::row_size(d.type, d.ne[0]);
+    auto fill = [defs, ti, tseed, row_bytes, pool, fill_row](int64_t row0, int64_t n_rows, uint8_t* dst) {
+      const Def& t = (*defs)[ti];
+      const int64_t n = t.ne[0];
+      pool->parallel_for(n_rows, [&](int64_t b, int64_t e, int) {
+        std::vector<float> buf(static_cast<size_t>(n));
+        for (int64_t r = b; r < e; ++r) {
+          Rng rng = row_rng(tseed, row0 + r);
+          fill_row(t, rng, buf.data(), n);
+          encode_row(t.type, buf.data(), dst + uint64_t(r) * row_bytes, n);
+        }
+      });
+    };
+    KILN_TRY(w.add_tensor(d.name, d.type, d.ne, fill));
+  }
+  return Status{};
 }
 
 }  // namespace kiln::model::gen
