@@ -260,8 +260,8 @@ void print_gen_plan(const std::vector<gen::PlannedTensor>& pl, int name_width) {
                 gguf::type_name(t.type).data(), shape.c_str(), (unsigned long long)t.n_bytes);
   }
   const GenTotals tot = gen_totals(pl);
-  std::printf("%zu tensors, %.1f M parameters, %.1f MiB of tensor data\n", pl.size(), double(tot.params) / 1e6,
-              double(tot.bytes) / 1048576.0);
+  std::printf("%zu tensors, %.3f B parameters, %.3f GiB of tensor data\n", pl.size(), double(tot.params) / 1e9,
+              double(tot.bytes) / double(1ull << 30));
 }
 
 std::function<void(size_t, size_t)> gen_progress(const char* what, bool quiet) {
