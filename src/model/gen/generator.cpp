@@ -261,13 +261,7 @@ uint32_t file_type_id(GgmlType t, Mix mix) {
 Result<std::vector<PlannedTensor>> plan(const GenOptions& opt) {
   auto defs = make_defs(opt);
   if (!defs.ok()) return defs.error();
-  std::vector<PlannedTensor> out;
-  for (const auto& d : *defs) {
-    uint64_t rows = 1;
-    for (size_t i = 1; i < d.ne.size(); ++i) rows *= uint64_t(d.ne[i]);
-    out.push_back({d.name, d.type, d.ne, rows * tensor::row_size(d.type, d.ne[0])});
-  }
-  return out;
+  return planned_tensors(*defs);
 }
 
 namespace {

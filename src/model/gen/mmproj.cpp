@@ -234,13 +234,7 @@ std::string size_label(uint64_t n) {
 Result<std::vector<PlannedTensor>> plan_mmproj(const MmprojOptions& opt) {
   auto defs = make_defs(opt);
   if (!defs.ok()) return defs.error();
-  std::vector<PlannedTensor> out;
-  for (const auto& d : *defs) {
-    uint64_t rows = 1;
-    for (size_t i = 1; i < d.ne.size(); ++i) rows *= uint64_t(d.ne[i]);
-    out.push_back({d.name, d.type, d.ne, rows * tensor::row_size(d.type, d.ne[0])});
-  }
-  return out;
+  return planned_tensors(*defs);
 }
 
 Status generate_mmproj(const MmprojOptions& opt, const std::string& path,

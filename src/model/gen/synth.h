@@ -3,7 +3,7 @@
 //   per-tensor / per-row seed derivation, and the float-row -> GGUF-type encoding. Both the text
 //   model generator (generator.cpp) and the projector generator (mmproj.cpp) draw every value
 //   through these, so their files are a pure function of (spec, types, seed).
-//   add_random_tensors: every tensor of a definition list added to a gguf::Writer, rows synthesised
+//   planned_tensors: a definition list's plan; add_random_tensors: every tensor of a definition list added to a gguf::Writer, rows synthesised
 //   on a thread pool when the writer asks for them.
 // Must not: know tensor names or architectures.
 // Threading: plain functions; an Rng belongs to one thread (one per row).
@@ -17,6 +17,7 @@
 #include "core/result.h"
 #include "core/thread_pool.h"
 #include "gguf/writer.h"
+#include "model/gen/gen.h"
 
 #include "core/fp16.h"
 #include "gguf/types.h"
@@ -89,6 +90,18 @@ inline void encode_row(gguf::GgmlType t, const float* src, uint8_t* dst, int64_t
       break;
     default: tensor::quantize_row(t, src, dst, n); break;
   }
+}
+
+// The plan of a definition list (each with .name, .type, .ne): names, types, shapes and bytes.
+template <class Def>
+std::vector<PlannedTensor> planned_tensors(const std::vector<Def>& defs) {
+  std::vector<PlannedTensor> out;
+  for (const auto& d : defs) {
+    uint64_t rows = 1;
+    for (size_t i = 1; i < d.ne.size(); ++i) rows *= uint64_t(d.ne[i]);
+    out.push_back({d.name, d.type, d.ne, rows * tensor::row_size(d.type, d.ne[0])});
+  }
+  return out;
 }
 
 // Adds every tensor of defs (each with .name, .type, .ne) to w; when w writes a chunk of rows, each row
