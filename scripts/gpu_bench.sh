@@ -5,7 +5,8 @@
 # commit and machine); prints one markdown table.
 #
 #   scripts/gpu_bench.sh KILN LLAMA_DIR OUTDIR [SPEC...]     SPEC = preset:mix|type, e.g. qwen35-9b:iq4_xs
-# env: REPS (3), PP (512,2048), TG (128), MODELS_DIR (where generated files are kept; default OUTDIR)
+# env: REPS (3), PP (512,2048), TG (128), MODELS_DIR (where generated files are kept; default OUTDIR),
+#      GEN_FLAGS (extra `kiln gguf gen` flags, e.g. --fast for full-size files at disk speed)
 set -uo pipefail
 KILN=$1 LLAMA=$2 OUT=$3
 shift 3
@@ -36,8 +37,8 @@ for spec in "${SPECS[@]}"; do
   if [ ! -f "$f" ]; then
     t0=$(date +%s)
     case $q in
-      q4_k_m|iq4_xs) "$KILN" gguf gen --preset "$preset" --mix "$q" -q -o "$f" ;;
-      *) "$KILN" gguf gen --preset "$preset" --type "$q" -q -o "$f" ;;
+      q4_k_m|iq4_xs) "$KILN" gguf gen --preset "$preset" --mix "$q" ${GEN_FLAGS:-} -q -o "$f" ;;
+      *) "$KILN" gguf gen --preset "$preset" --type "$q" ${GEN_FLAGS:-} -q -o "$f" ;;
     esac
     echo "generated $f in $(( $(date +%s) - t0 )) s"
   fi

@@ -74,11 +74,13 @@ enum class Binary { Add, Mul, SwiGlu /* silu(a) * b */, SigmoidMul /* a * sigmoi
 
 // Attention as the model states it (device-neutral). flash = false asks for llama.cpp's
 // non-flash attention (`-fa off`); only the CPU stream gives it a meaning of its own (ggml's
-// mat-mul/soft_max orders); other devices treat it as flash.
+// mat-mul/soft_max orders); other devices treat it as flash. causal = false (an encoder, e.g. the
+// vision tower): every token attends to every position 0..k.ne[2]-1 of its slot, pos is not read.
 struct AttnSpec {
   int64_t head_dim = 0, n_head = 0, n_head_kv = 0;
   float scale = 1.f;
   bool flash = true;
+  bool causal = true;
 };
 
 class Graph {  // a recorded op list (CUDA graph); replayed with Stream::replay
@@ -172,8 +174,8 @@ class Stream : public WorkspaceSizes {
   // Q8_0/Q4_0) at (pos[t], seq[t]).
   virtual void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) = 0;
   // q, out rows [head_dim, n_head, T]; caches [head_dim, n_head_kv, n_ctx, n_seq]; token t attends
-  // to positions 0..pos[t] of slot seq[t] (causal). The workspace: attention_workspace(p, T, n_kv_max)
-  // with n_kv_max >= every pos[t] + 1.
+  // to positions 0..pos[t] of slot seq[t] (causal; p.causal = false: to all k.ne[2] positions). The
+  // workspace: attention_workspace(p, T, n_kv_max) with n_kv_max >= every pos[t] + 1 (>= k.ne[2]).
   virtual void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
                          const AttnSpec& p, const Tensor& out) = 0;
   // x, y [C, T] (token stride nb[1]; y may be x); w [d_conv, C] F32; state [d_conv - 1, C, 1, n_seq]

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_sizes.h"
@@ -385,7 +386,7 @@ class CpuStream final : public Stream {
                   slot_ptr(cache, sq[t0]), cache.nb[2], cache.nb[1]);
     });
   }
-  // Per run: n_kv = pos0 + n (the run's last position + 1). flash = false: ggml's non-flash orders
+  // Per run: n_kv = pos0 + n (the run's last position + 1); not causal: k.ne[2] for every token. flash = false: ggml's non-flash orders
   // by ggml's rule — tinyBLAS sums for a run of >= 2 tokens, vec_dot sums for one.
   void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
                  const AttnSpec& p, const Tensor& out) override {
@@ -397,18 +398,27 @@ class CpuStream final : public Stream {
                "attention: q [{}, {}, {}] k [{}, {}, {}, {}] for head_dim {}, heads {}/{}", qr.ne0, qr.n1, T, k.ne[0],
                k.ne[1], k.ne[2], k.ne[3], p.head_dim, p.n_head, p.n_head_kv);
     const int32_t* sq = seq_of(seq, T, k.ne[3]);
-    const int32_t* ps = pos_of(pos, T, k.ne[2]);
+    if (!p.causal) check_i32(pos, T, "pos");
+    const int32_t* ps = p.causal ? pos_of(pos, T, k.ne[2]) : nullptr;
     void* ws = ensure(attention_workspace(p, T, k.ne[2]));
     K::AttnParams ap{p.head_dim, p.n_head, p.n_head_kv, p.scale, K::AttnOrder::Flash};
+    if (!p.causal && int64_t(all_last_.size()) < T) all_last_.resize(size_t(T));  // grows once per size
     for_runs(sq, T, [&](int64_t t0, int64_t n) {
-      for (int64_t i = 1; i < n; ++i)
-        KILN_CHECK(ps[t0 + i] == ps[t0] + i, "attention: slot {} positions {} and {} are not consecutive", sq[t0],
-                   ps[t0 + i - 1], ps[t0 + i]);
+      if (p.causal)
+        for (int64_t i = 1; i < n; ++i)
+          KILN_CHECK(ps[t0 + i] == ps[t0] + i, "attention: slot {} positions {} and {} are not consecutive", sq[t0],
+                     ps[t0 + i - 1], ps[t0 + i]);
       if (!p.flash) ap.order = n >= 2 ? K::AttnOrder::GgmlTiny : K::AttnOrder::GgmlVec;
-      const int64_t n_kv = int64_t(ps[t0]) + n;
+      // Not causal: every token's last key is the cache view's last position.
+      const int64_t n_kv = p.causal ? int64_t(ps[t0]) + n : k.ne[2];
+      const int32_t* last = p.causal ? ps + t0 : nullptr;
+      if (!p.causal) {
+        std::fill_n(all_last_.begin(), n, int32_t(n_kv - 1));
+        last = all_last_.data();
+      }
       const K::KvView kv{k.type, slot_ptr(k, sq[t0]), k.nb[2], k.nb[1], n_kv};
       const K::KvView vv{v.type, slot_ptr(v, sq[t0]), v.nb[2], v.nb[1], n_kv};
-      K::attention(K::CRows(qr.row(0, t0), qr.ne0, qr.n1, n, qr.s1, qr.s2), ps + t0, kv, vv, ap,
+      K::attention(K::CRows(qr.row(0, t0), qr.ne0, qr.n1, n, qr.s1, qr.s2), last, kv, vv, ap,
                    K::Rows{orow.row(0, t0), orow.ne0, orow.n1, n, orow.s1, orow.s2}, ws, pool_);
     });
   }
@@ -535,6 +545,7 @@ class CpuStream final : public Stream {
   void* ws_ = nullptr;
   size_t ws_size_ = 0;
   int grows_ = 0;
+  std::vector<int32_t> all_last_;  // [T] a non-causal run's last key per token (attention)
 };
 
 class CpuDevice final : public Device {

@@ -22,6 +22,7 @@ class CudaSizes final : public WorkspaceSizes {
     a.n_head_kv = p.n_head_kv;
     a.scale = p.scale;
     a.n_kv_max = n_kv_max;
+    a.causal = p.causal;
     return a;
   }
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {

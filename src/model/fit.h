@@ -64,7 +64,7 @@ struct PlanOptions {
   PlacementOptions placement;
   int64_t cache_ram_bytes = 0;   // --cache-ram in bytes (< 0 unlimited: not counted, said so)
   bool spec_mtp = false;         // --spec-type draft-mtp: the MTP head, its KV and draft scratch
-  int64_t n_draft = 16;          // draft tokens per step (llama-server's --draft-max default)
+  int64_t n_draft = 3;           // draft tokens per step (--spec-draft-n-max; llama-server's and kiln serve's default)
   int n_spec = 0;                // speculative decoding: recurrent keep slots per sequence (MemoryOptions::n_spec)
   int n_rec_cache = 0;           // prefix cache: spare recurrent state slots (MemoryOptions::n_rec_cache)
   bool rec_cache_auto = false;   // n_rec_cache was not asked for: fitting drops the slots before anything

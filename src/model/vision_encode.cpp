@@ -1,6 +1,9 @@
 // model/vision_encode.cpp — VisionEncoder: one image through the qwen3vl_merger graph (vision.h)
 // with backend::Stream ops on the projector's device. The host builds the patch matrix (merge
-// order), the resized position table and the RoPE positions; everything else is enqueued.
+// order), the resized position table and the RoPE positions; everything else is enqueued. The
+// blocks' full attention is one non-causal run (AttnSpec::causal = false) over the image's keys,
+// kept F32 on the CPU (the HF oracle's 1e-3) and F16 on a GPU (its tensor-core attention path, as
+// llama.cpp's flash attention in its encoder).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,8 +26,9 @@ struct VisionEncoder::Impl {
   backend::Arena A;
   int64_t planned = 0;  // patches the Arena holds
   struct Off {
-    size_t X, h, cur, qkv, att, ff, mean, pe, kc, vc, vpos, seq, aseq, kpos, qpos, mff, cur4, out;
+    size_t X, h, cur, qkv, att, ff, mean, pe, kc, vc, vpos, seq, kpos, mff, cur4, out;
   } o{};
+  GgmlType kv_type = GgmlType::F32;  // the attention's K/V rows: F32 on the CPU, F16 on a GPU
 
   Impl(const VisionModel& model, ThreadPool& pool) : m(model), c(model.config()) {
     if (m.device().type() == backend::DeviceType::Cpu) {
@@ -34,6 +38,7 @@ struct VisionEncoder::Impl {
       dev = &m.device();
     }
     st = dev->create_stream();
+    if (dev->type() != backend::DeviceType::Cpu) kv_type = GgmlType::F16;
   }
 
   int64_t mff_rows() const {
@@ -42,7 +47,7 @@ struct VisionEncoder::Impl {
     return r;
   }
 
-  static size_t plan(const VisionConfig& c, int64_t mff, int64_t N, backend::Arena& A, Off& o) {
+  static size_t plan(const VisionConfig& c, int64_t mff, int64_t N, GgmlType kv, backend::Arena& A, Off& o) {
     const int64_t E = c.n_embd, P = c.patch, M = N / 4, D = c.head_dim(), H = c.n_head;
     using gguf::GgmlType;
     A.reset();
@@ -54,13 +59,11 @@ struct VisionEncoder::Impl {
     o.ff = A.reserve_tensor(GgmlType::F32, {c.n_ff, N, 1, 1});
     o.mean = A.reserve_tensor(GgmlType::F32, {1, N, 1, 1});
     o.pe = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});
-    o.kc = A.reserve_tensor(GgmlType::F32, {D, H, N, 1});
-    o.vc = A.reserve_tensor(GgmlType::F32, {D, H, N, 1});
+    o.kc = A.reserve_tensor(kv, {D, H, N, 1});
+    o.vc = A.reserve_tensor(kv, {D, H, N, 1});
     o.vpos = A.reserve_tensor(GgmlType::I32, {N, 4, 1, 1});
     o.seq = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
-    o.aseq = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
     o.kpos = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
-    o.qpos = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
     o.mff = A.reserve_tensor(GgmlType::F32, {mff, M, 1, 1});
     o.cur4 = A.reserve_tensor(GgmlType::F32, {4 * E, M, 1, 1});
     o.out = A.reserve_tensor(GgmlType::F32, {c.n_out_total(), M, 1, 1});
@@ -73,6 +76,7 @@ struct VisionEncoder::Impl {
     a.n_head = a.n_head_kv = c.n_head;
     a.scale = 1.0f / std::sqrt(float(c.head_dim()));
     a.flash = true;
+    a.causal = false;  // every patch sees every patch of its image
     return a;
   }
 
@@ -98,7 +102,7 @@ struct VisionEncoder::Impl {
 
   void grow(int64_t N) {
     if (N <= planned) return;
-    plan(c, mff_rows(), N, A, o);
+    plan(c, mff_rows(), N, kv_type, A, o);
     A.allocate(*dev);
     size_t ws = workspace(*st, &m, c, mff_rows(), N, attn_spec());
     for (const VisionLayer& L : m.layers)
@@ -135,7 +139,7 @@ struct VisionEncoder::Impl {
     grow(N);
     // Host inputs: patches and positions in 2x2 merge order (merged row, merged column, dy, dx).
     std::vector<float> X(size_t(3 * P * P * N));
-    std::vector<int32_t> vpos(size_t(4 * N)), seq(size_t(N), 0), aseq(size_t(N), 0), kpos(size_t(N), 0), qpos(size_t(N), int32_t(N - 1));
+    std::vector<int32_t> vpos(size_t(4 * N)), seq(size_t(N), 0), kpos(size_t(N), 0);
     std::vector<float> pe(size_t(E * N));
     const int64_t n = c.n_pos_side;
     int64_t k = 0;
@@ -153,7 +157,6 @@ struct VisionEncoder::Impl {
             vpos[size_t(2 * N + k)] = int32_t(py);
             vpos[size_t(3 * N + k)] = int32_t(px);
             kpos[size_t(k)] = int32_t(k);
-            aseq[size_t(k)] = int32_t(k);
             // The learned position table bilinearly resized to gh x gw (align corners), as HF's
             // fast_pos_embed_interpolate and ggml_interpolate(BILINEAR | ALIGN_CORNERS).
             const float fy = gh > 1 ? float(py) * float(n - 1) / float(gh - 1) : 0.f;
@@ -173,18 +176,15 @@ struct VisionEncoder::Impl {
     const Tensor cur = t(o.cur, GgmlType::F32, {E, N, 1, 1}), qkv = t(o.qkv, GgmlType::F32, {3 * E, N, 1, 1});
     const Tensor att = t(o.att, GgmlType::F32, {E, N, 1, 1}), ff = t(o.ff, GgmlType::F32, {c.n_ff, N, 1, 1});
     const Tensor tpe = t(o.pe, GgmlType::F32, {E, N, 1, 1});
-    const Tensor kc = t(o.kc, GgmlType::F32, {D, H, N, 1}), vc = t(o.vc, GgmlType::F32, {D, H, N, 1});
+    const Tensor kc = t(o.kc, kv_type, {D, H, N, 1}), vc = t(o.vc, kv_type, {D, H, N, 1});  // N keys: the run's
     const Tensor tvpos = t(o.vpos, GgmlType::I32, {N, 4, 1, 1}), tseq = t(o.seq, GgmlType::I32, {N, 1, 1, 1});
-    const Tensor taseq = t(o.aseq, GgmlType::I32, {N, 1, 1, 1});
-    const Tensor tkpos = t(o.kpos, GgmlType::I32, {N, 1, 1, 1}), tqpos = t(o.qpos, GgmlType::I32, {N, 1, 1, 1});
+    const Tensor tkpos = t(o.kpos, GgmlType::I32, {N, 1, 1, 1});
     const Tensor out = t(o.out, GgmlType::F32, {no, M, 1, 1}), cur4 = t(o.cur4, GgmlType::F32, {4 * E, M, 1, 1});
     st->upload(tX, X.data(), X.size() * 4);
     st->upload(tpe, pe.data(), pe.size() * 4);
     st->upload(tvpos, vpos.data(), vpos.size() * 4);
     st->upload(tseq, seq.data(), seq.size() * 4);
-    st->upload(taseq, aseq.data(), aseq.size() * 4);
     st->upload(tkpos, kpos.data(), kpos.size() * 4);
-    st->upload(tqpos, qpos.data(), qpos.size() * 4);
 
     linear(m.patch_w, m.patch_b, tX, th);
     st->binary(Binary::Add, th, tpe, th);
@@ -204,15 +204,10 @@ struct VisionEncoder::Impl {
                    v = rows_view(qkv, D, H, N, D, 3 * E, 2 * E);
       st->rope_multi(q, tvpos, rp);
       st->rope_multi(kk, tvpos, rp);
-      // Full attention: keys stored at rows 0..N-1 of one slot; the attention sees N slots that all
-      // alias it (stride 0) and query t as the one token of slot t at the last row, so every
-      // query reads every key.
+      // Full attention: the N patches' keys at rows 0..N-1 of one slot, one non-causal run.
       st->kv_store(kk, tseq, tkpos, kc);
       st->kv_store(v, tseq, tkpos, vc);
-      Tensor kN = kc, vN = vc;
-      kN.ne[3] = vN.ne[3] = N;
-      kN.nb[3] = vN.nb[3] = 0;
-      st->attention(q, taseq, tqpos, kN, vN, spec, dense_view(att, D, H, N));
+      st->attention(q, tseq, tkpos, kc, vc, spec, dense_view(att, D, H, N));
       st->matmul(L.o_w.t, att, cur);
       st->binary(Binary::Add, cur, L.o_b.t, cur);
       st->binary(Binary::Add, th, cur, th);
@@ -255,7 +250,7 @@ Result<ImageEmbedding> VisionEncoder::encode(const float* chw, int w, int h) { r
 uint64_t VisionEncoder::scratch_bytes(const VisionConfig& c, int64_t n_patches) {
   backend::Arena A;
   Impl::Off o{};
-  return Impl::plan(c, std::max(c.n_merger_ff, c.n_ff), n_patches, A, o);
+  return Impl::plan(c, std::max(c.n_merger_ff, c.n_ff), n_patches, GgmlType::F32, A, o);  // F32 K/V: the larger
 }
 
 }  // namespace kiln::model

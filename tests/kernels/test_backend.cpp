@@ -423,6 +423,62 @@ TEST(Backend, KvStoreAndAttentionPerRun) {
   }
 }
 
+// An encoder's attention (AttnSpec::causal = false): every token sees all n_ctx positions of its slot,
+// whatever pos says — the flash kernel with every query's last key at n_ctx - 1, bit for bit, and the
+// scalar reference within 1e-5.
+TEST(Backend, AttentionNotCausal) {
+  ThreadPool pool(2);
+  auto dev = make_cpu_device(pool);
+  auto st = dev->create_stream();
+  const int64_t D = 72, Hq = 4, Hkv = 2, n_ctx = 40, S = 2, T = 7;
+  const int32_t seq[T] = {0, 0, 0, 0, 1, 1, 1}, pos[T] = {0, 1, 2, 3, 5, 6, 7};  // pos: not read
+  for (GgmlType ct : {GgmlType::F32, GgmlType::F16}) {
+    SCOPED_TRACE(gguf::type_name(ct));
+    const size_t rs = tensor::row_size(ct, D), cache_bytes = rs * size_t(Hkv * n_ctx * S), qb = size_t(D * Hq * T) * 4;
+    HostBuf h(*dev, 2 * cache_bytes + 2 * qb + 1024);
+    size_t off = 0;
+    auto take = [&](size_t bytes) { const size_t o = off; off += (bytes + 63) / 64 * 64; return o; };
+    const Tensor KC = h.t(take(cache_bytes), ct, {D, Hkv, n_ctx, S}), VC = h.t(take(cache_bytes), ct, {D, Hkv, n_ctx, S});
+    const Tensor Q = h.t(take(qb), GgmlType::F32, {D, Hq, T, 1}), O = h.t(take(qb), GgmlType::F32, {D, Hq, T, 1});
+    const Tensor Sq = h.t(take(T * 4), GgmlType::I32, {T, 1, 1, 1}), Ps = h.t(take(T * 4), GgmlType::I32, {T, 1, 1, 1});
+    std::memcpy(Sq.host(), seq, sizeof seq);
+    std::memcpy(Ps.host(), pos, sizeof pos);
+    const auto f = randv(size_t(D * Hkv * n_ctx * S) * 2, 71), q = randv(size_t(D * Hq * T), 72);
+    std::vector<uint8_t> kv(2 * cache_bytes);
+    for (size_t r = 0; r < size_t(Hkv * n_ctx * S) * 2; ++r) tensor::quantize_row(ct, f.data() + r * size_t(D), kv.data() + r * rs, D);
+    std::memcpy(KC.host(), kv.data(), cache_bytes);
+    std::memcpy(VC.host(), kv.data() + cache_bytes, cache_bytes);
+    std::memcpy(Q.host(), q.data(), qb);
+    AttnSpec spec{D, Hq, Hkv, 0.125f, true};
+    spec.causal = false;
+    st->attention(Q, Sq, Ps, KC, VC, spec, O);
+
+    std::vector<float> want(size_t(D * Hq * T)), ref(want.size());
+    const std::vector<int32_t> last(T, int32_t(n_ctx - 1));
+    const kernels::AttnParams ap{D, Hq, Hkv, 0.125f};
+    const size_t slot_bytes = rs * size_t(Hkv * n_ctx);
+    for (int64_t t0 : {0, 4}) {  // the two runs
+      const int64_t n = t0 == 0 ? 4 : 3, s = seq[t0];
+      const kernels::KvView kk{ct, kv.data() + s * slot_bytes, rs * Hkv, rs, n_ctx};
+      const kernels::KvView vv{ct, kv.data() + cache_bytes + s * slot_bytes, rs * Hkv, rs, n_ctx};
+      kernels::attention(kernels::crows3(q.data() + t0 * D * Hq, D, Hq, n), last.data(), kk, vv, ap,
+                         kernels::rows3(want.data() + t0 * D * Hq, D, Hq, n), pool);
+      kernels::ref::attention(kernels::crows3(q.data() + t0 * D * Hq, D, Hq, n), last.data(), kk, vv, ap,
+                              kernels::rows3(ref.data() + t0 * D * Hq, D, Hq, n));
+    }
+    EXPECT_TRUE(same_bits(O.host(), want.data(), want.size() * 4));
+    double e = 0;
+    for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, double(std::fabs(O.host_as<float>()[i] - ref[i])));
+    EXPECT_LE(e, 1e-5);
+    // The causal call on the same inputs differs (token 0 of slot 0 sees one key there).
+    spec.causal = true;
+    std::vector<int32_t> cpos = {0, 1, 2, 3, 0, 1, 2};
+    std::memcpy(Ps.host(), cpos.data(), sizeof pos);
+    st->attention(Q, Sq, Ps, KC, VC, spec, O);
+    EXPECT_FALSE(same_bits(O.host(), want.data(), want.size() * 4));
+  }
+}
+
 // conv1d_silu over several sequences in one call = one kernel call per run on that slot's state.
 TEST(Backend, Conv1dSiluPerRun) {
   ThreadPool pool(2);

@@ -284,10 +284,93 @@ TEST_F(CudaSeq, AttentionMixedBatches) {
       {256, 24, 4, GgmlType::F16, GgmlType::F16, 2}, // Qwen3.5-27B gated attention: GQA 6 (decode: 8 rows, 2 idle)
       {128, 28, 4, GgmlType::Q8_0, GgmlType::Q8_0},  // GQA 7
       {80, 6, 2, GgmlType::F16, GgmlType::F16},      // head_dim not a power of two (F16 only)
+      {72, 16, 16, GgmlType::F16, GgmlType::F16},    // the vision tower's heads (tensor cores: padded to 80)
+      {72, 8, 2, GgmlType::Q8_0, GgmlType::Q4_0},
       {96, 12, 4, GgmlType::Q8_0, GgmlType::Q8_0},
       {512, 8, 2, GgmlType::F16, GgmlType::Q8_0, 1, true, 1024},
   };
   for (const auto& c : cases) attn_case(c, L, stream_, pool_);
+}
+
+// An encoder's attention (AttnArgs::causal = false, the vision tower): runs of whole slots, every
+// token attending to all n_ctx keys of its slot; pos holds garbage (not read). Against the scalar
+// reference with each token's last key at n_ctx - 1; the tensor-core path (whole-run tiles of F16 /
+// quantized caches, head_dim 64 / 72 / 128 / 256) rounds to F16 as in the causal test.
+TEST_F(CudaSeq, AttentionNotCausal) {
+  struct Case {
+    int64_t D, H;
+    GgmlType t;
+    int n, slots;
+  };
+  const Case cases[] = {
+      {72, 16, GgmlType::F16, 560, 1},  // the 9B / 27B tower: tensor cores
+      {72, 16, GgmlType::F16, 300, 2},  // two images in one call
+      {72, 16, GgmlType::F16, 40, 1},   // a small image: the decode-sized kernel
+      {72, 16, GgmlType::F32, 200, 1},  // CUDA cores
+      {64, 12, GgmlType::F16, 256, 1},  // the 0.8B tower
+      {16, 4, GgmlType::F16, 320, 1},   // the tiny HF fixture's heads (CUDA cores)
+      {16, 4, GgmlType::F32, 24, 1},
+  };
+  for (const auto& c : cases) {
+    const std::string name = "D=" + std::to_string(c.D) + " H=" + std::to_string(c.H) + " " +
+                             std::string(gguf::type_name(c.t)) + " n=" + std::to_string(c.n) + " x" + std::to_string(c.slots);
+    SCOPED_TRACE(name);
+    std::mt19937 rng(uint32_t(c.D * 7 + c.n + c.slots));
+    const int64_t D = c.D, H = c.H, n_ctx = c.n, T = int64_t(c.n) * c.slots;
+    const size_t rs = tensor::row_size(c.t, D), nb2 = rs * size_t(H), nb3 = nb2 * size_t(n_ctx);
+    std::vector<int32_t> seq(static_cast<size_t>(T)), pos(seq.size()), kpos(seq.size());
+    for (int64_t t = 0; t < T; ++t) {
+      seq[size_t(t)] = int32_t(t / c.n);
+      kpos[size_t(t)] = int32_t(t % c.n);
+      pos[size_t(t)] = int32_t(-1000 - t);  // not read when not causal
+    }
+    const auto q = randv(size_t(D * H * T), rng, -3, 3), kx = randv(size_t(D * H * T), rng, -1, 1),
+               vx = randv(size_t(D * H * T), rng, -1, 1);
+    DevBuf qd(q.size() * 4), kxd(kx.size() * 4), vxd(vx.size() * 4), sd(size_t(T) * 4), pd(size_t(T) * 4),
+        kpd(size_t(T) * 4), od(q.size() * 4), kd(nb3 * size_t(c.slots)), vd(nb3 * size_t(c.slots));
+    qd.up(q), kxd.up(kx), vxd.up(vx), sd.up(seq), pd.up(pos), kpd.up(kpos);
+    const cuda::SeqMem kmem{kd.p, c.t, D, H, n_ctx, rs, nb2, nb3}, vmem{vd.p, c.t, D, H, n_ctx, rs, nb2, nb3};
+    cuda::AttnArgs aa;
+    aa.head_dim = D, aa.n_head = aa.n_head_kv = H, aa.scale = 1.0f / std::sqrt(float(D));
+    aa.n_kv_max = n_ctx;
+    aa.causal = false;
+    const size_t wsb = cuda::attention_workspace(aa, T);
+    DevBuf ws(wsb);
+    L.ws = wsb ? ws.p : nullptr;
+    L.ws_bytes = wsb;
+    cuda::kv_store(L, cuda::Rows{kxd.as<float>(), D, H, T, D, D * H}, sd.as<int32_t>(), kpd.as<int32_t>(), kmem);
+    cuda::kv_store(L, cuda::Rows{vxd.as<float>(), D, H, T, D, D * H}, sd.as<int32_t>(), kpd.as<int32_t>(), vmem);
+    cuda::attention(L, cuda::Rows{qd.as<float>(), D, H, T, D, D * H}, sd.as<int32_t>(), pd.as<int32_t>(), kmem, vmem, aa,
+                    cuda::Rows{od.as<float>(), D, H, T, D, D * H});
+    sync();
+    std::vector<float> got(q.size());
+    od.down(got);
+
+    // Reference: the caches by the reference quantizer, every token's last key at n_ctx - 1.
+    std::vector<uint8_t> kc(nb3 * size_t(c.slots)), vc(kc.size());
+    std::vector<float> want(q.size());
+    const kernels::AttnParams ap{D, H, H, aa.scale};
+    const std::vector<int32_t> last(size_t(c.n), int32_t(n_ctx - 1));
+    for (int s = 0; s < c.slots; ++s) {
+      const int64_t t0 = int64_t(s) * c.n;
+      kernels::ref::kv_store(c.t, kernels::crows3(kx.data() + t0 * D * H, D, H, c.n), kpos.data() + t0, kc.data() + s * nb3, nb2, rs);
+      kernels::ref::kv_store(c.t, kernels::crows3(vx.data() + t0 * D * H, D, H, c.n), kpos.data() + t0, vc.data() + s * nb3, nb2, rs);
+    }
+    pool_.parallel_for(T, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const size_t s = size_t(seq[size_t(t)]);
+        const kernels::KvView kv{c.t, kc.data() + s * nb3, nb2, rs, n_ctx}, vv{c.t, vc.data() + s * nb3, nb2, rs, n_ctx};
+        kernels::ref::attention(kernels::CRows(q.data() + t * D * H, D, H, 1, D, D * H), last.data(), kv, vv, ap,
+                                kernels::Rows{want.data() + t * D * H, D, H, 1, D, D * H});
+      }
+    });
+    MaxErr e;
+    for (size_t i = 0; i < got.size(); ++i) e.add(got[i], want[i]);
+    const int mma_bt = cuda::attention_mma_tile(L, aa, c.t, c.t, T);
+    EXPECT_LE(e.rel(), mma_bt ? 2e-3 : 1e-4);
+    std::printf("[attn-enc] %-28s T=%4lld mma tile %2d  max|err| vs ref %.2e (max|ref| %.3f)\n", name.c_str(),
+                (long long)T, mma_bt, e.err, e.ref);
+  }
 }
 
 // ---- conv1d_silu ------------------------------------------------------------------------------

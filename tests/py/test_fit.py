@@ -105,9 +105,15 @@ def test_user1_qwen35_9b_64k_projector_mtp_on_8gib(kiln_bin, models):
     # 256 x f16 x 65536 positions: 256 MiB each.
     n_attn_gpu = sum(1 for il in range(3, 32, 4) if il >= 32 - min(ngl, 32))
     assert row(r.stdout, "KV cache")[1] == pytest.approx(256.0 * n_attn_gpu, abs=0.05)
-    # Speculation keeps --draft-max (16) recurrent states per slot beside the live one, as the engine does.
-    assert "x 17" in r.stdout or "17 output rows" in r.stdout
+    # Speculation keeps --spec-draft-n-max (3: kiln serve's default, and llama-server's) recurrent states
+    # per slot beside the live one, as the engine does; a longer draft keeps more and costs layers.
+    assert "(1 + 3 speculative keep states)" in r.stdout and "x 4 output rows" in r.stdout, r.stdout
     assert "fits" in r.stdout
+    r16 = run(kiln_bin, "fit", "-m", models["9b"], "--mmproj", models["mmproj"], "-c", 65536,
+              "--spec-type", "draft-mtp", "--spec-draft-n-max", 16, "--device-memory", "8GiB")
+    assert r16.returncode == 0, r16.stderr
+    assert "(1 + 16 speculative keep states)" in r16.stdout
+    assert chosen(r16.stdout)[0] < ngl
     # Every layer and the output with 64K cannot fit: fail at once, naming the parts.
     r = run(kiln_bin, "fit", "-m", models["9b"], "--mmproj", models["mmproj"], "-c", 65536,
             "--spec-type", "draft-mtp", "--device-memory", "8GiB", "-ngl", "all")

@@ -240,6 +240,7 @@ TEST(GgufWriter, BadTensorsAreErrors) {
 
 // ---- the generator (model/gen) writes through the Writer; check its files with the reader ----
 #include "model/gen/gen.h"
+#include "tensor/quant.h"
 
 namespace kiln::model::gen {
 namespace {
@@ -301,6 +302,54 @@ TEST(GgufGen, SameSeedSameBytesAnyThreadCount) {
   ASSERT_TRUE(generate(o, c).ok());
   EXPECT_EQ(gguf::read_all(a), gguf::read_all(b));
   EXPECT_NE(gguf::read_all(a), gguf::read_all(c));
+}
+
+// --fast: the same tensor table and sizes; a tensor's first 64 rows are the normal file's, and every
+// block of a later row is the block at the same column of one of them; deterministic across threads.
+TEST(GgufGen, FastWeightsAreBlocksOfThePoolRows) {
+  GenOptions o;
+  o.spec = find_preset("tiny-qwen35")->spec;
+  o.type = gguf::GgmlType::Q8_0;
+  o.n_threads = 2;
+  const std::string slow = gguf::tmp_path("fast-0.gguf"), fa = gguf::tmp_path("fast-1.gguf"),
+                    fb = gguf::tmp_path("fast-2.gguf");
+  ASSERT_TRUE(generate(o, slow).ok());
+  o.fast = true;
+  ASSERT_TRUE(generate(o, fa).ok());
+  o.n_threads = 3;
+  ASSERT_TRUE(generate(o, fb).ok());
+  EXPECT_EQ(gguf::read_all(fa), gguf::read_all(fb));
+  EXPECT_NE(gguf::read_all(fa), gguf::read_all(slow));
+  auto s = gguf::File::open(slow), f = gguf::File::open(fa);
+  ASSERT_TRUE(s.ok() && f.ok());
+  ASSERT_EQ((*s)->tensors().size(), (*f)->tensors().size());
+  int checked = 0;
+  for (size_t i = 0; i < (*f)->tensors().size(); ++i) {
+    const auto& ts = (*s)->tensors()[i];
+    const auto& tf = (*f)->tensors()[i];
+    ASSERT_EQ(ts.name, tf.name);
+    ASSERT_EQ(ts.type, tf.type);
+    ASSERT_EQ(ts.ne, tf.ne);
+    const size_t rb = tensor::row_size(tf.type, tf.ne[0]), blk = gguf::type_info(tf.type).type_size;
+    int64_t rows = 1;
+    for (size_t d = 1; d < tf.ne.size(); ++d) rows *= tf.ne[d];
+    const uint8_t *ps = (*s)->tensor_data(ts), *pf = (*f)->tensor_data(tf);
+    const int64_t pool = std::min<int64_t>(rows, kFastPoolRows);
+    EXPECT_EQ(std::memcmp(ps, pf, size_t(pool) * rb), 0) << tf.name << ": the pool rows";
+    if (rows <= kFastPoolRows) continue;
+    ++checked;
+    int64_t bad = 0, differ = 0;
+    for (int64_t r = kFastPoolRows; r < rows; ++r)
+      for (size_t c = 0; c < rb; c += blk) {
+        bool found = false;
+        for (int64_t q = 0; q < kFastPoolRows && !found; ++q) found = std::memcmp(pf + size_t(r) * rb + c, pf + size_t(q) * rb + c, blk) == 0;
+        bad += !found;
+        differ += std::memcmp(pf + size_t(r) * rb, pf + size_t(r - 1) * rb, rb) != 0 && c == 0;
+      }
+    EXPECT_EQ(bad, 0) << tf.name << ": blocks not taken from the pool rows";
+    EXPECT_GT(differ, (rows - kFastPoolRows) / 2) << tf.name << ": rows repeat";
+  }
+  EXPECT_GT(checked, 3);  // token_embd and the wider matrices
 }
 
 TEST(GgufGen, InvalidSpecsAreErrorsNamingTheField) {

@@ -52,7 +52,8 @@ int gguf_gen_main(int argc, char** argv) {
   std::string arch, preset, type_name = "F16", mix_name, out;
   uint64_t seed = 42;
   int threads = 0;
-  bool list = false, mtp = false, dry_run = false, quiet = false, tied = false, untied = false, meta_only = false;
+  bool list = false, mtp = false, dry_run = false, quiet = false, tied = false, untied = false, meta_only = false,
+       fast = false;
   int64_t n_layer = -1, n_embd = -1, n_head = -1, n_head_kv = -1, head_dim = -1, n_ff = -1, n_vocab = -1,
           n_ctx = -1, n_rot = -1, fai = -1, ssm_conv = -1, ssm_state = -1, ssm_groups = -1, ssm_v_heads = -1,
           n_expert = -1, n_expert_used = -1, n_ff_exp = -1, n_ff_shexp = -1, n_mtp = -1;
@@ -76,6 +77,9 @@ int gguf_gen_main(int argc, char** argv) {
   app.add_flag("--dry-run", dry_run, "print the tensor plan and size, write nothing");
   app.add_flag("--meta-only", meta_only,
                "write the header only (metadata and tensor table, no tensor data): a small file `kiln fit` plans with");
+  app.add_flag("--fast", fast,
+               "fast weights: each tensor's first 64 rows synthesised, the rest assembled from their quantization blocks "
+               "(a full-size file at disk speed, for memory, load and speed runs; rows are not independent)");
   app.add_flag("-q,--quiet", quiet, "no progress output");
   auto* ov = "shape overrides";
   app.add_option("--n-layer", n_layer, "trunk layers (block_count without MTP)")->group(ov);
@@ -207,6 +211,7 @@ int gguf_gen_main(int argc, char** argv) {
   opt.seed = seed;
   opt.n_threads = threads;
   opt.meta_only = meta_only;
+  opt.fast = fast;
 
   auto pl = gen::plan(opt);
   if (!pl.ok()) {

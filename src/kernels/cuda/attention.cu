@@ -2,7 +2,8 @@
 // Owns: kv_store (F32 / F16 / Q8_0 / Q4_0 rows; the quantized types as the reference quantizers in
 //   tensor/quant.cpp round them: Q8_0 d = amax/127 and round-half-away, Q4_0 d = signed max / -8 and
 //   trunc(x/d + 8.5)), attention (online-softmax flash attention over the same four cache types,
-//   dequantized in the kernel; GQA; causal per token from seq/pos on the device) and its workspace.
+//   dequantized in the kernel; GQA; causal per token from seq/pos on the device, or every key of the
+//   slot for an encoder: AttnArgs::causal) and its workspace.
 //   Layout of the work: a block takes a tile of bq consecutive tokens (1 when the batch is small, i.e.
 //   decode) times hg query heads of one KV group, and one KV range ("split"). Tokens of different
 //   slots inside a tile are taken one sub-run at a time. When tiles x head groups alone cannot fill the
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
     while (tb < t_end && p.seq[tb] == slot) ++tb;
     const int nrow = (tb - ta) * p.hg;
     int pmax = 0;
-    for (int t = ta; t < tb; ++t) pmax = max(pmax, p.pos[t]);
+    for (int t = ta; t < tb; ++t) pmax = max(pmax, attn_last(p, t));
     const int kv_lo = split * p.chunk, kv_hi = min(kv_lo + p.chunk, pmax + 1);
 
     {  // q rows (all loads in flight before the stores)
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnK p) {
               make_float4(qv[it].x * p.qscale, qv[it].y * p.qscale, qv[it].z * p.qscale, qv[it].w * p.qscale);
       }
     }
-    if (tid < RM) rpos_s[tid] = tid < nrow ? p.pos[ta + tid / p.hg] : -1;
+    if (tid < RM) rpos_s[tid] = tid < nrow ? attn_last(p, ta + tid / p.hg) : -1;
 
     float m_r[RW], l_r[RW];
 #pragma unroll
@@ -546,7 +547,7 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
   check_cache("attention V", v, D);
   KILN_CHECK(k.ne1 == a.n_head_kv && v.ne1 == a.n_head_kv, "attention: caches of {} / {} heads, n_head_kv {}", k.ne1,
              v.ne1, a.n_head_kv);
-  const int64_t n_kv = std::max<int64_t>(1, a.n_kv_max > 0 ? std::min(a.n_kv_max, k.ne2) : k.ne2);
+  const int64_t n_kv = std::max<int64_t>(1, a.n_kv_max > 0 && a.causal ? std::min(a.n_kv_max, k.ne2) : k.ne2);
   Plan pl = make_plan(a, T, n_kv);
   // A smaller workspace than attention_workspace asked for: as many splits as fit.
   while (pl.n_split > 1 && (L.ws == nullptr || L.ws_bytes < part_bytes(a, T, pl.n_split)))
@@ -557,6 +558,7 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
   p.out = out.p, p.o_s1 = out.s1, p.o_s2 = out.s2;
   p.seq = seq, p.pos = pos;
   p.k = cache_arg(k), p.v = cache_arg(v);
+  p.last_all = a.causal ? -1 : int(k.ne2 - 1);
   p.D = int(D), p.T = int(T), p.Hq = int(a.n_head), p.G = int(a.n_head / a.n_head_kv), p.hg = pl.hg, p.bq = pl.bq;
   p.qscale = a.scale * kLog2e;
   p.n_split = pl.n_split, p.chunk = int(pl.chunk);

@@ -44,7 +44,11 @@ struct AttnIO {
   const int32_t* seq;
   const int32_t* pos;
   CacheArg k, v;
+  int last_all;  // >= 0: not causal, every token's last key (n_ctx - 1; pos is not read); -1: causal
 };
+
+// The last key position token t attends to.
+__device__ __forceinline__ int attn_last(const AttnIO& p, int t) { return p.last_all >= 0 ? p.last_all : p.pos[t]; }
 
 struct AttnK : AttnIO {
   int D, T, Hq, G, hg, bq;

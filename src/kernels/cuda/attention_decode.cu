@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kDecThreads, HG >= 8 ? 1 : 2) attn_decode_kern
   const int grp = lane / LPK, li = lane % LPK, e0 = li * 8;
   const int my_idx = li / SPAN, my_h = my_idx % HG, my_j = my_idx / HG;  // the (step, head) this lane scores
   const int slot = p.seq[t];
-  const int kv_lo = split * p.chunk, kv_hi = min(kv_lo + p.chunk, p.pos[t] + 1);
+  const int kv_lo = split * p.chunk, kv_hi = min(kv_lo + p.chunk, attn_last(p, t) + 1);
 
   float q[HG][8];
 #pragma unroll

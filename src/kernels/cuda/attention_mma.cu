@@ -7,12 +7,14 @@
 //   its run's slot up to the tile's last position, in tiles of BK keys staged in shared memory as F16
 //   (two stages: F16 rows by cp.async, in flight while the other stage is computed; Q8_0 / Q4_0 rows
 //   dequantized by the threads, d * q rounded to F16, as they are staged). Each warp
-//   holds 16 rows: S = Q K^T from ldmatrix fragments, the causal mask from each row's position, the
+//   holds 16 rows: S = Q K^T from ldmatrix fragments, the causal mask from each row's position (none
+//   for an encoder, AttnArgs::causal = false: every key of the slot), the
 //   online softmax on the accumulator fragments (scores in log2 units: q is pre-scaled by
 //   scale * log2 e, then rounded to F16), P rounded to F16 as the A operand of O += P V (V fragments
 //   by ldmatrix.trans), O / l written once. Tiles whose tokens span two runs are left to the CUDA-core
 //   kernel (attention.cu), which skips the tiles this path takes (attn_tile_whole, the same test on
 //   the device), so a batch may mix both.
+//   Head sizes 64, 72 (the vision tower; padded to 80 with zero columns), 128, 256.
 // Must not: allocate, synchronize, or take F32 caches (those stay on attention.cu).
 // Threading: launchers only enqueue on L.stream; the shared-memory attribute set-up is a thread-safe
 //   function-local static.
@@ -50,10 +52,13 @@ __device__ __forceinline__ uint4 dequant8(const CacheArg& cache, const char* row
                     mma::pack_half2(f[6], f[7]));
 }
 
+// D the head size; DP = D rounded up to the mma's k of 16 (72 -> 80: the columns past D are zeros in
+// Q, K and V and never written out).
 template <int D>
 struct Geo {
+  static constexpr int DP = (D + 15) / 16 * 16;
   static constexpr int BK = D >= 256 ? 32 : 64;  // keys per stage
-  static constexpr int LDH = D + 8;              // halves per shared row (16 bytes of padding: no bank conflicts)
+  static constexpr int LDH = DP + 8;             // halves per shared row (16 bytes of padding: no bank conflicts)
   static constexpr size_t smem = size_t(kRows + 4 * BK) * LDH * sizeof(__half);  // Q, K x 2, V x 2
 };
 
@@ -66,7 +71,7 @@ struct MmaArgs : AttnIO {
 template <int D, bool F16>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   pdl::begin();  // pdl.cuh: nothing global before this
-  constexpr int BK = Geo<D>::BK, LDH = Geo<D>::LDH, NT = BK / 8, ND = D / 8;
+  constexpr int BK = Geo<D>::BK, LDH = Geo<D>::LDH, DP = Geo<D>::DP, NT = BK / 8, ND = DP / 8;
   extern __shared__ __align__(16) __half smh[];
   __half* Qs = smh;                // [kRows][LDH]
   __half* Ks = Qs + kRows * LDH;   // [2][BK][LDH]
@@ -76,15 +81,15 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   if (!attn_tile_whole(p.seq, p.T, t0, p.bt)) return;  // the CUDA-core kernel takes this tile
   const int slot = p.seq[t0], h0 = blockIdx.y * p.hg;
   const int64_t kvh = h0 / p.G;
-  const int kv_hi = p.pos[t1 - 1] + 1;  // positions increase along a run
+  const int kv_hi = attn_last(p, t1 - 1) + 1;  // positions increase along a run
   const char* kb = p.k.p + size_t(kvh) * p.k.nb1 + size_t(slot) * p.k.nb3;
   const char* vb = p.v.p + size_t(kvh) * p.v.nb1 + size_t(slot) * p.v.nb3;
 
   // One tile of one cache into a stage; rows past the run's last position are zeros (never garbage).
   auto load_one = [&](const CacheArg& cache, const char* base, __half* dst_stage, int k0) {
-    for (int i = tid; i < BK * (D / 8); i += kThreads) {
-      const int row = i / (D / 8), c = (i % (D / 8)) * 8;
-      const bool ok = k0 + row < kv_hi;
+    for (int i = tid; i < BK * (DP / 8); i += kThreads) {
+      const int row = i / (DP / 8), c = (i % (DP / 8)) * 8;
+      const bool ok = k0 + row < kv_hi && c < D;
       const char* src = base + size_t(ok ? k0 + row : 0) * cache.nb2;
       __half* dst = dst_stage + row * LDH + c;
       if (F16 || cache.code == kF16) mma::cp16_or_zero(mma::smem_u32(dst), src + size_t(c) * 2, ok);
@@ -100,10 +105,10 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   load_kv(0, 0);
 
   // Q rows (row r: token t0 + r / hg, head h0 + r % hg), pre-scaled, as F16; rows past the tile: 0.
-  for (int i = tid; i < kRows * (D / 8); i += kThreads) {
-    const int r = i / (D / 8), c = (i % (D / 8)) * 8, t = t0 + r / p.hg;
+  for (int i = tid; i < kRows * (DP / 8); i += kThreads) {
+    const int r = i / (DP / 8), c = (i % (DP / 8)) * 8, t = t0 + r / p.hg;
     uint4 h = make_uint4(0u, 0u, 0u, 0u);
-    if (t < t1) {
+    if (t < t1 && c < D) {
       const float* src = p.q + int64_t(t) * p.q_s2 + int64_t(h0 + r % p.hg) * p.q_s1 + c;
       const float s = p.qscale;
       h = make_uint4(mma::pack_half2(src[0] * s, src[1] * s), mma::pack_half2(src[2] * s, src[3] * s),
@@ -113,8 +118,8 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   }
   // This lane's two rows (g and g + 8 of the warp's 16): their positions, -1 past the tile.
   const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const int rp0 = t0 + r0 / p.hg < t1 ? p.pos[t0 + r0 / p.hg] : -1;
-  const int rp1 = t0 + r1 / p.hg < t1 ? p.pos[t0 + r1 / p.hg] : -1;
+  const int rp0 = t0 + r0 / p.hg < t1 ? attn_last(p, t0 + r0 / p.hg) : -1;
+  const int rp1 = t0 + r1 / p.hg < t1 ? attn_last(p, t0 + r1 / p.hg) : -1;
   const bool warp_live = __any_sync(0xffffffffu, rp0 >= 0 || rp1 >= 0);
 
   float o[ND][4];
@@ -136,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < DP / 16; ++kk) {
         uint32_t a[4];
         mma::ldsm_x4(a, mma::smem_u32(Qs + (warp * 16 + (lane & 15)) * LDH + kk * 16 + (lane >> 4) * 8));
 #pragma unroll
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
                                mma::pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
         const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-        for (int dn = 0; dn < D / 16; ++dn) {  // column tiles 2 dn, 2 dn + 1 from one ldmatrix
+        for (int dn = 0; dn < DP / 16; ++dn) {  // column tiles 2 dn, 2 dn + 1 from one ldmatrix
           uint32_t b[4];
           mma::ldsm_x4_t(b, mma::smem_u32(Vs + (s * BK + key) * LDH + dn * 16 + (lane >> 4) * 8));
           mma::m16n8k16(o[2 * dn], a, b[0], b[1]);
@@ -213,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
     float* dst = p.out + int64_t(t0 + r / p.hg) * p.o_s2 + int64_t(h0 + r % p.hg) * p.o_s1 + 2 * t4;
 #pragma unroll
     for (int n = 0; n < ND; ++n)
-      *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+      if (n * 8 < D) *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
   }
 }
 
@@ -239,7 +244,7 @@ bool aligned(const SeqMem& m) {
 
 int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType vt, int64_t T) {
   if (T <= detail::kAttnDecodeTokens || batch_invariant() || L.sm < 80 || code_of(kt) < 0 || code_of(vt) < 0) return 0;
-  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return 0;
+  if (a.head_dim != 64 && a.head_dim != 72 && a.head_dim != 128 && a.head_dim != 256) return 0;
   if (a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0) return 0;
   static const bool off = [] {  // KILN_CUDA_ATTN_MMA=0: the CUDA-core kernel only (comparisons); read once
     const char* env = std::getenv("KILN_CUDA_ATTN_MMA");
@@ -264,11 +269,13 @@ int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* po
   m.out = out.p, m.o_s1 = out.s1, m.o_s2 = out.s2;
   m.seq = seq, m.pos = pos;
   m.k = cache_arg(k), m.v = cache_arg(v);
+  m.last_all = a.causal ? -1 : int(k.ne2 - 1);
   m.T = int(T), m.G = int(a.n_head / a.n_head_kv), m.hg = kRows / bt, m.bt = bt;
   m.qscale = a.scale * 1.4426950408889634f;
   const dim3 grid(unsigned((T + bt - 1) / bt), unsigned(a.n_head / m.hg));
   switch (a.head_dim) {
     case 64: launch<64>(L, m, grid); break;
+    case 72: launch<72>(L, m, grid); break;  // the Qwen3.5 / Qwen3-VL vision tower (1152 / 16)
     case 128: launch<128>(L, m, grid); break;
     default: launch<256>(L, m, grid); break;
   }

@@ -147,14 +147,16 @@ struct AttnArgs {
   int64_t head_dim = 0, n_head = 0, n_head_kv = 0;
   float scale = 1.f;
   int64_t n_kv_max = 0;  // upper bound of pos + 1 over the batch (sizes split-KV work; 0: n_ctx)
+  bool causal = true;    // false: every token attends to all n_ctx (= k.ne2) keys of its slot
 };
 size_t attention_workspace(const AttnArgs& a, int64_t n_tok);
 // Tokens per tile of the tensor-core path (attention_mma.cu) that attention() takes for this launch's
 // tiles of whole runs: prefill-sized batches (T > 64) over F16 / Q8_0 / Q4_0 K and V caches,
-// head_dim 64 / 128 / 256, sm_80+, unless KILN_CUDA_ATTN_MMA=0; 0: the CUDA-core kernel takes every
+// head_dim 64 / 72 / 128 / 256, sm_80+, unless KILN_CUDA_ATTN_MMA=0; 0: the CUDA-core kernel takes every
 // token. Its results round q, the probabilities and dequantized cache values to F16 (F32 sums).
 int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType vt, int64_t n_tok);
-// q, out rows [D, Hq, T]; token t attends to positions 0..pos[t] of slot seq[t].
+// q, out rows [D, Hq, T]; token t attends to positions 0..pos[t] of slot seq[t] (a.causal = false: to
+// all k.ne2 positions; pos is not read).
 void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, SeqMem k, SeqMem v, const AttnArgs& a,
                Rows out);
 // x, y [C, T] (column stride in floats; y may be x); w [d_conv, C]; state (ne0 = d_conv-1, ne1 = C).

@@ -72,6 +72,8 @@ enum class Mix {
   Q4_K_M,   // approximates llama-quantize's Q4_K_M ftype choices
 };
 
+inline constexpr int64_t kFastPoolRows = 64;
+
 struct GenOptions {
   ModelSpec spec;
   gguf::GgmlType type = gguf::GgmlType::F16;  // Mix::Uniform
@@ -79,6 +81,10 @@ struct GenOptions {
   uint64_t seed = 42;
   int n_threads = 0;  // 0: all cores
   bool meta_only = false;  // write the header only (metadata + tensor table, no data): for `kiln fit`
+  // Fast weights (`--fast`): each tensor's first kFastPoolRows rows are synthesised, every other row is
+  // made of their whole quantization blocks (synth.h add_random_tensors): a full-size file at disk speed
+  // for memory, load and speed runs, whose rows are not independent draws.
+  bool fast = false;
   // A GGUF (e.g. llama.cpp's ggml-vocab-qwen35.gguf) whose tokenizer.* metadata the file carries
   // instead of the generated vocabulary, its token list padded with unused "[PAD<i>]" tokens up to
   // spec.n_vocab (which must be at least its token count: vocab_size gives it).

@@ -379,7 +379,8 @@ Status generate(const GenOptions& opt, const std::string& path, const std::funct
   }
 
   KILN_TRY(add_random_tensors<TensorDef>(w, defs, opt.seed, opt.n_threads,
-                                        [](const TensorDef& t, Rng& rng, float* buf, int64_t n) { fill_values(t.init, rng, buf, n); }));
+                                        [](const TensorDef& t, Rng& rng, float* buf, int64_t n) { fill_values(t.init, rng, buf, n); },
+                                        opt.fast ? kFastPoolRows : 0));
   return w.write(path, progress, opt.meta_only);
 }
 

@@ -4,10 +4,11 @@
 //   model generator (generator.cpp) and the projector generator (mmproj.cpp) draw every value
 //   through these, so their files are a pure function of (spec, types, seed).
 //   planned_tensors: a definition list's plan; add_random_tensors: every tensor of a definition list added to a gguf::Writer, rows synthesised
-//   on a thread pool when the writer asks for them.
+//   on a thread pool when the writer asks for them (or, fast, assembled from a few synthesised rows' blocks).
 // Must not: know tensor names or architectures.
 // Threading: plain functions; an Rng belongs to one thread (one per row).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -107,15 +108,18 @@ std::vector<PlannedTensor> planned_tensors(const std::vector<Def>& defs) {
 // Adds every tensor of defs (each with .name, .type, .ne) to w; when w writes a chunk of rows, each row
 // is drawn by fill_row(def, rng, buf, n) from its own RNG stream (row_rng of the tensor's seed: the bytes
 // depend on neither chunking nor threads) and encoded to the tensor's type, on n_threads threads.
+// pool_rows > 0 (GenOptions::fast): only a tensor's first pool_rows rows are drawn so; every later row
+// is assembled from their whole blocks (block b of row r from pool row hash(r, b) % pool_rows): valid
+// blocks of the same distribution, written at copy speed, for runs where only sizes matter.
 template <class Def, class FillRow>
 Status add_random_tensors(gguf::Writer& w, std::shared_ptr<const std::vector<Def>> defs, uint64_t seed, int n_threads,
-                          FillRow fill_row) {
+                          FillRow fill_row, int64_t pool_rows = 0) {
   auto pool = std::make_shared<ThreadPool>(n_threads);
   for (size_t ti = 0; ti < defs->size(); ++ti) {
     const Def& d = (*defs)[ti];
     const uint64_t tseed = tensor_seed(seed, d.name);
     const uint64_t row_bytes = tensor::row_size(d.type, d.ne[0]);
-    auto fill = [defs, ti, tseed, row_bytes, pool, fill_row](int64_t row0, int64_t n_rows, uint8_t* dst) {
+    auto draw = [defs, ti, tseed, row_bytes, pool, fill_row](int64_t row0, int64_t n_rows, uint8_t* dst) {
       const Def& t = (*defs)[ti];
       const int64_t n = t.ne[0];
       pool->parallel_for(n_rows, [&](int64_t b, int64_t e, int) {
@@ -126,6 +130,37 @@ Status add_random_tensors(gguf::Writer& w, std::shared_ptr<const std::vector<Def
           encode_row(t.type, buf.data(), dst + uint64_t(r) * row_bytes, n);
         }
       });
+    };
+    if (pool_rows <= 0) {
+      KILN_TRY(w.add_tensor(d.name, d.type, d.ne, draw));
+      continue;
+    }
+    // The writer asks for one tensor's chunks in order from one thread: the pool is drawn at the first.
+    auto rows = std::make_shared<std::vector<uint8_t>>();
+    const uint64_t blk = gguf::type_info(d.type).type_size;
+    const int64_t nblk = d.ne[0] / int64_t(gguf::type_info(d.type).block_size);
+    int64_t n_total = 1;
+    for (size_t i = 1; i < d.ne.size(); ++i) n_total *= d.ne[i];
+    auto fill = [draw, rows, pool, pool_rows, row_bytes, blk, nblk, tseed, n_total](int64_t row0, int64_t n_rows,
+                                                                                     uint8_t* dst) {
+      const int64_t own = std::clamp<int64_t>(pool_rows - row0, 0, n_rows);  // rows of the pool itself
+      if (own > 0) draw(row0, own, dst);
+      if (own == n_rows) return;
+      if (rows->empty()) {
+        rows->resize(size_t(pool_rows) * row_bytes);
+        draw(0, pool_rows, rows->data());
+      }
+      pool->parallel_for(n_rows - own, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) {
+          const int64_t r = row0 + own + i;
+          uint8_t* out = dst + uint64_t(own + i) * row_bytes;
+          uint64_t h = tseed ^ (uint64_t(r) * 0x9e3779b97f4a7c15ull);
+          for (int64_t k = 0; k < nblk; ++k)
+            std::memcpy(out + uint64_t(k) * blk, rows->data() + (splitmix64(h) % uint64_t(pool_rows)) * row_bytes + uint64_t(k) * blk,
+                        blk);
+        }
+      });
+      if (row0 + n_rows == n_total) std::vector<uint8_t>().swap(*rows);  // the tensor's last chunk
     };
     KILN_TRY(w.add_tensor(d.name, d.type, d.ne, fill));
   }
