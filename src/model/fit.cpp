@@ -2,6 +2,7 @@
 // comes from the allocator's own function (Memory::layout, plan_scratch, step_workspace,
 // backend::workspace_sizes, packed_weight_bytes); what is counted here is where each part goes.
 #include "model/fit.h"
+#include "model/vision.h"
 
 #include <fmt/format.h>
 
@@ -93,10 +94,22 @@ Result<ProjectorShape> ProjectorShape::from_file(const gguf::File& f) {
   KILN_TRY(get("clip.vision.attention.head_count", 0, p.n_head));
   KILN_TRY(get("clip.vision.patch_size", 0, p.patch_size));
   KILN_TRY(get("clip.vision.spatial_merge_size", 1, p.merge));
-  if (p.n_embd <= 0 || p.n_ff <= 0)
-    return err("{}: --mmproj: keys 'clip.vision.embedding_length' and 'clip.vision.feed_forward_length' are needed "
-               "for the image-batch estimate", f.path());
+  if (p.n_embd <= 0 || p.n_ff <= 0 || p.n_head <= 0 || p.patch_size <= 0)
+    return err("{}: --mmproj: keys 'clip.vision.embedding_length', 'clip.vision.feed_forward_length', "
+               "'clip.vision.attention.head_count' and 'clip.vision.patch_size' are needed for the image batch", f.path());
   p.merge = std::max<int64_t>(1, p.merge);
+  // The merger (mm.0 rows, mm.2 rows = the output width) and one more output per DeepStack layer.
+  int64_t n_out = 0, n_ds = 0;
+  for (const auto& t : f.tensors()) {
+    const std::string_view n = t.name;
+    if (n == "mm.0.weight" || (n.starts_with("v.deepstack.") && n.ends_with(".fc1.weight")))
+      p.n_mff = std::max(p.n_mff, t.ne[1]);
+    if (n == "mm.2.weight") n_out = t.ne[1];
+    n_ds += n.starts_with("v.deepstack.") && n.ends_with(".fc1.weight");
+  }
+  if (p.n_mff <= 0 || n_out <= 0)
+    return err("{}: --mmproj: tensors 'mm.0.weight' and 'mm.2.weight' are needed for the image batch", f.path());
+  p.n_out_total = n_out * (1 + n_ds);
   return p;
 }
 
@@ -314,11 +327,17 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   if (proj) {
     const bool g = gpu_layers;
     add("projector", proj->path, g ? 0 : proj->weight_bytes, g ? proj->weight_bytes : 0);
-    const uint64_t n_patch = uint64_t(o.image_max_tokens) * uint64_t(proj->merge * proj->merge);
-    const uint64_t img = 4 * n_patch * uint64_t(6 * proj->n_embd + 2 * proj->n_ff);
-    add("image batch", fmt::format("{} patches x (6 x {} + 2 x {}) f32 (one image of {} tokens)", n_patch, proj->n_embd,
-                                   proj->n_ff, o.image_max_tokens),
-        g ? 0 : img, g ? img : 0, true);
+    // The encoder's own scratch plan (model/vision.h vision_arena) for the largest image.
+    const int64_t n_patch = o.image_max_tokens * proj->merge * proj->merge;
+    VisionDims d;
+    d.n_embd = proj->n_embd, d.n_ff = proj->n_ff, d.n_head = proj->n_head, d.patch = proj->patch_size;
+    d.n_mff = proj->n_mff, d.n_out_total = proj->n_out_total;
+    const uint64_t img = VisionEncoder::scratch_bytes(d, n_patch, g ? backend::DeviceType::Cuda : backend::DeviceType::Cpu) +
+                         (g ? backend::cuda_stream_fixed_bytes(gpu->sm) : 0);
+    add("image batch",
+        fmt::format("{} patches (one image of {} tokens): 3 x [{}, patches] f32, K/V {}, chunks of {}, workspaces{}",
+                    n_patch, o.image_max_tokens, proj->n_embd, g ? "f16" : "f32", kVisionChunk, g ? ", its stream" : ""),
+        g ? 0 : img, g ? img : 0);
   }
 
   // The prefix cache's blocks and snapshots live in host RAM, bounded by --cache-ram.

@@ -36,12 +36,13 @@ struct ModelShape {
   const gguf::TensorInfo* find(const std::string& name) const { return file->find_tensor(name); }
 };
 
-// A vision projector (--mmproj) as the planner sees it: its tensor bytes and the clip.vision.* keys
-// the image-batch estimate uses.
+// A vision projector (--mmproj) as the planner sees it: its tensor bytes and what the encoder's
+// scratch depends on (clip.vision.* keys, the merger and DeepStack tensors' shapes).
 struct ProjectorShape {
   std::string path;
   uint64_t weight_bytes = 0;
   int64_t n_embd = 0, n_ff = 0, n_head = 0, patch_size = 0, merge = 1;  // clip.vision.*
+  int64_t n_mff = 0, n_out_total = 0;  // the widest merger MLP row; floats per image token
   static Result<ProjectorShape> from_file(const gguf::File& f);
 };
 
@@ -69,7 +70,7 @@ struct PlanOptions {
   int n_rec_cache = 0;           // prefix cache: spare recurrent state slots (MemoryOptions::n_rec_cache)
   bool rec_cache_auto = false;   // n_rec_cache was not asked for: fitting drops the slots before anything
                                  // else, and where the plan fits grows them into at most 10 % of the GPU
-  int64_t image_max_tokens = 1024;  // image tokens (after the projector's merge) one image may give
+  int64_t image_max_tokens = 4096;  // image tokens (after the projector's merge) one image may give (--image-max-tokens, as kiln serve)
   // --spec-type draft-simple: the draft model (-md), planned as the engine runs it — its weights with
   // draft_n_gpu_layers (-ngld; auto: all) on the GPU, its KV (-ctkd/-ctvd) and recurrent state with
   // n_draft + 1 keep slots for every slot at the target's slot context, its Context (steps of

@@ -199,6 +199,7 @@ Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string& path, 
     KILN_TRY(b(L.ds_norm_w, p + "norm.weight", {4 * E}, true));
     KILN_TRY(b(L.ds_norm_b, p + "norm.bias", {4 * E}, true));
     KILN_TRY(b(L.ds_fc1_w, p + "fc1.weight", {4 * E, fc1->ne[1]}, false));
+    c.n_ds_ff = std::max(c.n_ds_ff, fc1->ne[1]);
     KILN_TRY(b(L.ds_fc1_b, p + "fc1.bias", {fc1->ne[1]}, true));
     KILN_TRY(b(L.ds_fc2_w, p + "fc2.weight", {fc1->ne[1], c.n_out}, false));
     KILN_TRY(b(L.ds_fc2_b, p + "fc2.bias", {c.n_out}, true));

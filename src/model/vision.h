@@ -13,7 +13,10 @@
 //   projection, LayerNorm, GELU (tanh) MLP; DeepStack mergers after the blocks that have them;
 //   the final LayerNorm, 4 patches concatenated, merger MLP with exact (erf) GELU as HF.
 //   Only backend::Stream ops (LayerNorm = a mean by mat-mul with a 1/n vector, its subtraction,
-//   rms_norm, the bias add; full attention = the causal op with every query at the last key).
+//   rms_norm, the bias add; full attention = one non-causal attention run over the image's keys).
+//   The q|k|v projection and the MLP run kVisionChunk patches at a time, so the scratch holds three
+//   [n_embd, patches] rows, the K/V cache and one chunk's wider rows (vision_arena; the memory
+//   planner's image batch is the same function).
 // Must not: decode images (media/), see requests or tokens, or touch the text model.
 // Threading: VisionModel is immutable after load; a VisionEncoder is used by one thread at a time.
 #pragma once
@@ -30,6 +33,15 @@
 
 namespace kiln::model {
 
+// What the encoder's scratch depends on (VisionConfig::dims(), or the memory planner's reading of a
+// projector's keys and tensor table: model/fit.h ProjectorShape).
+struct VisionDims {
+  int64_t n_embd = 0, n_ff = 0, n_head = 1, patch = 16;
+  int64_t n_mff = 0;        // the widest merger MLP row (mm.0, DeepStack fc1)
+  int64_t n_out_total = 0;  // floats per image token
+  int64_t patch_len() const { return 3 * patch * patch; }
+};
+
 struct VisionConfig {
   std::string projector_type;  // clip.projector_type (qwen3vl_merger)
   int64_t n_embd = 0;          // clip.vision.embedding_length
@@ -41,13 +53,25 @@ struct VisionConfig {
   int64_t n_pos_side = 0;      // sqrt(rows of v.position_embd.weight)
   int64_t n_out = 0;           // merger output width (= the text model's n_embd): rows of mm.2.weight
   int64_t n_merger_ff = 0;     // mm.0.weight rows
+  int64_t n_ds_ff = 0;         // the widest DeepStack fc1 (0: none)
   float eps = 1e-6f;           // clip.vision.attention.layer_norm_epsilon
   float mean[3] = {0.5f, 0.5f, 0.5f}, std[3] = {0.5f, 0.5f, 0.5f};  // clip.vision.image_mean / image_std
   std::vector<int64_t> deepstack;  // block indices with a DeepStack merger (clip.vision.is_deepstack_layers)
   int64_t head_dim() const { return n_embd / n_head; }
   // Width of one image token's output: the merger's, then one more per DeepStack layer (llama.cpp's concat).
   int64_t n_out_total() const { return n_out * int64_t(1 + deepstack.size()); }
+  VisionDims dims() const;
 };
+
+// Patches per chunk of the q|k|v projection and the MLP.
+inline constexpr int64_t kVisionChunk = 1024;
+
+// The encoder's scratch buffers (offsets in one backend::Arena) for images of up to N patches.
+struct VisionArena {
+  size_t h, cur, q, kc, vc, qkv, ff, mean, vpos, seq, kpos, mff, out;
+};
+// Plans them into A (K/V rows of type kv: F32 on the CPU, F16 on a GPU); returns the bytes.
+size_t vision_arena(const VisionDims& d, int64_t N, gguf::GgmlType kv, backend::Arena& A, VisionArena& o);
 
 struct VisionLoadOptions {
   LoadMode load_mode = LoadMode::Mmap;
@@ -102,8 +126,9 @@ class VisionEncoder {
   ~VisionEncoder();
   // pixels: planar [3][h][w] normalised (media::preprocess), w and h multiples of patch * merge.
   Result<ImageEmbedding> encode(const float* chw, int w, int h);
-  // Scratch + workspace bytes an image of n_patches needs (the memory planner's image batch).
-  static uint64_t scratch_bytes(const VisionConfig& c, int64_t n_patches);
+  // Scratch + stream workspace bytes an image of n_patches needs on a device of this type (the memory
+  // planner's image batch; the stream's fixed cuBLAS workspace not included).
+  static uint64_t scratch_bytes(const VisionDims& d, int64_t n_patches, backend::DeviceType type);
 
  private:
   struct Impl;

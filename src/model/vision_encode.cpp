@@ -25,9 +25,7 @@ struct VisionEncoder::Impl {
   std::unique_ptr<backend::Stream> st;
   backend::Arena A;
   int64_t planned = 0;  // patches the Arena holds
-  struct Off {
-    size_t X, h, cur, qkv, att, ff, mean, pe, kc, vc, vpos, seq, kpos, mff, cur4, out;
-  } o{};
+  VisionArena o{};
   GgmlType kv_type = GgmlType::F32;  // the attention's K/V rows: F32 on the CPU, F16 on a GPU
 
   Impl(const VisionModel& model, ThreadPool& pool) : m(model), c(model.config()) {
@@ -38,76 +36,48 @@ struct VisionEncoder::Impl {
       dev = &m.device();
     }
     st = dev->create_stream();
-    if (dev->type() != backend::DeviceType::Cpu) kv_type = GgmlType::F16;
+    if (dev->type() != backend::DeviceType::Cpu) kv_type = GgmlType::F16;  // as scratch_bytes plans it
   }
 
-  int64_t mff_rows() const {
-    int64_t r = c.n_merger_ff;
-    for (int64_t il : c.deepstack) r = std::max(r, m.layers[size_t(il)].ds_fc1_w.ne[1]);
-    return r;
-  }
-
-  static size_t plan(const VisionConfig& c, int64_t mff, int64_t N, GgmlType kv, backend::Arena& A, Off& o) {
-    const int64_t E = c.n_embd, P = c.patch, M = N / 4, D = c.head_dim(), H = c.n_head;
-    using gguf::GgmlType;
-    A.reset();
-    o.X = A.reserve_tensor(GgmlType::F32, {3 * P * P, N, 1, 1});
-    o.h = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});
-    o.cur = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});
-    o.qkv = A.reserve_tensor(GgmlType::F32, {3 * E, N, 1, 1});
-    o.att = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});
-    o.ff = A.reserve_tensor(GgmlType::F32, {c.n_ff, N, 1, 1});
-    o.mean = A.reserve_tensor(GgmlType::F32, {1, N, 1, 1});
-    o.pe = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});
-    o.kc = A.reserve_tensor(kv, {D, H, N, 1});
-    o.vc = A.reserve_tensor(kv, {D, H, N, 1});
-    o.vpos = A.reserve_tensor(GgmlType::I32, {N, 4, 1, 1});
-    o.seq = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
-    o.kpos = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
-    o.mff = A.reserve_tensor(GgmlType::F32, {mff, M, 1, 1});
-    o.cur4 = A.reserve_tensor(GgmlType::F32, {4 * E, M, 1, 1});
-    o.out = A.reserve_tensor(GgmlType::F32, {c.n_out_total(), M, 1, 1});
-    return A.planned();
-  }
-
-  backend::AttnSpec attn_spec() const {
+  static backend::AttnSpec attn_spec(const VisionDims& d) {
     backend::AttnSpec a;
-    a.head_dim = c.head_dim();
-    a.n_head = a.n_head_kv = c.n_head;
-    a.scale = 1.0f / std::sqrt(float(c.head_dim()));
+    a.head_dim = d.n_embd / d.n_head;
+    a.n_head = a.n_head_kv = d.n_head;
+    a.scale = 1.0f / std::sqrt(float(a.head_dim));
     a.flash = true;
     a.causal = false;  // every patch sees every patch of its image
     return a;
   }
 
-  static size_t workspace(const backend::WorkspaceSizes& ws, const VisionModel* m, const VisionConfig& c, int64_t mff,
-                          int64_t N, const backend::AttnSpec& a) {
-    const int64_t E = c.n_embd, M = N / 4, P = c.patch;
+  // The stream's workspace for N patches; without a model (the planner), F16 matrices.
+  static size_t workspace(const backend::WorkspaceSizes& ws, const VisionModel* m, const VisionDims& d, int64_t N) {
+    const backend::AttnSpec a = attn_spec(d);
+    const int64_t E = d.n_embd, M = N / 4, C = std::min(N, kVisionChunk);
     auto t = [&](const Weight* w, GgmlType dflt) { return w ? w->type : dflt; };
     const VisionLayer* L = m ? &m->layers[0] : nullptr;
     size_t s = 64;
-    s = std::max(s, ws.matmul_workspace(GgmlType::F32, 3 * P * P, E, N));
+    s = std::max(s, ws.matmul_workspace(GgmlType::F32, d.patch_len(), E, N));
     s = std::max(s, ws.matmul_workspace(GgmlType::F32, E, 1, N));
     s = std::max(s, ws.matmul_workspace(GgmlType::F32, 4 * E, 1, M));
     // Every block's weights share a type in the files llama.cpp writes; take the first block's.
-    s = std::max(s, ws.matmul_workspace(t(L ? &L->qkv_w : nullptr, GgmlType::F16), E, 3 * E, N));
+    s = std::max(s, ws.matmul_workspace(t(L ? &L->qkv_w : nullptr, GgmlType::F16), E, 3 * E, C));
     s = std::max(s, ws.matmul_workspace(t(L ? &L->o_w : nullptr, GgmlType::F16), E, E, N));
-    s = std::max(s, ws.matmul_workspace(t(L ? &L->up_w : nullptr, GgmlType::F16), E, c.n_ff, N));
-    s = std::max(s, ws.matmul_workspace(t(L ? &L->down_w : nullptr, GgmlType::F16), c.n_ff, E, N));
-    s = std::max(s, ws.matmul_workspace(t(m ? &m->mm0_w : nullptr, GgmlType::F16), 4 * E, mff, M));
-    s = std::max(s, ws.matmul_workspace(t(m ? &m->mm2_w : nullptr, GgmlType::F16), mff, c.n_out, M));
+    s = std::max(s, ws.matmul_workspace(t(L ? &L->up_w : nullptr, GgmlType::F16), E, d.n_ff, C));
+    s = std::max(s, ws.matmul_workspace(t(L ? &L->down_w : nullptr, GgmlType::F16), d.n_ff, E, C));
+    s = std::max(s, ws.matmul_workspace(t(m ? &m->mm0_w : nullptr, GgmlType::F16), 4 * E, d.n_mff, M));
+    s = std::max(s, ws.matmul_workspace(t(m ? &m->mm2_w : nullptr, GgmlType::F16), d.n_mff, d.n_out_total, M));
     s = std::max(s, ws.attention_workspace(a, N, N));
     return s;
   }
 
   void grow(int64_t N) {
     if (N <= planned) return;
-    plan(c, mff_rows(), N, kv_type, A, o);
+    vision_arena(c.dims(), N, kv_type, A, o);
     A.allocate(*dev);
-    size_t ws = workspace(*st, &m, c, mff_rows(), N, attn_spec());
+    size_t ws = workspace(*st, &m, c.dims(), N);
     for (const VisionLayer& L : m.layers)
       for (const Weight* w : {&L.qkv_w, &L.o_w, &L.up_w, &L.down_w, &L.ds_fc1_w, &L.ds_fc2_w})
-        if (w->present()) ws = std::max(ws, st->matmul_workspace(w->type, w->ne[0], w->ne[1], N));
+        if (w->present()) ws = std::max(ws, st->matmul_workspace(w->type, w->ne[0], w->ne[1], std::min(N, kVisionChunk)));
     st->reserve_workspace(ws);
     planned = N;
   }
@@ -135,9 +105,10 @@ struct VisionEncoder::Impl {
     const int64_t P = c.patch, E = c.n_embd, D = c.head_dim(), H = c.n_head, unit = P * c.merge;
     if (w <= 0 || h <= 0 || w % unit != 0 || h % unit != 0)
       return err("image of {}x{} pixels: sides must be positive multiples of {}", w, h, unit);
-    const int64_t gw = w / P, gh = h / P, N = gw * gh, M = N / 4, no = c.n_out_total();
+    const int64_t gw = w / P, gh = h / P, N = gw * gh, M = N / 4, no = c.n_out_total(), CH = kVisionChunk;
     grow(N);
-    // Host inputs: patches and positions in 2x2 merge order (merged row, merged column, dy, dx).
+    // Host inputs: patches and positions in 2x2 merge order (merged row, merged column, dy, dx). The
+    // RoPE positions chunk by chunk (kVisionChunk patches: stream s of patch t0 + i at 4 t0 + s n + i).
     std::vector<float> X(size_t(3 * P * P * N));
     std::vector<int32_t> vpos(size_t(4 * N)), seq(size_t(N), 0), kpos(size_t(N), 0);
     std::vector<float> pe(size_t(E * N));
@@ -152,10 +123,9 @@ struct VisionEncoder::Impl {
             for (int64_t ch = 0; ch < 3; ++ch)
               for (int64_t ky = 0; ky < P; ++ky)
                 std::memcpy(col + (ch * P + ky) * P, chw + (ch * h + py * P + ky) * w + px * P, size_t(P) * 4);
-            vpos[size_t(k)] = int32_t(py);
-            vpos[size_t(N + k)] = int32_t(px);
-            vpos[size_t(2 * N + k)] = int32_t(py);
-            vpos[size_t(3 * N + k)] = int32_t(px);
+            const int64_t t0 = k / CH * CH, cn = std::min(CH, N - t0);
+            int32_t* vp = &vpos[size_t(4 * t0 + (k - t0))];
+            vp[0] = int32_t(py), vp[cn] = int32_t(px), vp[2 * cn] = int32_t(py), vp[3 * cn] = int32_t(px);
             kpos[size_t(k)] = int32_t(k);
             // The learned position table bilinearly resized to gh x gw (align corners), as HF's
             // fast_pos_embed_interpolate and ggml_interpolate(BILINEAR | ALIGN_CORNERS).
@@ -172,19 +142,22 @@ struct VisionEncoder::Impl {
             float* dst = &pe[size_t(k * E)];
             for (int64_t e = 0; e < E; ++e) dst[e] = w00 * t00[e] + w01 * t01[e] + w10 * t10[e] + w11 * t11[e];
           }
-    const Tensor tX = t(o.X, GgmlType::F32, {3 * P * P, N, 1, 1}), th = t(o.h, GgmlType::F32, {E, N, 1, 1});
-    const Tensor cur = t(o.cur, GgmlType::F32, {E, N, 1, 1}), qkv = t(o.qkv, GgmlType::F32, {3 * E, N, 1, 1});
-    const Tensor att = t(o.att, GgmlType::F32, {E, N, 1, 1}), ff = t(o.ff, GgmlType::F32, {c.n_ff, N, 1, 1});
-    const Tensor tpe = t(o.pe, GgmlType::F32, {E, N, 1, 1});
+    // The arena (vision_arena): h the residual stream; cur the normed rows (first the patch matrix),
+    // then the attention output; qr the roped queries (first the position table), then the
+    // projections' outputs and the DeepStack norm; qkv / ff one chunk's q|k|v and FFN rows.
+    const Tensor th = t(o.h, GgmlType::F32, {E, N, 1, 1}), cur = t(o.cur, GgmlType::F32, {E, N, 1, 1});
+    const Tensor qr = t(o.q, GgmlType::F32, {E, N, 1, 1});
+    const Tensor tX = t(o.cur, GgmlType::F32, {3 * P * P, N, 1, 1}), tpe = qr;
     const Tensor kc = t(o.kc, kv_type, {D, H, N, 1}), vc = t(o.vc, kv_type, {D, H, N, 1});  // N keys: the run's
-    const Tensor tvpos = t(o.vpos, GgmlType::I32, {N, 4, 1, 1}), tseq = t(o.seq, GgmlType::I32, {N, 1, 1, 1});
+    const Tensor tvpos = t(o.vpos, GgmlType::I32, {4 * N, 1, 1, 1}), tseq = t(o.seq, GgmlType::I32, {N, 1, 1, 1});
     const Tensor tkpos = t(o.kpos, GgmlType::I32, {N, 1, 1, 1});
-    const Tensor out = t(o.out, GgmlType::F32, {no, M, 1, 1}), cur4 = t(o.cur4, GgmlType::F32, {4 * E, M, 1, 1});
+    const Tensor out = t(o.out, GgmlType::F32, {no, M, 1, 1}), cur4 = t(o.q, GgmlType::F32, {4 * E, M, 1, 1});
     st->upload(tX, X.data(), X.size() * 4);
     st->upload(tpe, pe.data(), pe.size() * 4);
     st->upload(tvpos, vpos.data(), vpos.size() * 4);
     st->upload(tseq, seq.data(), seq.size() * 4);
     st->upload(tkpos, kpos.data(), kpos.size() * 4);
+    auto i32_at = [&](size_t off, int64_t i0, int64_t cnt) { return t(off + size_t(i0) * 4, GgmlType::I32, {cnt, 1, 1, 1}); };
 
     linear(m.patch_w, m.patch_b, tX, th);
     st->binary(Binary::Add, th, tpe, th);
@@ -194,28 +167,40 @@ struct VisionEncoder::Impl {
     rp.freq_base = 10000.f;
     rp.multi = kernels::RopeParams::Multi::Vision;
     for (int& s : rp.sections) s = int(D / 4);
-    const backend::AttnSpec spec = attn_spec();
+    const backend::AttnSpec spec = attn_spec(c.dims());
     size_t i_ds = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) {
       const VisionLayer& L = m.layers[size_t(il)];
       layer_norm(th, L.ln1_w, L.ln1_b, m.inv_n, cur, N);
-      linear(L.qkv_w, L.qkv_b, cur, qkv);
-      const Tensor q = rows_view(qkv, D, H, N, D, 3 * E), kk = rows_view(qkv, D, H, N, D, 3 * E, E),
-                   v = rows_view(qkv, D, H, N, D, 3 * E, 2 * E);
-      st->rope_multi(q, tvpos, rp);
-      st->rope_multi(kk, tvpos, rp);
+      // q|k|v a chunk at a time: roped; the keys and values into the F16 / F32 cache rows t0.., the
+      // queries into qr.
+      for (int64_t t0 = 0; t0 < N; t0 += CH) {
+        const int64_t cn = std::min(CH, N - t0);
+        const Tensor qkv = t(o.qkv, GgmlType::F32, {3 * E, cn, 1, 1});
+        linear(L.qkv_w, L.qkv_b, rows_view(cur, E, cn, 1, E, E * cn, E * t0), qkv);
+        const Tensor q = rows_view(qkv, D, H, cn, D, 3 * E), kk = rows_view(qkv, D, H, cn, D, 3 * E, E),
+                     v = rows_view(qkv, D, H, cn, D, 3 * E, 2 * E);
+        const Tensor vp = i32_at(o.vpos, 4 * t0, 4 * cn), sq = i32_at(o.seq, t0, cn), kp = i32_at(o.kpos, t0, cn);
+        st->rope_multi(q, vp, rp);
+        st->rope_multi(kk, vp, rp);
+        st->kv_store(kk, sq, kp, kc);
+        st->kv_store(v, sq, kp, vc);
+        st->copy(rows_view(qr, D, H, cn, D, E, E * t0), q);
+      }
       // Full attention: the N patches' keys at rows 0..N-1 of one slot, one non-causal run.
-      st->kv_store(kk, tseq, tkpos, kc);
-      st->kv_store(v, tseq, tkpos, vc);
-      st->attention(q, tseq, tkpos, kc, vc, spec, dense_view(att, D, H, N));
-      st->matmul(L.o_w.t, att, cur);
-      st->binary(Binary::Add, cur, L.o_b.t, cur);
-      st->binary(Binary::Add, th, cur, th);
+      st->attention(dense_view(qr, D, H, N), tseq, tkpos, kc, vc, spec, dense_view(cur, D, H, N));
+      st->matmul(L.o_w.t, cur, qr);
+      st->binary(Binary::Add, qr, L.o_b.t, qr);
+      st->binary(Binary::Add, th, qr, th);
       layer_norm(th, L.ln2_w, L.ln2_b, m.inv_n, cur, N);
-      linear(L.up_w, L.up_b, cur, ff);
-      st->unary(Unary::Gelu, ff, ff);
-      linear(L.down_w, L.down_b, ff, cur);
-      st->binary(Binary::Add, th, cur, th);
+      for (int64_t t0 = 0; t0 < N; t0 += CH) {  // the MLP a chunk at a time, into qr
+        const int64_t cn = std::min(CH, N - t0);
+        const Tensor ff = t(o.ff, GgmlType::F32, {c.n_ff, cn, 1, 1});
+        linear(L.up_w, L.up_b, rows_view(cur, E, cn, 1, E, E * cn, E * t0), ff);
+        st->unary(Unary::Gelu, ff, ff);
+        linear(L.down_w, L.down_b, ff, rows_view(qr, E, cn, 1, E, E * cn, E * t0));
+      }
+      st->binary(Binary::Add, th, qr, th);
       if (L.ds_fc1_w.present()) {
         // DeepStack: 4 merged patches' states, their own norm and MLP, into output slice 1 + i_ds.
         ++i_ds;
@@ -247,10 +232,39 @@ VisionEncoder::~VisionEncoder() = default;
 
 Result<ImageEmbedding> VisionEncoder::encode(const float* chw, int w, int h) { return impl_->encode(chw, w, h); }
 
-uint64_t VisionEncoder::scratch_bytes(const VisionConfig& c, int64_t n_patches) {
+// The encoder's scratch for n patches (model/vision.h): buffers sized max over the uses that share them.
+size_t vision_arena(const VisionDims& d, int64_t N, GgmlType kv, backend::Arena& A, VisionArena& o) {
+  const int64_t E = d.n_embd, M = N / 4, C = std::min(N, kVisionChunk), D = d.n_embd / d.n_head;
+  A.reset();
+  o.h = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});
+  o.cur = A.reserve_tensor(GgmlType::F32, {std::max(E, d.patch_len()), N, 1, 1});  // also the patch matrix
+  o.q = A.reserve_tensor(GgmlType::F32, {E, N, 1, 1});                              // also pe, cur4 [4E, M]
+  o.kc = A.reserve_tensor(kv, {D, d.n_head, N, 1});
+  o.vc = A.reserve_tensor(kv, {D, d.n_head, N, 1});
+  o.qkv = A.reserve_tensor(GgmlType::F32, {3 * E, C, 1, 1});
+  o.ff = A.reserve_tensor(GgmlType::F32, {d.n_ff, C, 1, 1});
+  o.mean = A.reserve_tensor(GgmlType::F32, {1, N, 1, 1});
+  o.vpos = A.reserve_tensor(GgmlType::I32, {4 * N, 1, 1, 1});
+  o.seq = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
+  o.kpos = A.reserve_tensor(GgmlType::I32, {N, 1, 1, 1});
+  o.mff = A.reserve_tensor(GgmlType::F32, {d.n_mff, M, 1, 1});
+  o.out = A.reserve_tensor(GgmlType::F32, {d.n_out_total, M, 1, 1});
+  return A.planned();
+}
+
+uint64_t VisionEncoder::scratch_bytes(const VisionDims& d, int64_t n_patches, backend::DeviceType type) {
   backend::Arena A;
-  Impl::Off o{};
-  return Impl::plan(c, std::max(c.n_merger_ff, c.n_ff), n_patches, GgmlType::F32, A, o);  // F32 K/V: the larger
+  VisionArena o{};
+  const bool cpu = type == backend::DeviceType::Cpu;
+  const size_t arena = vision_arena(d, n_patches, cpu ? GgmlType::F32 : GgmlType::F16, A, o);
+  return arena + Impl::workspace(*backend::workspace_sizes(type), nullptr, d, n_patches);
+}
+
+VisionDims VisionConfig::dims() const {
+  VisionDims d;
+  d.n_embd = n_embd, d.n_ff = n_ff, d.n_head = n_head, d.patch = patch, d.n_mff = std::max(n_merger_ff, n_ds_ff),
+  d.n_out_total = n_out_total();
+  return d;
 }
 
 }  // namespace kiln::model

@@ -285,7 +285,7 @@ TEST_F(CudaSeq, AttentionMixedBatches) {
       {128, 28, 4, GgmlType::Q8_0, GgmlType::Q8_0},  // GQA 7
       {80, 6, 2, GgmlType::F16, GgmlType::F16},      // head_dim not a power of two (F16 only)
       {72, 16, 16, GgmlType::F16, GgmlType::F16},    // the vision tower's heads (tensor cores: padded to 80)
-      {72, 8, 2, GgmlType::Q8_0, GgmlType::Q4_0},
+      {72, 8, 2, GgmlType::F16, GgmlType::F16},      // GQA 4 (Q8_0 / Q4_0 rows need head_dim % 32 == 0)
       {96, 12, 4, GgmlType::Q8_0, GgmlType::Q8_0},
       {512, 8, 2, GgmlType::F16, GgmlType::Q8_0, 1, true, 1024},
   };

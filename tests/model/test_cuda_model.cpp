@@ -518,11 +518,12 @@ TEST(CudaModelInvariance, SameBitsWhateverTheBatch) {
   backend::cuda_device(0).create_stream()->set_batch_invariant(false);
 }
 
-// The vision encoder (issue #17) on the GPU against the CPU encoder (the HF oracle's 1e-3 path) on
-// the same projector: the HF fixture's tiny tower (generated; head 16: CUDA-core attention) and towers
-// of the real 0.8B (head 64) and 9B / 27B widths (head 72, F16 and Q8_0, with DeepStack), images small
-// enough for the decode-sized attention kernel and large enough for the tensor-core one. The GPU rounds
-// activations, K / V and the probabilities to F16: within 1e-2 of the largest output.
+// The vision encoder (issue #17) on the GPU, no worse than the CPU encoder (the HF oracle's 1e-3 path)
+// against the exact weights (the CPU encoder on an F32 copy of the projector): the HF fixture's tiny
+// tower (generated; head 16: CUDA-core attention) and towers of the real 0.8B (head 64) and 9B / 27B
+// widths (head 72, F16 and Q8_0, with DeepStack), images small enough for the decode-sized attention
+// kernel and large enough for the tensor-core one. Bound: 1.5 x the CPU's error + 2e-3 of the largest
+// output (the GPU rounds activations, K / V and the probabilities to F16 where the CPU keeps F32).
 std::string vision_file(const std::string& preset, int64_t n_layer, GgmlType t, std::vector<int64_t> ds = {}) {
   const auto d = std::filesystem::temp_directory_path() / "kiln_test_cuda_model";
   std::filesystem::create_directories(d);
@@ -556,17 +557,18 @@ TEST(CudaVision, EncoderNearCpu) {
   const Case cases[] = {
       {vision_file("tiny", 2, GgmlType::F32), {{96, 64}, {320, 256}}},
       {vision_file("qwen35-0.8b", 2, GgmlType::F16), {{256, 256}}},
-      {vision_file("qwen35-9b", 2, GgmlType::F16), {{128, 64}, {448, 320}}},
+      {vision_file("qwen35-9b", 2, GgmlType::F16), {{128, 64}, {448, 320}, {704, 640}}},  // 1760 patches: 2 chunks
       {vision_file("qwen35-9b", 2, GgmlType::Q8_0), {{384, 384}}},
       {vision_file("qwen35-9b", 3, GgmlType::F16, {0, 2}), {{320, 320}}},
   };
   ThreadPool pool(2);
   for (const auto& c : cases) {
+    auto exact = VisionModel::load(dequantized_copy(c.path), {LoadMode::Mmap, false, 0});
     auto cpu = VisionModel::load(c.path, {LoadMode::Mmap, false, 0});
     auto gpu = VisionModel::load(c.path, {LoadMode::Mmap, true, 0});
-    ASSERT_TRUE(cpu.ok() && gpu.ok()) << c.path;
+    ASSERT_TRUE(exact.ok() && cpu.ok() && gpu.ok()) << c.path;
     ASSERT_NE((*gpu)->device().type(), backend::DeviceType::Cpu) << "the projector did not go to the GPU";
-    VisionEncoder ec(**cpu, pool), eg(**gpu, pool);
+    VisionEncoder ex(**exact, pool), ec(**cpu, pool), eg(**gpu, pool);
     for (auto [w, h] : c.sizes) {
       std::vector<float> px(size_t(3 * w * h));
       for (int ch = 0; ch < 3; ++ch)
@@ -574,19 +576,21 @@ TEST(CudaVision, EncoderNearCpu) {
           for (int x = 0; x < w; ++x)
             px[size_t((ch * h + y) * w + x)] =
                 std::sin(0.37f * float(x + 1) * float(ch + 1) + 0.21f * float(y)) * std::cos(0.05f * float(x * y + ch));
-      auto a = ec.encode(px.data(), w, h), b = eg.encode(px.data(), w, h);
-      ASSERT_TRUE(a.ok() && b.ok());
-      ASSERT_EQ(a->data.size(), b->data.size());
-      double err = 0, ref = 0;
-      for (size_t i = 0; i < a->data.size(); ++i) {
-        err = std::max(err, double(std::fabs(a->data[i] - b->data[i])));
-        ref = std::max(ref, double(std::fabs(a->data[i])));
+      auto r = ex.encode(px.data(), w, h), a = ec.encode(px.data(), w, h), b = eg.encode(px.data(), w, h);
+      ASSERT_TRUE(r.ok() && a.ok() && b.ok());
+      ASSERT_EQ(a->data.size(), r->data.size());
+      ASSERT_EQ(b->data.size(), r->data.size());
+      double e_cpu = 0, e_gpu = 0, ref = 0;
+      for (size_t i = 0; i < r->data.size(); ++i) {
+        e_cpu = std::max(e_cpu, double(std::fabs(a->data[i] - r->data[i])));
+        e_gpu = std::max(e_gpu, double(std::fabs(b->data[i] - r->data[i])));
+        ref = std::max(ref, double(std::fabs(r->data[i])));
       }
       const std::string name = std::filesystem::path(c.path).filename().string() + " " + std::to_string(w) + "x" + std::to_string(h);
-      EXPECT_LE(err, 1e-2 * ref) << name;
+      EXPECT_LE(e_gpu, 1.5 * e_cpu + 2e-3 * ref) << name;
       EXPECT_GT(ref, 0.0) << name;
-      std::printf("[cuda-vision] %-36s %4zu values  max|gpu - cpu| %.2e  max|cpu| %.3f\n", name.c_str(), a->data.size(),
-                  err, ref);
+      std::printf("[cuda-vision] %-36s %7zu values  max|err| vs exact: gpu %.2e cpu %.2e  (max|exact| %.3f)\n", name.c_str(),
+                  r->data.size(), e_gpu, e_cpu, ref);
     }
   }
 }

@@ -55,9 +55,9 @@ def files(kiln_bin, work_dir):
     }
 
 
-def image():
-    y, x = np.mgrid[0:H, 0:W]
-    rgb = np.stack([x * 255 // (W - 1), y * 255 // (H - 1), ((x * 7 + y * 3) % 256)], -1)
+def image(w=W, h=H):
+    y, x = np.mgrid[0:h, 0:w]
+    rgb = np.stack([x * 255 // (w - 1), y * 255 // (h - 1), ((x * 7 + y * 3) % 256)], -1)
     return np.ascontiguousarray(rgb.astype(np.uint8))
 
 
@@ -86,8 +86,8 @@ def mtmd(files):
     llama_cpp.llama_model_free(model)
 
 
-def encode(mtmd, path):
-    """llama.cpp's embeddings of the test image through projector `path`: (nx, ny, [n, n_embd])."""
+def encode(mtmd, path, w=W, h=H):
+    """llama.cpp's embeddings of the w x h test image through projector `path`: (nx, ny, [n, n_embd])."""
     M, model = mtmd
     cp = M.mtmd_context_params_default()
     cp.use_gpu = False
@@ -96,8 +96,8 @@ def encode(mtmd, path):
     cp.image_min_tokens = 4
     ctx = M.mtmd_init_from_file(str(path).encode(), model, cp)
     assert ctx, f"mtmd could not load the generated projector {path}"
-    rgb = image()
-    bmp = M.mtmd_bitmap_init(W, H, (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
+    rgb = image(w, h)
+    bmp = M.mtmd_bitmap_init(w, h, (ctypes.c_uint8 * rgb.size).from_buffer_copy(rgb.tobytes()))
     chunks = M.mtmd_input_chunks_init()
     try:
         marker = M.mtmd_default_marker()
@@ -175,3 +175,23 @@ def test_kiln_encodes_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
     corr = float(np.corrcoef(got.ravel(), want.ravel())[0, 1])
     print(f"{name}: max |kiln - llama.cpp| = {d:.2e} ({rel:.2e} of the largest), corr {corr:.6f}")
     assert rel < TOL[name] and corr > 0.9995, (name, d, rel, corr)
+
+
+@pytest.mark.parametrize("name", ["tiny", "f32"])
+def test_kiln_encodes_large_image_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
+    """704 x 640 pixels = 1760 patches: kiln's q|k|v projection and MLP run in two chunks of patches
+    (model/vision.h kVisionChunk), its attention as one non-causal run over all 1760 keys."""
+    w, h = 704, 640
+    png = write_png(work_dir / "mm-large.png", image(w, h))
+    out = work_dir / f"kiln-large-{name}.f32"
+    r = subprocess.run([str(kiln_bin), "image-embd", "--mmproj", str(files[name]), "--image", str(png),
+                        "--image-min-tokens", "4", "-t", "2", "-o", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{w // 32} x {h // 32} tokens of {N_OUT} floats" in r.stdout, r.stdout
+    nx, ny, want = encode(mtmd, files[name], w, h)
+    got = np.fromfile(out, dtype="<f4").reshape(nx * ny, N_OUT)
+    rel = float(np.abs(got - want).max()) / float(np.abs(want).max())
+    corr = float(np.corrcoef(got.ravel(), want.ravel())[0, 1])
+    print(f"{name} {w}x{h}: max |kiln - llama.cpp| {rel:.2e} of the largest, corr {corr:.6f}")
+    assert rel < TOL[name] and corr > 0.9995, (name, rel, corr)

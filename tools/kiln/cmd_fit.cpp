@@ -25,7 +25,7 @@ int cmd_fit(int argc, char** argv) {
                "kiln fit"};
   std::string model_path, mmproj, spec_type = "none", model_draft, ctkd, ctvd;
   int ngld = -1;
-  int64_t ctx = 0, n_batch = 2048, n_ubatch = 512, cache_ram = 8192, n_draft = 3, image_tokens = 1024;
+  int64_t ctx = 0, n_batch = 2048, n_ubatch = 512, cache_ram = 8192, n_draft = 3, image_tokens = 4096;
   int n_parallel = 1, threads = 0, cache_states = -1;
   app.add_option("-m,--model", model_path, "GGUF model (a metadata-only file is enough)")->required();
   app.add_option("--mmproj", mmproj, "vision projector (-mm): its weights and one image batch are planned");
@@ -46,7 +46,7 @@ int cmd_fit(int argc, char** argv) {
   app.add_option("--cache-type-k-draft", ctkd, "the draft model's K cache type (-ctkd; default -ctk)");
   app.add_option("--cache-type-v-draft", ctvd, "the draft model's V cache type (-ctvd; default -ctv)");
   app.add_option("--spec-draft-n-max,--draft-max", n_draft, "draft tokens per step for --spec-type (default 3, as kiln serve)");
-  app.add_option("--image-max-tokens", image_tokens, "image tokens one image may give (the image-batch estimate)");
+  app.add_option("--image-max-tokens", image_tokens, "image tokens one image may give (the image batch; default 4096, as kiln serve)");
   ModelFlags flags;
   flags.add(app, "K cache type (-ctk): f16, q8_0, q4_0, f32", "V cache type (-ctv)");
   flags.add_fit(app);
