@@ -159,31 +159,11 @@ def test_gguf_py_reads_generated_projector(files):
     assert names.index("v.blk.10.ln1.weight") < names.index("v.blk.2.attn_out.bias")  # converter order
 
 
-@pytest.mark.parametrize("name", ["f16-11", "f32", "q8", "bf16", "tiny"])
-def test_kiln_encodes_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
-    png = write_png(work_dir / "mm-image.png", image())
-    out = work_dir / f"kiln-{name}.f32"
-    r = subprocess.run([str(kiln_bin), "image-embd", "--mmproj", str(files[name]), "--image", str(png),
-                        "--image-min-tokens", "4", "-t", "2", "-o", str(out)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert f"{W // 32} x {H // 32} tokens of {N_OUT} floats" in r.stdout, r.stdout
-    nx, ny, want = encode(mtmd, files[name])
-    got = np.fromfile(out, dtype="<f4").reshape(nx * ny, N_OUT)
-    d = float(np.abs(got - want).max())
-    rel = d / float(np.abs(want).max())
-    corr = float(np.corrcoef(got.ravel(), want.ravel())[0, 1])
-    print(f"{name}: max |kiln - llama.cpp| = {d:.2e} ({rel:.2e} of the largest), corr {corr:.6f}")
-    assert rel < TOL[name] and corr > 0.9995, (name, d, rel, corr)
-
-
-@pytest.mark.parametrize("name", ["tiny", "f32"])
-def test_kiln_encodes_large_image_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
-    """704 x 640 pixels = 1760 patches: kiln's q|k|v projection and MLP run in two chunks of patches
-    (model/vision.h kVisionChunk), its attention as one non-causal run over all 1760 keys."""
-    w, h = 704, 640
-    png = write_png(work_dir / "mm-large.png", image(w, h))
-    out = work_dir / f"kiln-large-{name}.f32"
+def kiln_vs_llamacpp(kiln_bin, files, mtmd, work_dir, name, w, h):
+    """kiln's (`kiln image-embd`) and llama.cpp's embeddings of the w x h test image through projector
+    `name`: (max |kiln - llama.cpp| relative to the largest, correlation)."""
+    png = write_png(work_dir / f"mm-image-{w}x{h}.png", image(w, h))
+    out = work_dir / f"kiln-{name}-{w}x{h}.f32"
     r = subprocess.run([str(kiln_bin), "image-embd", "--mmproj", str(files[name]), "--image", str(png),
                         "--image-min-tokens", "4", "-t", "2", "-o", str(out)], capture_output=True, text=True,
                        timeout=300)
@@ -194,4 +174,18 @@ def test_kiln_encodes_large_image_as_llamacpp(kiln_bin, files, mtmd, work_dir, n
     rel = float(np.abs(got - want).max()) / float(np.abs(want).max())
     corr = float(np.corrcoef(got.ravel(), want.ravel())[0, 1])
     print(f"{name} {w}x{h}: max |kiln - llama.cpp| {rel:.2e} of the largest, corr {corr:.6f}")
+    return rel, corr
+
+
+@pytest.mark.parametrize("name", ["f16-11", "f32", "q8", "bf16", "tiny"])
+def test_kiln_encodes_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
+    rel, corr = kiln_vs_llamacpp(kiln_bin, files, mtmd, work_dir, name, W, H)
+    assert rel < TOL[name] and corr > 0.9995, (name, rel, corr)
+
+
+@pytest.mark.parametrize("name", ["tiny", "f32"])
+def test_kiln_encodes_large_image_as_llamacpp(kiln_bin, files, mtmd, work_dir, name):
+    """704 x 640 pixels = 1760 patches: kiln's q|k|v projection and MLP run in two chunks of patches
+    (model/vision.h kVisionChunk), its attention as one non-causal run over all 1760 keys."""
+    rel, corr = kiln_vs_llamacpp(kiln_bin, files, mtmd, work_dir, name, 704, 640)
     assert rel < TOL[name] and corr > 0.9995, (name, rel, corr)
