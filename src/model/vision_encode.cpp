@@ -75,9 +75,10 @@ struct VisionEncoder::Impl {
     vision_arena(c.dims(), N, kv_type, A, o);
     A.allocate(*dev);
     size_t ws = workspace(*st, &m, c.dims(), N);
+    const int64_t C = std::min(N, kVisionChunk), M = N / 4;  // columns: a chunk, all patches, merged tokens
     for (const VisionLayer& L : m.layers)
-      for (const Weight* w : {&L.qkv_w, &L.o_w, &L.up_w, &L.down_w, &L.ds_fc1_w, &L.ds_fc2_w})
-        if (w->present()) ws = std::max(ws, st->matmul_workspace(w->type, w->ne[0], w->ne[1], std::min(N, kVisionChunk)));
+      for (auto [w, cols] : {std::pair{&L.qkv_w, C}, {&L.o_w, N}, {&L.up_w, C}, {&L.down_w, C}, {&L.ds_fc1_w, M}, {&L.ds_fc2_w, M}})
+        if (w->present()) ws = std::max(ws, st->matmul_workspace(w->type, w->ne[0], w->ne[1], cols));
     st->reserve_workspace(ws);
     planned = N;
   }
