@@ -122,6 +122,10 @@ class Stream : public WorkspaceSizes {
   // unsupported (the CPU: the caller just runs body). Scalars passed to ops are baked in. ----
   virtual std::unique_ptr<Graph> capture(const std::function<void()>& body) { return nullptr; }
   virtual void replay(Graph& g) {}
+  // fn(arg) on the host once the stream's earlier work is done, before its later work starts (CUDA:
+  // a host node of the stream / of a graph being captured, run on a driver thread: fn must not call
+  // the CUDA API, and arg and what it points to must outlive the graphs that hold it; the CPU: now).
+  virtual void host_call(void (*fn)(void*), void* arg) = 0;
 
   // ---- batch invariance: on, every op computes each token's outputs with the same arithmetic however
   // many tokens and sequences the batch holds and however a prompt is split (greedy text identical with

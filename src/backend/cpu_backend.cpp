@@ -162,6 +162,7 @@ class CpuStream final : public Stream {
                        rb);
   }
   void synchronize() override {}
+  void host_call(void (*fn)(void*), void* arg) override { fn(arg); }
 
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
     return sizes_.matmul_workspace(wt, k, n, m);

@@ -302,6 +302,12 @@ class CudaStream final : public Stream {
     if (!timed_.empty()) prof_collect();
   }
 
+  void host_call(void (*fn)(void*), void* arg) override {
+    flush();
+    DeviceScope ds(dev_.ordinal());
+    KILN_CUDA_CALL(cudaLaunchHostFunc(stream_, fn, arg));
+  }
+
   // ---- graphs ----
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
     if (profiling()) return nullptr;  // ops are timed one by one

@@ -36,13 +36,14 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
   devs[size_t(out_dev)].output = true;
   if (opt.mtp) {
     KILN_CHECK(!m.mtp.empty(), "ContextOptions::mtp: {} has no MTP block", m.file().path());
-    devs[size_t(out_dev)].mtp = true;
+    mtp_dev = dev_index(model.mtp_device());
+    devs[size_t(mtp_dev)].mtp = true;
     devs[0].mtp = true;  // the host gathers the block's token embeddings
   }
   // Expert weights kept on another device than their block's (model/placement.h): that device runs them.
   bool split_experts = false;
   for (int64_t il = 0; il < c.n_layer + (opt.mtp ? c.n_nextn : 0); ++il) {
-    const int home = il < c.n_layer ? layer_dev[size_t(il)] : out_dev;
+    const int home = il < c.n_layer ? layer_dev[size_t(il)] : mtp_dev;
     expert_dev.push_back(dev_index(model.expert_device(il)));
     if (expert_dev.back() != home) devs[size_t(expert_dev.back())].experts = split_experts = true;
   }
@@ -61,6 +62,13 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
     top_ids = static_cast<int32_t*>(top_host->host_ptr());
     top_vals = reinterpret_cast<float*>(top_ids + size_t(n_top) * size_t(n_out_max));
   }
+  if (opt.mtp && graph_step) {
+    const size_t n = size_t(n_out_max);
+    draft_host = od.alloc_host((2 * size_t(kDraftGraphMax) * n + size_t(c.n_embd) * n) * 4);
+    draft_ids = static_cast<int32_t*>(draft_host->host_ptr());
+    draft_p = reinterpret_cast<float*>(draft_ids + size_t(kDraftGraphMax) * n);
+    draft_emb = draft_p + size_t(kDraftGraphMax) * n;
+  }
   if (opt.embeddings) {
     embd_host = od.alloc_host(size_t(c.n_embd) * size_t(n_out_max) * sizeof(float));
     embd = static_cast<float*>(embd_host->host_ptr());
@@ -77,7 +85,8 @@ Context::Impl::Impl(const Model& model, ThreadPool& pool, const ContextOptions& 
 
 // Scratch of one device (model/scratch.h, the layout the memory planner counts).
 void Context::Impl::plan(Dev& d) {
-  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp, d.experts, d.output ? n_top : 0};
+  const ScratchRole role{d.dev->type() == DeviceType::Cpu, d.layers, d.output, d.mtp, d.experts, d.output ? n_top : 0,
+                        runs_mtp(d)};
   plan_scratch(c, opt.n_batch, n_out_max, role, d.arena, d.plan);
 }
 
@@ -99,10 +108,13 @@ void Context::Impl::reserve(Dev& d) {
     add_block(il, here);
     n_rec += here && c.is_recurrent(il) ? 1 : 0;
   }
-  if (opt.mtp) add_block(c.n_layer, d.output);
-  if (d.mtp && d.output) {  // the MTP block: eh_proj and its own head (its layer's mat-muls above)
+  if (opt.mtp) add_block(c.n_layer, runs_mtp(d));
+  if (runs_mtp(d)) {  // the MTP block: eh_proj (its layer's mat-muls above)
     const LayerWeights& L = m.mtp[0];
     mats.push_back({L.nextn_eh_proj.type, L.nextn_eh_proj.ne[0], L.nextn_eh_proj.ne[1], false});
+  }
+  if (opt.mtp && d.output) {  // its head matrix, with the output
+    const LayerWeights& L = m.mtp[0];
     if (L.nextn_shared_head_head.present())
       mats.push_back({L.nextn_shared_head_head.type, L.nextn_shared_head_head.ne[0], L.nextn_shared_head_head.ne[1], false});
   }
@@ -226,7 +238,7 @@ void Context::Impl::reserve_attention(const Memory& mem) {
   if (mem.n_ctx() <= n_kv_reserved) return;
   n_kv_reserved = mem.n_ctx();
   for (Dev& d : devs)
-    if ((d.layers && c.n_attn_layers() > 0) || (d.mtp && d.output)) {
+    if ((d.layers && c.n_attn_layers() > 0) || runs_mtp(d)) {
       d.ws = std::max(d.ws, attention_step_workspace(*d.st, c, opt.n_batch, n_kv_reserved, opt.flash_attn));
       d.st->reserve_workspace(d.ws);
     }
@@ -377,7 +389,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
   }
   h.st->upload(h.tok, ids, size_t(T) * 4);
   for (Impl::Dev& d : s.devs)
-    if (d.layers || (d.mtp && d.output)) {
+    if (d.layers || s.runs_mtp(d)) {
       d.st->upload(d.a.pos, b.pos.data(), size_t(T) * 4);
       d.st->upload(d.a.seq, b.seq.data(), size_t(T) * 4);
       if (d.a.rseq.buf && !s.rseq.empty()) {
@@ -399,14 +411,15 @@ Status Context::decode(const Batch& b, Memory& mem) {
       if (b.embd[size_t(t)]) std::memcpy(x + t * c.n_embd, b.embd[size_t(t)], size_t(c.n_embd) * 4);
   }
   const bool mtp = opt_.mtp;
-  if (mtp) {  // the MTP block's embeddings and per-token indices, on the output's device
+  Impl::Dev& md = s.devs[size_t(s.mtp_dev)];
+  if (mtp) {  // the MTP block's embeddings and per-token indices, on its device
     const LayerWeights& L = model_.mtp[0];
     h.st->get_rows(L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t, h.tok, h.emb);
-    if (&o != &h) o.st->upload(o.emb, h.emb.host(), size_t(c.n_embd * T) * sizeof(float));
-    o.st->upload(o.hsrc, s.hsrc.data(), size_t(T) * 4);
-    o.st->upload(o.hshift, s.hshift.data(), size_t(T) * 4);
-    o.st->upload(o.hdst, s.hdst.data(), size_t(T) * 4);
-    o.st->upload(o.hzero, s.hzero.data(), size_t(T) * 4);
+    if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(c.n_embd * T) * sizeof(float));
+    md.st->upload(md.hsrc, s.hsrc.data(), size_t(T) * 4);
+    md.st->upload(md.hshift, s.hshift.data(), size_t(T) * 4);
+    md.st->upload(md.hdst, s.hdst.data(), size_t(T) * 4);
+    md.st->upload(md.hzero, s.hzero.data(), size_t(T) * 4);
   }
 
   if (s.graph_step) {
@@ -447,11 +460,15 @@ Status Context::decode(const Batch& b, Memory& mem) {
       cur = d;
       s.run_layer(s.devs[size_t(d)], il, mem, T);
     }
-    if (n_out > 0 || mtp) {
-      if (s.out_dev != cur) s.move_x(s.devs[size_t(cur)], o, T);
-      s.run_output(o, T, n_out);
-      if (mtp) s.mtp_catchup(o, mem, T);
-    }
+    // The output rows and the MTP catch-up both read x, and the catch-up overwrites it: on one device
+    // the output runs first; on two, x moves first (a move to the host synchronizes) and the GPU's
+    // catch-up is queued before the host computes the output rows.
+    if (n_out > 0 && s.out_dev != cur) s.move_x(s.devs[size_t(cur)], o, T);
+    if (mtp && s.mtp_dev != cur) s.move_x(s.devs[size_t(cur)], md, T);
+    const bool apart = s.mtp_dev != s.out_dev;
+    if (mtp && apart) s.mtp_catchup(md, mem, T);
+    s.run_output(o, T, n_out);
+    if (mtp && !apart) s.mtp_catchup(md, mem, T);
   }
   // The rows' top logits only (n_top), or every logits row, to the host.
   const bool on_gpu = o.dev->type() != DeviceType::Cpu;

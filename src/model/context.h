@@ -81,7 +81,7 @@ struct ContextOptions {
   bool embeddings = false;
   // Run the model's MTP block (qwen35*: Model::mtp, --spec-type draft-mtp; model/mtp.cpp): every
   // decode also computes the block's KV rows of its tokens (the Memory needs MemoryOptions::mtp),
-  // and mtp_draft() drafts with it. The block runs on the output's device.
+  // and mtp_draft() drafts with it. The block runs on the last trunk layer's device (Model::mtp_device).
   bool mtp = false;
   // Also select each output row's n_top largest logits where the logits are (0 = off; at most 128,
   // capped at n_vocab): top_logits(). On a GPU a decode then downloads only those (k ids and values

@@ -30,7 +30,9 @@ struct Context::Impl {
     backend::Arena arena;
     Plan plan;
     bool layers = false, output = false;
-    bool mtp = false;  // ContextOptions::mtp: the MTP block runs here (the output's device)
+    // ContextOptions::mtp: the block's inputs are here (the host gathers its token embeddings; the
+    // device of Impl::mtp_dev runs the block).
+    bool mtp = false;
     bool experts = false;  // runs the routed experts of blocks on another device (their weights are here)
     size_t ws = 0;  // workspace reserved
     // Views for the current batch.
@@ -55,6 +57,7 @@ struct Context::Impl {
   std::vector<int> layer_dev;             // [n_layer]: index into devs
   std::vector<int> expert_dev;            // [n_layer + n_nextn]: where each block's expert weights are (devs)
   int out_dev = 0;
+  int mtp_dev = 0;  // ContextOptions::mtp: where the MTP blocks run (Model::mtp_device)
   bool graph_step = false;  // every layer, its experts and the output on devs[1]
   std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
   uint64_t graph_mem = 0;  // Memory::id of the Memory the graphs write (an address can be reused)
@@ -83,6 +86,28 @@ struct Context::Impl {
   bool top_valid = false, rows_on_host = true;
   std::vector<uint8_t> fetched;  // [n_out_max]
   std::vector<int32_t> hsrc, hshift, hdst, hzero;  // MTP: per token (mtp.cpp)
+  // MTP drafts as one graph (mtp.cpp, graph_step only): every position of n rows recorded once per
+  // (n, k); between positions a host node gathers the drafted tokens' embeddings (the table stays
+  // on the host). Page-locked: the drafted ids and probabilities [k, n], the gathered rows [E, n].
+  struct DraftGather {  // one host node's work: ids[n] -> rows of `table` as F32 into emb [E, n]
+    const char* table = nullptr;
+    size_t row_bytes = 0;
+    gguf::GgmlType type{};
+    const int32_t* ids = nullptr;
+    float* emb = nullptr;
+    int64_t n = 0, E = 0;
+    static void run(void* self);
+  };
+  struct DraftGraph {
+    std::unique_ptr<backend::Graph> graph;
+    std::vector<DraftGather> gathers;  // [k - 1], pointed at by the graph's host nodes
+  };
+  std::unique_ptr<backend::Buffer> draft_host;
+  int32_t* draft_ids = nullptr;  // [kDraftGraphMax, n_out_max]
+  float* draft_p = nullptr;      // [kDraftGraphMax, n_out_max]
+  float* draft_emb = nullptr;    // [E, n_out_max]
+  std::map<std::pair<int64_t, int>, std::unique_ptr<DraftGraph>> draft_graphs;  // (n, k)
+  uint64_t draft_graph_mem = 0;
 
   Impl(const Model& model, ThreadPool& pool, const ContextOptions& o);
   int dev_index(backend::Device& d);
@@ -95,11 +120,16 @@ struct Context::Impl {
   Dev& experts_of(int64_t il) { return devs[size_t(expert_dev[size_t(il)])]; }
   void run_output(Dev& d, int64_t T, int64_t n_out);
   void move_x(Dev& from, Dev& to, int64_t T);
-  // MTP (mtp.cpp): the per-token indices of a batch (host), and the catch-up rows on the output
+  bool runs_mtp(const Dev& d) const { return opt.mtp && &d == &devs[size_t(mtp_dev)]; }
+  // MTP (mtp.cpp): the per-token indices of a batch (host), and the catch-up rows on the MTP block's
   // device after the trunk (x there: the residual stream).
   Status mtp_prepare(const Batch& b, const Memory& mem);
   void reserve_attention(const Memory& mem);  // attention workspaces for mem's context length
   void mtp_catchup(Dev& d, Memory& mem, int64_t T);
+  // Greedy drafts of k positions for the rows `act` of `rows` as one recorded graph (mtp_draft's path
+  // when the whole step is on one GPU and nothing but the drafted ids is wanted).
+  void mtp_draft_graph(std::span<const Context::MtpRow> rows, const std::vector<int>& act, int k, float p_min,
+                       Memory& mem, std::vector<std::vector<int32_t>>& out);
 };
 
 }  // namespace kiln::model

@@ -173,12 +173,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   };
 
   // Where the expert tensors go (model/placement.h: the loader's decision on the same tensor table).
-  BlockDevices bd;
-  bd.n_layer = c.n_layer;
-  bd.n_nextn = c.n_nextn;
-  bd.gpu_layers = p.n_gpu_layers;
-  bd.mtp_on_gpu = o.spec_mtp && p.output_on_gpu;
-  bd.main_gpu = o.main_gpu;
+  const BlockDevices bd = BlockDevices::of(c, p.n_gpu_layers, o.spec_mtp, o.main_gpu);
   auto experts = place_experts(*m.file, c, bd, o.placement);
   KILN_TRY(experts);
   p.n_cpu_moe = o.placement.n_cpu_moe;
@@ -296,31 +291,42 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     add("CUDA runtime", "cuBLAS handles, step graphs (reserve, not measured)", 0, kCudaRuntimeReserve, true);
   }
 
-  // The MTP head (--spec-type draft-mtp): its blocks with the output, one attention layer of KV each,
-  // and the draft's own rows.
+  // The MTP head (--spec-type draft-mtp): its blocks with the last trunk layer (on the GPU whenever a
+  // layer is), one attention layer of KV each, and the draft's own rows; as the loader places them, its
+  // embedding table stays on the host and its head matrix (nextn.shared_head_head, or the output)
+  // multiplies with the output, and a GPU copy of output_norm serves it when the output is on the host.
   if (o.spec_mtp) {
     if (c.n_nextn <= 0)
       return err("{}: --spec-type draft-mtp: the model has no MTP block ('{}.nextn_predict_layers' is 0 or missing)",
                  m.path, c.arch_str);
-    uint64_t w = 0, f = 0;
-    const uint64_t trunk_experts = host_experts;
+    const bool g = bd.mtp_on_gpu;
+    uint64_t host = 0, dev = 0;
     for (int64_t i = 0; i < c.n_nextn; ++i) {
-      w += gpu_block(c.n_layer + i);
-      f += file_bytes(block(c.n_layer + i));
+      std::vector<const gguf::TensorInfo*> up;
+      for (const gguf::TensorInfo* t : block(c.n_layer + i)) {
+        const bool stays = t->name.ends_with("nextn.embed_tokens.weight") ||
+                           (!p.output_on_gpu && t->name.ends_with("nextn.shared_head_head.weight")) ||
+                           (experts->on_host(c.n_layer + i) && is_expert_tensor(t->name));
+        if (!g || stays) host += t->n_bytes;
+        else up.push_back(t);
+      }
+      dev += packed(up);
     }
-    const bool g = p.output_on_gpu;
-    const uint64_t mtp_host_experts = host_experts - trunk_experts;  // their experts kept on the host
+    if (g && !p.output_on_gpu) dev += packed_weight_bytes({uint64_t(c.n_embd) * 4});  // output_norm's copy
     add("MTP head",
-        fmt::format("blk.{}.* ({} block(s)), with the output{}", c.n_layer, c.n_nextn,
-                    mtp_host_experts > 0 ? "; its expert tensors on the host" : ""),
-        g ? mtp_host_experts : f, g ? w : 0);
+        fmt::format("blk.{}.* ({} block(s)), with the last layer{}", c.n_layer, c.n_nextn,
+                    g && !p.output_on_gpu ? "; its head matrix with the output on the host" : ""),
+        host, dev);
     const uint64_t kv = uint64_t(c.n_nextn) * lay->attn_layer_bytes;
     add("MTP KV", fmt::format("{} attention layer(s) x {} slot(s) x {} positions", c.n_nextn, p.n_parallel, p.n_ctx_slot),
         g ? 0 : kv, g ? kv : 0);
-    const uint64_t draft =
-        4 * (uint64_t(2 * c.n_embd) * uint64_t(p.n_step) + uint64_t(c.n_vocab) * uint64_t(o.n_draft + 1) * uint64_t(p.n_parallel));
-    add("MTP draft scratch", fmt::format("[2E, step] input + {} draft logits rows per slot", o.n_draft + 1), g ? 0 : draft,
-        g ? draft : 0, true);
+    // The block's [2E, step] input where it runs, the draft rows' logits with the output, and with
+    // both on the GPU the recorded drafts' page-locked rows (model/scratch.h kDraftGraphMax).
+    const uint64_t in = 4 * uint64_t(2 * c.n_embd) * uint64_t(p.n_step);
+    const uint64_t rows = 4 * uint64_t(c.n_vocab) * uint64_t(o.n_draft + 1) * uint64_t(p.n_parallel);
+    const uint64_t pinned = p.output_on_gpu ? 4 * uint64_t(2 * kDraftGraphMax + c.n_embd) * uint64_t(n_out) : 0;
+    add("MTP draft scratch", fmt::format("[2E, step] input + {} draft logits rows per slot", o.n_draft + 1),
+        (g ? 0 : in) + (p.output_on_gpu ? pinned : rows), (g ? in : 0) + (p.output_on_gpu ? rows : 0), true);
   }
 
   // The projector (--mmproj): on the GPU whenever layers are there (llama-server's --mmproj-offload).

@@ -159,13 +159,9 @@ Status place_model(Model& m, const LoadOptions& opt) {
   ngl = std::min<int64_t>(ngl, c.n_layer + 1);
   m.layer_dev_.assign(size_t(c.n_layer), m.host_.get());
   m.expert_dev_.assign(size_t(c.n_layer + c.n_nextn), m.host_.get());
-  m.out_dev_ = m.host_.get();
-  BlockDevices bd;
-  bd.n_layer = c.n_layer;
-  bd.n_nextn = c.n_nextn;
-  bd.gpu_layers = int(ngl);
-  bd.mtp_on_gpu = opt.mtp && ngl > c.n_layer;
-  bd.main_gpu = opt.main_gpu;
+  m.out_dev_ = m.mtp_dev_ = m.host_.get();
+  m.mtp_output_norm = m.output_norm;
+  const BlockDevices bd = BlockDevices::of(c, int(ngl), opt.mtp, opt.main_gpu);
   auto experts = place_experts(m.file(), c, bd, opt.placement);  // also checks the rules when all is on the CPU
   KILN_TRY(experts);
   if (ngl == 0) return {};
@@ -174,12 +170,13 @@ Status place_model(Model& m, const LoadOptions& opt) {
   backend::Device& gpu = backend::cuda_device(opt.main_gpu);
   StagedUpload up(gpu);
   // One block's weights onto the GPU, its experts too unless they stay on the host.
-  auto upload_block = [&](LayerWeights& L, int64_t il, const Weight* keep_on_host) {
+  auto upload_block = [&](LayerWeights& L, int64_t il, std::initializer_list<const Weight*> keep_on_host) {
     const bool host_experts = experts->on_host(il);
     std::vector<Weight*> ws;
     for_each_weight(L, [&](Weight& w) {
       const bool expert = &w == &L.ffn_gate_exps || &w == &L.ffn_up_exps || &w == &L.ffn_down_exps;
-      if (w.present() && &w != keep_on_host && !(expert && host_experts)) ws.push_back(&w);
+      const bool keep = std::find(keep_on_host.begin(), keep_on_host.end(), &w) != keep_on_host.end();
+      if (w.present() && !keep && !(expert && host_experts)) ws.push_back(&w);
     });
     m.info_.gpu_bytes += upload_weights(gpu, up, ws, m.bufs_);
     m.expert_dev_[size_t(il)] = host_experts ? m.host_.get() : &gpu;
@@ -187,7 +184,7 @@ Status place_model(Model& m, const LoadOptions& opt) {
   };
   const int64_t first = std::max<int64_t>(0, c.n_layer - ngl);
   for (int64_t il = first; il < c.n_layer; ++il) {
-    upload_block(m.layers[size_t(il)], il, nullptr);
+    upload_block(m.layers[size_t(il)], il, {});
     m.layer_dev_[size_t(il)] = &gpu;
   }
   m.info_.n_gpu_layers = c.n_layer - first;
@@ -196,12 +193,27 @@ Status place_model(Model& m, const LoadOptions& opt) {
     m.info_.gpu_bytes += upload_weights(gpu, up, {&m.output_norm, &m.output}, m.bufs_);
     m.out_dev_ = &gpu;
     m.info_.output_on_gpu = true;
-    if (opt.mtp)  // the MTP block runs where the output does (model/mtp.cpp); embeddings are gathered on the host
-      for (size_t i = 0; i < m.mtp.size(); ++i) upload_block(m.mtp[i], c.n_layer + int64_t(i), &m.mtp[i].nextn_embed_tokens);
+  }
+  if (bd.mtp_on_gpu) {
+    // The MTP blocks run with the last trunk layer (model/mtp.cpp): their embeddings are gathered on
+    // the host, their head matrix multiplies with the output (on the host when the output is there),
+    // and they read the trunk's hidden states through output_norm (a copy here when the output is
+    // on the host).
+    const bool out_host = !m.info_.output_on_gpu;
+    for (size_t i = 0; i < m.mtp.size(); ++i)
+      upload_block(m.mtp[i], c.n_layer + int64_t(i),
+                   {&m.mtp[i].nextn_embed_tokens, out_host ? &m.mtp[i].nextn_shared_head_head : nullptr});
+    m.mtp_output_norm = m.output_norm;
+    if (out_host) m.info_.gpu_bytes += upload_weights(gpu, up, {&m.mtp_output_norm}, m.bufs_);
+    m.mtp_dev_ = &gpu;
   }
   up.finish();
   KILN_LOG_INFO("{}: {} of {} layers{} on {} ({:.1f} MiB){}", m.file().path(), m.info_.n_gpu_layers, c.n_layer,
-                m.info_.output_on_gpu ? " and the output" : "", gpu.name(), double(m.info_.gpu_bytes) / (1 << 20),
+                m.info_.output_on_gpu && bd.mtp_on_gpu ? ", the output and the MTP block"
+                : m.info_.output_on_gpu               ? " and the output"
+                : bd.mtp_on_gpu                       ? " and the MTP block"
+                                                      : "",
+                gpu.name(), double(m.info_.gpu_bytes) / (1 << 20),
                 m.info_.n_expert_host > 0
                     ? fmt::format("; the expert tensors of {} of them on the host", m.info_.n_expert_host)
                     : std::string());

@@ -24,8 +24,8 @@ Result<std::unique_ptr<Memory>> Memory::create(const Model& m, const MemoryOptio
     backend::Device& d = m.layer_device(il);
     if (d.type() != backend::DeviceType::Cpu) devs[size_t(il)] = &d;
   }
-  // The MTP block runs where the output does (model/mtp.cpp).
-  if (m.output_device().type() != backend::DeviceType::Cpu) devs.back() = &m.output_device();
+  // The MTP block's KV and hidden states where it runs (Model::mtp_device).
+  if (m.mtp_device().type() != backend::DeviceType::Cpu) devs.back() = &m.mtp_device();
   return create(m.config(), opt, devs);
 }
 

@@ -92,7 +92,9 @@ struct LoadOptions {
   // loads on the CPU (one log line says why, unless auto).
   int n_gpu_layers = 0;
   int main_gpu = 0;  // the CUDA device (ordinal) of the GPU layers
-  bool mtp = false;  // the MTP block will run (--spec-type draft-mtp): placed with the output
+  // The MTP block will run (--spec-type draft-mtp): on the device of the last trunk layer (the GPU
+  // whenever n_gpu_layers >= 1), its head matrix with the output (model/mtp.cpp).
+  bool mtp = false;
   // --cpu-moe / --n-cpu-moe / -ot: expert tensors of GPU blocks kept in host memory (model/placement.h).
   PlacementOptions placement;
   // Called with (tensors checked, total) while validating; optional.
@@ -121,11 +123,17 @@ class Model {
   Weight output;       // [E, V] (= token_embd when tied)
   std::vector<LayerWeights> layers;  // n_layer trunk layers
   std::vector<LayerWeights> mtp;     // n_nextn MTP blocks (blk.<n_layer + i>), gated attention + FFN + nextn.*
+  // output_norm where the MTP blocks run (the trunk's hidden states they read are normed with it):
+  // output_norm itself, or its copy on the GPU when the output stays on the host.
+  Weight mtp_output_norm;  // [E]
 
   // Placement: the device trunk layer il runs on (its weights' device), the output's, and the host
   // device (the wrapped mapping, token_embd).
   backend::Device& layer_device(int64_t il) const { return *layer_dev_[size_t(il)]; }
   backend::Device& output_device() const { return *out_dev_; }
+  // Where the MTP blocks run (LoadOptions::mtp): with the last trunk layer; their head matrix
+  // (nextn.shared_head_head or the output) is on output_device().
+  backend::Device& mtp_device() const { return *mtp_dev_; }
   // Where the expert tensors of block il (trunk layers, then the MTP blocks) are: the block's device,
   // or the host when the placement keeps them there (the Context runs those experts on the host).
   backend::Device& expert_device(int64_t il) const { return *expert_dev_[size_t(il)]; }
@@ -142,6 +150,7 @@ class Model {
   std::unique_ptr<backend::Device> host_;        // wraps the mapping (and owned_)
   std::vector<backend::Device*> layer_dev_;      // [n_layer]: host_ or a CUDA device
   backend::Device* out_dev_ = nullptr;
+  backend::Device* mtp_dev_ = nullptr;
   std::vector<backend::Device*> expert_dev_;     // [n_layer + n_nextn]
   std::vector<std::unique_ptr<backend::Buffer>> bufs_;  // wraps and GPU uploads (destroyed before host_)
 };

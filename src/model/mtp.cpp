@@ -18,15 +18,21 @@
 //   token). Prefix-cache snapshots and slot files carry it as part of the recurrent state.
 // Drafts: rows [sampled token, stored h] at the sequence's next position, then each drafted token
 //   with the block's own h', k times; the KV rows written past seq_pos are overwritten by the next
-//   decode's catch-up. Only Stream ops on the output's device; between draft steps the host reads
-//   each row's drafted id and its probability (the argmax on the device: topk_route with k = 1; the
-//   probability for --spec-draft-p-min) and gathers the next token's embedding (token_embd stays
-//   on the host).
+//   decode's catch-up. Placement (Model::mtp_device): the block runs with the last trunk layer, so on
+//   the GPU whenever a layer is, also when the output (the head matrix) stays on the host: the
+//   catch-up rows of a prompt then run on the GPU, and a draft's h' rows go to the host for the head.
+//   The argmax is on the device (topk_route with k = 1; the probability for --spec-draft-p-min), and
+//   token_embd stays on the host, which gathers each drafted token's embedding. When the whole step
+//   is on one GPU and only the ids are wanted (the engine's drafts), all k positions of all rows are
+//   one recorded graph (mtp_draft_graph: a host node gathers the embeddings between positions, no
+//   host round trip); otherwise (the CPU, a split model, keep_logits) position by position, the host
+//   reading each row's id and probability in between.
 // Must not: sample with the request's sampler or touch seq_pos. Threading: as Context.
 #include <algorithm>
 #include <cmath>
 
 #include "model/context_impl.h"
+#include "tensor/quant.h"
 
 namespace kiln::model {
 
@@ -76,13 +82,13 @@ Status Context::Impl::mtp_prepare(const Batch& b, const Memory& mem) {
   return {};
 }
 
-// After the trunk, on the output's device d (x: the residual stream of the T tokens).
+// After the trunk, on the MTP block's device d (x: the residual stream of the T tokens).
 void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
   const int64_t E = c.n_embd;
   backend::Stream& st = *d.st;
   const LayerWeights& L = m.mtp[0];
   // The trunk's hidden states after the output norm (llama.cpp's t_h_nextn), every token.
-  st.rms_norm(d.a.x, &m.output_norm.t, d.hall, c.rms_eps);
+  st.rms_norm(d.a.x, &m.mtp_output_norm.t, d.hall, c.rms_eps);
   // Each token's previous hidden state: the stored one (run starts), then the run's own shifted by one.
   const Tensor& mh = mem.mtp_h();
   st.get_rows(mh, d.hsrc, dense_view(d.hprev, E, T));
@@ -117,13 +123,27 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
   s.reserve_attention(mem);
   const LayerWeights& L = model_.mtp[0];
   const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t;
-  const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : model_.output_norm.t;
+  const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : model_.mtp_output_norm.t;
   const Tensor& head = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : model_.output.t;
   Impl::Dev& h = s.devs[0];
-  Impl::Dev& o = s.devs[size_t(s.out_dev)];
+  Impl::Dev& md = s.devs[size_t(s.mtp_dev)];  // runs the block and the head norm
+  Impl::Dev& o = s.devs[size_t(s.out_dev)];   // the head matrix, the argmax and the logits rows
   std::vector<int> act, prev;  // active rows (indices into `rows`), and the previous step's
+  int k = 0;
+  bool room = true;  // every row's k positions fit the context (the graph runs all rows k positions)
   for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].n_max > 0) act.push_back(int(i));
+    if (rows[i].n_max > 0) {
+      act.push_back(int(i));
+      k = std::max(k, rows[i].n_max);
+    }
+  for (int r : act) room = room && mem.seq_pos(rows[size_t(r)].seq) + k <= mem.n_ctx();
+  if (!act.empty() && !keep_logits && s.graph_step && k <= kDraftGraphMax && int64_t(act.size()) * k <= opt_.n_batch &&
+      room) {
+    s.mtp_draft_graph(rows, act, k, p_min, mem, out);
+    s.rows_on_host = true;
+    s.top_valid = false;
+    return {};
+  }
   std::vector<int32_t> tok(rows.size()), pos, seq, src;
   for (size_t i = 0; i < rows.size(); ++i) tok[i] = rows[i].token;
   for (int j = 0; !act.empty(); ++j) {
@@ -139,20 +159,24 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
       src.push_back(j == 0 ? mem.rec_slot(r.seq)
                            : int32_t(std::find(prev.begin(), prev.end(), act[a]) - prev.begin()));
     }
-    const Tensor prev_h = Tensor::make(o.hidden.buf, o.hidden.offset, gguf::GgmlType::F32, {E, std::max<int64_t>(T_prev, 1), 1, 1});
+    const Tensor prev_h = Tensor::make(md.hidden.buf, md.hidden.offset, gguf::GgmlType::F32, {E, std::max<int64_t>(T_prev, 1), 1, 1});
     for (Impl::Dev& d : s.devs) s.bind(d, T, T);
     h.st->upload(h.tok, ids.data(), size_t(T) * 4);
     h.st->get_rows(table, h.tok, h.emb);
-    if (&o != &h) o.st->upload(o.emb, h.emb.host(), size_t(E * T) * sizeof(float));
-    o.st->upload(o.a.pos, pos.data(), size_t(T) * 4);
-    o.st->upload(o.a.seq, seq.data(), size_t(T) * 4);
-    o.st->upload(o.hsrc, src.data(), size_t(T) * 4);
-    o.st->get_rows(j == 0 ? mem.mtp_h() : prev_h, o.hsrc, dense_view(o.hprev, E, T));
+    if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(E * T) * sizeof(float));
+    md.st->upload(md.a.pos, pos.data(), size_t(T) * 4);
+    md.st->upload(md.a.seq, seq.data(), size_t(T) * 4);
+    md.st->upload(md.hsrc, src.data(), size_t(T) * 4);
+    md.st->get_rows(j == 0 ? mem.mtp_h() : prev_h, md.hsrc, dense_view(md.hprev, E, T));
     Impl::Dev& e = s.experts_of(c.n_layer);
     const Step xs{*e.st, e.a, c, opt_, T};
-    const Step st{*o.st, o.a, c, opt_, T, &e != &o ? &xs : nullptr};
-    mtp_block(st, L, c.n_layer, mem, o.emb, o.hprev, o.cat, o.a.x);
-    o.st->rms_norm(o.a.x, &head_norm, o.hidden, c.rms_eps);
+    const Step st{*md.st, md.a, c, opt_, T, &e != &md ? &xs : nullptr};
+    mtp_block(st, L, c.n_layer, mem, md.emb, md.hprev, md.cat, md.a.x);
+    md.st->rms_norm(md.a.x, &head_norm, md.hidden, c.rms_eps);
+    if (&md != &o) {  // the GPU's h' rows to the host, where the output is (md keeps them for the next step)
+      md.st->download(o.hidden.host(), md.hidden, size_t(E * T) * sizeof(float));
+      md.st->synchronize();
+    }
     o.st->matmul(head, o.hidden, o.logits);
     // Greedy on the device: each row's argmax and its probability under the full softmax
     // (topk_route with k = 1); the host reads those two numbers per row.
@@ -180,6 +204,90 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
     act = std::move(next);
   }
   return {};
+}
+
+void Context::Impl::DraftGather::run(void* self) {
+  const DraftGather& g = *static_cast<const DraftGather*>(self);
+  for (int64_t a = 0; a < g.n; ++a)
+    tensor::dequantize_row(g.type, g.table + size_t(g.ids[a]) * g.row_bytes, g.emb + a * g.E, g.E);
+}
+
+// The draft as one graph on devs[1] (graph_step: the block, the head and the output there). Inputs
+// before the replay: step 0's embeddings (gathered here), every position's pos [k, n], seq, step 0's
+// hidden-state slots and the identity (later steps read their own h'). Per position in the graph: the
+// block, the head, the argmax, its id and probability to page-locked memory, and (but the last) a host
+// node gathering those ids' embeddings and their upload. All rows run k positions; each row's drafts
+// are cut afterwards at its n_max and at the first probability below p_min (their KV rows past the
+// cut are overwritten by the next decode's catch-up, as in the step-by-step path).
+void Context::Impl::mtp_draft_graph(std::span<const Context::MtpRow> rows, const std::vector<int>& act, int k,
+                                    float p_min, Memory& mem, std::vector<std::vector<int32_t>>& out) {
+  const int64_t E = c.n_embd, n = int64_t(act.size());
+  const LayerWeights& L = m.mtp[0];
+  const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : m.token_embd.t;
+  const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : m.mtp_output_norm.t;
+  const Tensor& head = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : m.output.t;
+  Dev& h = devs[0];
+  Dev& g = devs[1];
+  std::vector<int32_t> ids(static_cast<size_t>(n)), seq(ids), src0(ids), ident(ids), pos(static_cast<size_t>(k * n));
+  for (int64_t a = 0; a < n; ++a) {
+    const MtpRow& r = rows[size_t(act[size_t(a)])];
+    ids[size_t(a)] = r.token;
+    seq[size_t(a)] = r.seq;
+    src0[size_t(a)] = mem.rec_slot(r.seq);
+    ident[size_t(a)] = int32_t(a);
+    for (int j = 0; j < k; ++j) pos[size_t(j * n + a)] = int32_t(mem.seq_pos(r.seq) + j);
+  }
+  for (Dev& d : devs) bind(d, n, n);
+  h.st->upload(h.tok, ids.data(), size_t(n) * 4);
+  h.st->get_rows(table, h.tok, h.emb);
+  g.st->upload(g.emb, h.emb.host(), size_t(E * n) * sizeof(float));
+  g.st->upload(g.arena.tensor(g.plan.pos, gguf::GgmlType::I32, {k * n, 1, 1, 1}), pos.data(), pos.size() * 4);
+  g.st->upload(g.a.seq, seq.data(), size_t(n) * 4);
+  g.st->upload(g.hsrc, src0.data(), size_t(n) * 4);
+  g.st->upload(g.hshift, ident.data(), size_t(n) * 4);
+
+  if (draft_graph_mem != mem.id()) {  // graphs hold the Memory's buffer addresses
+    draft_graphs.clear();
+    draft_graph_mem = mem.id();
+  }
+  auto& dg = draft_graphs[{n, k}];
+  if (!dg) {
+    dg = std::make_unique<DraftGraph>();
+    dg->gathers.resize(size_t(k - 1));
+    for (int j = 0; j + 1 < k; ++j)
+      dg->gathers[size_t(j)] = {static_cast<const char*>(table.host()), table.nb[1], table.type,
+                                draft_ids + size_t(j * n), draft_emb, n, E};
+  }
+  const Tensor hid = Tensor::make(g.hidden.buf, g.hidden.offset, gguf::GgmlType::F32, {E, n, 1, 1});
+  auto body = [&] {
+    for (int j = 0; j < k; ++j) {
+      Act aj = g.a;
+      aj.pos = g.arena.tensor(g.plan.pos + size_t(j * n) * 4, gguf::GgmlType::I32, {n, 1, 1, 1});
+      const Step st{*g.st, aj, c, opt, n};
+      g.st->get_rows(j == 0 ? mem.mtp_h() : hid, j == 0 ? g.hsrc : g.hshift, dense_view(g.hprev, E, n));
+      mtp_block(st, L, c.n_layer, mem, g.emb, g.hprev, g.cat, g.a.x);
+      g.st->rms_norm(g.a.x, &head_norm, g.hidden, c.rms_eps);
+      g.st->matmul(head, g.hidden, g.logits);
+      g.st->topk_route(g.logits, 1, false, 1.0f, g.dids, g.dprob);
+      g.st->download(draft_ids + size_t(j * n), g.dids, size_t(n) * 4);
+      g.st->download(draft_p + size_t(j * n), g.dprob, size_t(n) * 4);
+      if (j + 1 < k) {
+        g.st->host_call(&DraftGather::run, &dg->gathers[size_t(j)]);
+        g.st->upload(g.emb, draft_emb, size_t(E * n) * sizeof(float));
+      }
+    }
+  };
+  if (!dg->graph && !graphs_unsupported) dg->graph = g.st->capture(body);
+  if (dg->graph) g.st->replay(*dg->graph);
+  else body();  // no capture (per-op profiling): the same ops, enqueued now
+  g.st->synchronize();
+  for (int64_t a = 0; a < n; ++a) {
+    const int r = act[size_t(a)];
+    for (int j = 0; j < rows[size_t(r)].n_max; ++j) {
+      if (draft_p[size_t(j * n + a)] < p_min) break;
+      out[size_t(r)].push_back(draft_ids[size_t(j * n + a)]);
+    }
+  }
 }
 
 }  // namespace kiln::model

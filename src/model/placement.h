@@ -4,8 +4,8 @@
 //   the loader (model/loader.cpp) and the memory planner (model/fit.h) share, so the plan and the
 //   load cannot disagree.
 // Rules (docs/memory.md "Expert offload"):
-//   - -ngl places whole blocks (the last N trunk layers; the output and, with MTP, the MTP blocks
-//     when N > n_layer). A block on the GPU may keep its expert tensors
+//   - -ngl places whole blocks (the last N trunk layers, the output when N > n_layer; with MTP the
+//     MTP blocks go with the last trunk layer, so to the GPU when N >= 1). A block on the GPU may keep its expert tensors
 //     (blk.N.ffn_{gate,up,down}_exps.weight) in host memory; the Context then runs the routed
 //     experts of that block on the host (model/experts.cpp). Nothing else moves by tensor.
 //   - -ot rules are matched first, in the order given (the first whose regex is found in a tensor's
@@ -63,8 +63,12 @@ bool is_expert_tensor(std::string_view name, int64_t* block = nullptr);
 struct BlockDevices {
   int64_t n_layer = 0, n_nextn = 0;
   int gpu_layers = 0;       // resolved -ngl: 0..n_layer + 1 (> n_layer: the output too)
-  bool mtp_on_gpu = false;  // the MTP blocks run with the output (LoadOptions::mtp) and it is on the GPU
+  bool mtp_on_gpu = false;  // the MTP blocks run (LoadOptions::mtp) with the last trunk layer, on the GPU
   int main_gpu = 0;         // the CUDA device (CUDA<main_gpu>)
+  // The loader's rule for a resolved -ngl (0..n_layer + 1) and LoadOptions::mtp.
+  static BlockDevices of(const ModelConfig& c, int gpu_layers, bool mtp, int main_gpu = 0) {
+    return {c.n_layer, c.n_nextn, gpu_layers, mtp && gpu_layers >= 1, main_gpu};
+  }
   bool on_gpu(int64_t block) const {
     if (gpu_layers <= 0) return false;
     return block < n_layer ? block >= n_layer - std::min<int64_t>(gpu_layers, n_layer) : mtp_on_gpu;

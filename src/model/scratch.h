@@ -30,21 +30,26 @@ struct ScratchPlan {
   size_t rseq = kNone, keep = kNone;  // hybrid: recurrent state slot and keep slot per token (Memory::rec_slot)
   size_t out_idx = kNone, hidden = kNone, logits = kNone;
   size_t top_ids = kNone, top_vals = kNone;  // I32 / F32 [n_top, n_out_max] (ScratchRole::n_top)
-  // MTP (ContextOptions::mtp, on the output's device): embeddings [E, B], normed hidden states [E, B],
+  // MTP (ContextOptions::mtp, on the MTP block's device): embeddings [E, B], normed hidden states [E, B],
   // previous hidden states [E, B + 1], the eh_proj input [2E, B], I32 [B] indices.
   size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hsrc = kNone, hshift = kNone, hdst = kNone,
          hzero = kNone;
   size_t dids = kNone, dprob = kNone;  // MTP drafts: each row's argmax and its probability [n_out_max]
 };
 
+// MTP drafts of at most this many positions run as one recorded graph (model/mtp.cpp), with
+// page-locked host rows: ids and probabilities [kDraftGraphMax, n_out_max], embeddings [E, n_out_max].
+constexpr int kDraftGraphMax = 16;
+
 // What runs on a device: the host (token ids, embeddings), trunk layers, the output (norm + matrix).
 struct ScratchRole {
   bool host = false, layers = false, output = false;
-  bool mtp = false;  // the MTP block runs here (with `output`): a layer's activations and its own inputs
+  bool mtp = false;  // the MTP block's inputs are here (the host's embeddings, the block's device): a layer's activations and its own inputs
   // The routed experts of blocks on another device run here (their weights are here: --cpu-moe):
   // the FFN input, the router's ids, the hidden slots and the expert outputs.
   bool experts = false;
   int n_top = 0;  // with `output`: each output row's n_top largest logits too (ContextOptions::n_top)
+  bool mtp_block = false;  // with `mtp`: the block runs here (its drafts' rows [E, n_out_max] when the output is elsewhere)
 };
 
 // Reserves one device's scratch in A (the residual stream always; block activations and per-token

@@ -6,7 +6,10 @@
 //    the last step's logits within 2e-3 of the row's max |logit|;
 //  - then a verify run [t, d0, d1, d2] with seq_accept of 1 token and a second draft: the same bounds
 //    (the hidden state kept in a keep slot on the device);
-//  - -ngl n_layer (the layers on the GPU, the output and the MTP block on the host): the same.
+//  - -ngl n_layer (the layers and the MTP block on the GPU, the output and its head matrix on the
+//    host) and -ngl n_layer - 1 (the first layer on the host too): the same;
+//  - two rows drafting 3 and 2 positions, ids only (all on the GPU: one recorded graph with a host
+//    node gathering the embeddings), twice (capture, then replay): the CPU's drafts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -60,6 +63,14 @@ struct MtpRun {
     if (!s.ok() || cx->n_outputs() != 1) return {};
     return {out[0], Row(cx->logits(0), cx->logits(0) + m->config().n_vocab)};
   }
+  // Two rows of different lengths, ids only (on one GPU: the recorded-graph path).
+  std::vector<std::vector<int32_t>> draft2() {
+    std::vector<Context::MtpRow> rows{{0, 30, 3}, {1, 7, 2}};
+    std::vector<std::vector<int32_t>> out;
+    Status s = cx->mtp_draft(rows, 0.f, *mem, out);
+    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+    return out;
+  }
 };
 
 // The steps both devices run: a 70-token chunk, a 10-token chunk, drafts; a verify run, accept 1, drafts.
@@ -102,11 +113,26 @@ TEST_P(CudaMtp, DraftsEqualCpu) {
   MtpRun cpu(path, 0);
   const auto p = test::random_tokens(80, cpu.m->config().n_vocab, 8);
   const auto ref = script(cpu, p);
-  for (int ngl : {kGpuLayersAll, int(cpu.m->config().n_layer)}) {
+  cpu.decode([&] {
+    Batch b;
+    b.add_run(std::span<const int32_t>(p).subspan(0, 20), 0, 1, false);
+    return b;
+  }());
+  const auto ref2 = cpu.draft2();
+  ASSERT_EQ(ref2.size(), 2u);
+  EXPECT_EQ(ref2[0].size(), 3u);
+  EXPECT_EQ(ref2[1].size(), 2u);
+  const int L = int(cpu.m->config().n_layer);
+  for (int ngl : {kGpuLayersAll, L, L - 1}) {
     MtpRun gpu(path, ngl);
     const auto got = script(gpu, p);
     ASSERT_EQ(got.size(), ref.size());
     for (size_t i = 0; i < ref.size(); ++i) compare(ref[i], got[i], GetParam() + " ngl " + std::to_string(ngl) + " draft " + std::to_string(i));
+    Batch b;
+    b.add_run(std::span<const int32_t>(p).subspan(0, 20), 0, 1, false);
+    gpu.decode(b);
+    EXPECT_EQ(gpu.draft2(), ref2) << GetParam() << " ngl " << ngl << ": two rows, ids only";
+    EXPECT_EQ(gpu.draft2(), ref2) << GetParam() << " ngl " << ngl << ": the same again (a replay)";
   }
 }
 

@@ -109,14 +109,7 @@ TEST(ModelPlacement, FlagErrorsNameTheFlagAndValue) {
 
 // ---- the decision ----
 
-BlockDevices devices(const ModelConfig& c, int ngl, bool mtp = false) {
-  BlockDevices d;
-  d.n_layer = c.n_layer;
-  d.n_nextn = c.n_nextn;
-  d.gpu_layers = ngl;
-  d.mtp_on_gpu = mtp && ngl > c.n_layer;
-  return d;
-}
+BlockDevices devices(const ModelConfig& c, int ngl, bool mtp = false) { return BlockDevices::of(c, ngl, mtp); }
 
 std::vector<uint8_t> host_blocks(const Meta& m, int ngl, const PlacementOptions& o, bool mtp = false) {
   auto p = place_experts(*m.file, m.shape.cfg, devices(m.shape.cfg, ngl, mtp), o);
@@ -150,11 +143,15 @@ TEST(ModelPlacement, WhichBlocksKeepTheirExpertsOnTheHost) {
   // A rule naming the GPU for tensors already there, or the CPU for CPU layers: nothing moves.
   EXPECT_EQ(host_blocks(m, 5, opts(false, 0, {"attn=CUDA0"})), V({0, 0, 0, 0}));
   EXPECT_EQ(host_blocks(m, 2, opts(false, 0, {"blk\\.0\\.=CPU", "token_embd=CPU"})), V({0, 0, 0, 0}));
-  // The MTP block (blk.4) runs with the output: --cpu-moe takes its experts too, --n-cpu-moe 4 does not.
+  // The MTP block (blk.4) runs with the last trunk layer: --cpu-moe takes its experts too, --n-cpu-moe 4
+  // does not; with the output on the host (-ngl 4, 1) it is still on the GPU.
   Meta mtp = meta_model("tiny-qwen35moe-mtp", gen::Mix::Uniform);
   EXPECT_EQ(host_blocks(mtp, 5, opts(true, 0), /*mtp=*/true), V({1, 1, 1, 1, 1}));
   EXPECT_EQ(host_blocks(mtp, 5, opts(false, 4), true), V({1, 1, 1, 1, 0}));
   EXPECT_EQ(host_blocks(mtp, 5, opts(true, 0), /*mtp not run*/ false), V({1, 1, 1, 1, 0}));
+  EXPECT_EQ(host_blocks(mtp, 4, opts(true, 0), true), V({1, 1, 1, 1, 1}));
+  EXPECT_EQ(host_blocks(mtp, 1, opts(true, 0), true), V({0, 0, 0, 1, 1}));
+  EXPECT_EQ(host_blocks(mtp, 0, opts(true, 0), true), V({0, 0, 0, 0, 0}));
 }
 
 TEST(ModelPlacement, RefusalsNameTheRuleAndTheTensor) {

@@ -444,9 +444,15 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge(const AttnK p) {
   __shared__ float w_s[kMaxSplit], red[NW], acc_s[NW][33];
   const int64_t row = blockIdx.x, t = row / p.Hq, h = row % p.Hq, rows = int64_t(p.T) * p.Hq;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (p.mma_bt > 0 && attn_tile_whole(p.seq, p.T, int(t) / p.mma_bt * p.mma_bt, p.mma_bt)) return;
+  // The row's splits: the tensor-core tile's key ranges (mma_splits of its keys) or this file's.
+  int ns = p.n_split;
+  if (p.mma_bt > 0) {
+    const int t0 = int(t) / p.mma_bt * p.mma_bt;
+    if (attn_tile_whole(p.seq, p.T, t0, p.mma_bt)) ns = mma_splits(attn_last(p, min(p.T, t0 + p.mma_bt) - 1) + 1, p.mma_split);
+  }
+  if (ns == 1) return;  // that kernel wrote the row itself
   float m = -INFINITY, l = 0.0f;
-  if (tid < p.n_split) {
+  if (tid < ns) {
     const float* ml = p.part_ml + (tid * rows + row) * 2;
     l = ml[1];
     if (l > 0.0f) m = ml[0];
@@ -470,7 +476,7 @@ __global__ void __launch_bounds__(kMergeThreads) attn_merge(const AttnK p) {
   float a = 0.0f;
   if (d < p.D) {
 #pragma unroll 4
-    for (int s = warp; s < p.n_split; s += NW) a = fmaf(w_s[s], p.part_o[(s * rows + row) * p.D + d], a);
+    for (int s = warp; s < ns; s += NW) a = fmaf(w_s[s], p.part_o[(s * rows + row) * p.D + d], a);
   }
   acc_s[warp][lane] = a;
   __syncthreads();
@@ -550,10 +556,20 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
   const int64_t n_kv = std::max<int64_t>(1, a.n_kv_max > 0 && a.causal ? std::min(a.n_kv_max, k.ne2) : k.ne2);
   Plan pl = make_plan(a, T, n_kv);
   // A smaller workspace than attention_workspace asked for: as many splits as fit.
-  while (pl.n_split > 1 && (L.ws == nullptr || L.ws_bytes < part_bytes(a, T, pl.n_split)))
-    set_splits(pl, n_kv, pl.n_split - 1);
+  while (pl.part_splits() > 1 && (L.ws == nullptr || L.ws_bytes < part_bytes(a, T, pl.part_splits()))) {
+    if (pl.mma_split > 1) --pl.mma_split;
+    else set_splits(pl, n_kv, pl.n_split - 1);
+  }
+  float* part_o = static_cast<float*>(L.ws);
+  float* part_ml = pl.part_splits() > 1
+                       ? reinterpret_cast<float*>(static_cast<char*>(L.ws) +
+                                                  (size_t(pl.part_splits()) * size_t(T) * size_t(a.n_head) * size_t(D) * 4 + 255) /
+                                                      256 * 256)
+                       : nullptr;
   AttnK p;
-  p.mma_bt = detail::attention_mma(L, q, seq, pos, k, v, a, out);  // the tiles of whole runs, on tensor cores
+  // The tiles of whole runs, on tensor cores (their key ranges' partials in the same layout).
+  p.mma_bt = detail::attention_mma(L, q, seq, pos, k, v, a, out, pl.mma_split, part_o, part_ml);
+  p.mma_split = pl.mma_split;
   p.q = q.p, p.q_s1 = q.s1, p.q_s2 = q.s2;
   p.out = out.p, p.o_s1 = out.s1, p.o_s2 = out.s2;
   p.seq = seq, p.pos = pos;
@@ -562,12 +578,8 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
   p.D = int(D), p.T = int(T), p.Hq = int(a.n_head), p.G = int(a.n_head / a.n_head_kv), p.hg = pl.hg, p.bq = pl.bq;
   p.qscale = a.scale * kLog2e;
   p.n_split = pl.n_split, p.chunk = int(pl.chunk);
-  p.part_o = static_cast<float*>(L.ws);
-  p.part_ml = pl.n_split > 1
-                  ? reinterpret_cast<float*>(static_cast<char*>(L.ws) +
-                                             (size_t(pl.n_split) * size_t(T) * size_t(a.n_head) * size_t(D) * 4 + 255) /
-                                                 256 * 256)
-                  : nullptr;
+  p.part_o = part_o;
+  p.part_ml = part_ml;
   if (!detail::attention_decode(L, p, pl)) {
     switch (pl.dm) {
       case 64: launch_rm<64, 64>(p, pl, L); break;
@@ -577,7 +589,7 @@ void attention(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, 
     }
   }
   KILN_ATTN_LAUNCHED("attention");
-  if (pl.n_split > 1) {
+  if (pl.n_split > 1 || (p.mma_bt > 0 && pl.mma_split > 1)) {
     pdl::launch(L, dim3(unsigned(T * a.n_head), unsigned((D + 31) / 32)), dim3(kMergeThreads), 0, attn_merge, p);
     KILN_ATTN_LAUNCHED("attention merge");
   }

@@ -50,6 +50,12 @@ struct AttnIO {
 // The last key position token t attends to.
 __device__ __forceinline__ int attn_last(const AttnIO& p, int t) { return p.last_all >= 0 ? p.last_all : p.pos[t]; }
 
+// Key ranges of a tensor-core tile whose keys are [0, kv_hi), at most max_split (AttnPlan::mma_split):
+// ranges of at least kMmaSplitKeys keys (workspace.h). The kernel and attn_merge both decide by it.
+__device__ __forceinline__ int mma_splits(int kv_hi, int max_split) {
+  return max(1, min(max_split, kv_hi / detail::kMmaSplitKeys));
+}
+
 struct AttnK : AttnIO {
   int D, T, Hq, G, hg, bq;
   float qscale;  // scale * log2(e)
@@ -57,6 +63,7 @@ struct AttnK : AttnIO {
   float* part_o;   // [n_split][T][Hq][D] (n_split > 1)
   float* part_ml;  // [n_split][T][Hq][2]: m (log2 units), l
   int mma_bt;      // > 0: tiles of this many tokens within one run are the tensor-core kernel's
+  int mma_split;   // with mma_bt: its tiles' key ranges at most (mma_splits; 1: it wrote the outputs)
 };
 
 inline int cache_code(gguf::GgmlType t) {

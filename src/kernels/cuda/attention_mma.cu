@@ -15,12 +15,16 @@
 //   kernel (attention.cu), which skips the tiles this path takes (attn_tile_whole, the same test on
 //   the device), so a batch may mix both.
 //   Head sizes 64, 72 (the vision tower; padded to 80 with zero columns), 128, 256.
+//   Long prefixes: a tile's keys split into up to AttnPlan::mma_split ranges (blockIdx.z; mma_splits:
+//   ranges of >= kMmaSplitKeys keys), each block writing an unnormalised partial for attn_merge, so a
+//   512-token chunk after 200K positions is not ~200 blocks each walking every key.
 // Must not: allocate, synchronize, or take F32 caches (those stay on attention.cu).
 // Threading: launchers only enqueue on L.stream; the shared-memory attribute set-up is a thread-safe
 //   function-local static.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -63,8 +67,10 @@ struct Geo {
 };
 
 struct MmaArgs : AttnIO {
-  int T, G, hg, bt;
+  int T, Hq, G, hg, bt;
   float qscale;
+  int max_split;   // key ranges per tile at most (blockIdx.z; mma_splits decides per tile)
+  float *part_o, *part_ml;  // the ranges' partials (max_split > 1), as attn_merge reads them
 };
 
 // F16: both caches F16 (every row by cp.async; the codes are not read), else per cache by its code.
@@ -81,7 +87,12 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   if (!attn_tile_whole(p.seq, p.T, t0, p.bt)) return;  // the CUDA-core kernel takes this tile
   const int slot = p.seq[t0], h0 = blockIdx.y * p.hg;
   const int64_t kvh = h0 / p.G;
-  const int kv_hi = attn_last(p, t1 - 1) + 1;  // positions increase along a run
+  const int kv_end = attn_last(p, t1 - 1) + 1;  // positions increase along a run
+  // This block's key range: split blockIdx.z of the tile's ranges (mma_splits), BK-aligned.
+  const int ns = mma_splits(kv_end, p.max_split), split = blockIdx.z;
+  if (split >= ns) return;
+  const int chunk = ns == 1 ? kv_end : ((kv_end + ns - 1) / ns + BK - 1) / BK * BK;
+  const int kv_lo = split * chunk, kv_hi = min(kv_end, kv_lo + chunk);
   const char* kb = p.k.p + size_t(kvh) * p.k.nb1 + size_t(slot) * p.k.nb3;
   const char* vb = p.v.p + size_t(kvh) * p.v.nb1 + size_t(slot) * p.v.nb3;
 
@@ -101,8 +112,8 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
     load_one(p.v, vb, Vs + stage * BK * LDH, k0);
     mma::cp_commit();
   };
-  const int n_tiles = (kv_hi + BK - 1) / BK;
-  load_kv(0, 0);
+  const int n_tiles = kv_hi > kv_lo ? (kv_hi - kv_lo + BK - 1) / BK : 0;
+  if (n_tiles > 0) load_kv(0, kv_lo);
 
   // Q rows (row r: token t0 + r / hg, head h0 + r % hg), pre-scaled, as F16; rows past the tile: 0.
   for (int i = tid; i < kRows * (DP / 8); i += kThreads) {
@@ -128,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // l: this lane's partial row sums
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int s = it & 1, k0 = it * BK;
+    const int s = it & 1, k0 = kv_lo + it * BK;
     if (it + 1 < n_tiles) {
       load_kv(s ^ 1, k0 + BK);  // the other stage was consumed before the previous iteration's barrier
       mma::cp_wait<1>();
@@ -214,11 +225,22 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const MmaArgs p) {
   for (int half = 0; half < 2; ++half) {
     const int r = half ? r1 : r0;
     if ((half ? rp1 : rp0) < 0) continue;
-    const float l = half ? l1 : l0, inv = l > 0.f ? 1.f / l : 0.f;
-    float* dst = p.out + int64_t(t0 + r / p.hg) * p.o_s2 + int64_t(h0 + r % p.hg) * p.o_s1 + 2 * t4;
+    const float l = half ? l1 : l0;
+    const int t = t0 + r / p.hg, h = h0 + r % p.hg;
+    if (ns == 1) {  // the outputs
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      float* dst = p.out + int64_t(t) * p.o_s2 + int64_t(h) * p.o_s1 + 2 * t4;
 #pragma unroll
-    for (int n = 0; n < ND; ++n)
-      if (n * 8 < D) *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+      for (int n = 0; n < ND; ++n)
+        if (n * 8 < D) *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+    } else {  // this range's unnormalised partial, its max (log2 units) and sum
+      const int64_t prow = (int64_t(split) * p.T + t) * p.Hq + h;
+      float* dst = p.part_o + prow * D + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < ND; ++n)
+        if (n * 8 < D) *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * half], o[n][2 * half + 1]);
+      if (t4 == 0) p.part_ml[prow * 2] = half ? m1 : m0, p.part_ml[prow * 2 + 1] = l;
+    }
   }
 }
 
@@ -260,7 +282,7 @@ int attention_mma_tile(const Launch& L, const AttnArgs& a, GgmlType kt, GgmlType
 namespace detail {
 
 int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, const SeqMem& k, const SeqMem& v,
-                  const AttnArgs& a, Rows out) {
+                  const AttnArgs& a, Rows out, int max_split, float* part_o, float* part_ml) {
   const int64_t T = q.n2;
   const int bt = attention_mma_tile(L, a, k.type, v.type, T);
   if (bt == 0 || !aligned(k) || !aligned(v)) return 0;
@@ -270,9 +292,11 @@ int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* po
   m.seq = seq, m.pos = pos;
   m.k = cache_arg(k), m.v = cache_arg(v);
   m.last_all = a.causal ? -1 : int(k.ne2 - 1);
-  m.T = int(T), m.G = int(a.n_head / a.n_head_kv), m.hg = kRows / bt, m.bt = bt;
+  m.T = int(T), m.Hq = int(a.n_head), m.G = int(a.n_head / a.n_head_kv), m.hg = kRows / bt, m.bt = bt;
   m.qscale = a.scale * 1.4426950408889634f;
-  const dim3 grid(unsigned((T + bt - 1) / bt), unsigned(a.n_head / m.hg));
+  m.max_split = part_o && part_ml ? std::max(1, max_split) : 1;
+  m.part_o = part_o, m.part_ml = part_ml;
+  const dim3 grid(unsigned((T + bt - 1) / bt), unsigned(a.n_head / m.hg), unsigned(m.max_split));
   switch (a.head_dim) {
     case 64: launch<64>(L, m, grid); break;
     case 72: launch<72>(L, m, grid); break;  // the Qwen3.5 / Qwen3-VL vision tower (1152 / 16)

@@ -22,8 +22,10 @@ __device__ __forceinline__ bool attn_tile_whole(const int32_t* seq, int T, int t
 namespace detail {
 // Launches the tensor-core kernel over the tiles it takes when attention_mma_tile allows it for this
 // launch (and the caches are 16-byte aligned); returns its tile in tokens, 0 when it did not launch.
+// max_split > 1: a tile with enough keys (mma_splits) splits them into ranges whose unnormalised
+// partials go to part_o [split][T][Hq][D] / part_ml [split][T][Hq][2] for attn_merge (attention.cu).
 int attention_mma(const Launch& L, Rows q, const int32_t* seq, const int32_t* pos, const SeqMem& k, const SeqMem& v,
-                  const AttnArgs& a, Rows out);
+                  const AttnArgs& a, Rows out, int max_split, float* part_o, float* part_ml);
 }  // namespace detail
 
 }  // namespace kiln::cuda

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/invariant.h"
@@ -147,6 +149,17 @@ AttnPlan attn_make_plan(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int
   int64_t ns = 1;
   if (base < kAttnTargetBlocks && !inv) ns = std::min({ceil_div(kAttnTargetBlocks, base), n_kv / kAttnMinChunk, kAttnMaxSplit});
   attn_set_splits(pl, n_kv, ns);
+  // The tensor-core kernel's grid (attention_mma.cu: 64 rows = 64 / hg tokens x hg heads per block).
+  static const bool mma_split_off = [] {  // KILN_CUDA_ATTN_SPLIT=0: no key ranges (A/B timings); read once
+    const char* env = std::getenv("KILN_CUDA_ATTN_SPLIT");
+    return env != nullptr && std::strcmp(env, "0") == 0;
+  }();
+  if (T > kAttnDecodeTokens && !inv && !mma_split_off &&
+      (head_dim == 64 || head_dim == 72 || head_dim == 128 || head_dim == 256) && n_kv >= 2 * kMmaSplitKeys) {
+    const int64_t hm = std::min<int64_t>(G & -G, 64), mma_base = ceil_div(T, 64 / hm) * (n_head / hm);
+    pl.mma_split = int(std::clamp<int64_t>(ceil_div(kMmaTargetBlocks, mma_base), 1,
+                                           std::min<int64_t>(kMmaMaxSplit, n_kv / kMmaSplitKeys)));
+  }
   return pl;
 }
 
@@ -185,7 +198,7 @@ size_t attention_workspace(const AttnArgs& a, int64_t n_tok) {
   // n_kv_max unknown (0): the most splits any cache length can get.
   const int64_t n_kv = a.n_kv_max > 0 ? a.n_kv_max : detail::kAttnMaxSplit * detail::kAttnMinChunk;
   const detail::AttnPlan pl = detail::attn_make_plan(a.head_dim, a.n_head, a.n_head_kv, n_tok, n_kv);
-  return pl.n_split > 1 ? detail::attn_part_bytes(a.head_dim, a.n_head, n_tok, pl.n_split) : 0;
+  return pl.part_splits() > 1 ? detail::attn_part_bytes(a.head_dim, a.n_head, n_tok, pl.part_splits()) : 0;
 }
 
 size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) { return 0; }

@@ -23,6 +23,12 @@ inline constexpr int64_t kAttnDecodeTokens = 64;          // attention: batches 
 inline constexpr int64_t kAttnTargetBlocks = 256;         // split the key range until about this many blocks
 inline constexpr int64_t kAttnMinChunk = 64;              // keys per split at least (a multiple of every BK)
 inline constexpr int64_t kAttnMaxSplit = 256;
+// The tensor-core prefill kernel (attention_mma.cu) splits a tile's keys when its grid is small: up to
+// kMmaMaxSplit ranges until about kMmaTargetBlocks blocks, each of at least kMmaSplitKeys keys (a tile
+// with fewer keys than two such ranges is not split; decided on the device from its last position).
+inline constexpr int64_t kMmaTargetBlocks = 512;
+inline constexpr int kMmaMaxSplit = 8;
+inline constexpr int kMmaSplitKeys = 1024;
 
 inline size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
 // Bytes of one block of a type the mat-mul launchers take (0: not supported; matmul_supported).
@@ -88,6 +94,8 @@ int64_t mmq_id_max_tiles(int64_t n_slots, int64_t n_expert);
 struct AttnPlan {
   int dm = 0, rm = 0, hg = 1, bq = 1, n_split = 1;
   int64_t tiles = 0, groups = 0, chunk = 0;
+  int mma_split = 1;  // key ranges per tensor-core tile at most (where that kernel runs)
+  int part_splits() const { return n_split > mma_split ? n_split : mma_split; }  // the partials' layout
 };
 int64_t ceil_div(int64_t a, int64_t b);
 void attn_set_splits(AttnPlan& pl, int64_t n_kv, int64_t ns);
