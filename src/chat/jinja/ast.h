@@ -37,8 +37,8 @@ enum class NK : uint8_t {
 //    blocks[0]. CallBlock: ch[0] the Call, names params, ch[1..] defaults, blocks[0].
 //  FilterBlock: ch filters (input nullptr), blocks[0]. Generation: blocks[0].
 //  With: names targets, ch their values (evaluated in the enclosing scope), blocks[0] the body.
-//  Block: name, blocks[0] the body (rendered in place: a chat template has no parent), `scoped`,
-//    `required`. Load: name the statement (include / import / from / extends), ch[0] the
+//  Block: name, blocks[0] the body (rendered in place: a chat template has no parent; also
+//    by `self.name()`), `scoped`, `required`. Load: name the statement (include / import / from / extends), ch[0] the
 //    template name expression (a chat template cannot load another: an error when executed).
 struct Node {
   NK kind;
@@ -63,6 +63,7 @@ struct Program {
   Options opt;
   std::vector<std::unique_ptr<Node>> arena;
   std::vector<Node*> body;
+  std::vector<Node*> blocks;  // every {% block %}, wherever it is nested (`self.name()` renders one)
 };
 }  // namespace detail
 

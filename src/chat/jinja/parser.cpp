@@ -268,6 +268,7 @@ Node* Parser::parse_block(int line) {
   Node* n = mk(NK::Block, line);
   n->name = expect_name();
   if (!block_names_.insert(n->name).second) syntax(line, "block '" + n->name + "' defined twice");
+  prog_.blocks.push_back(n);
   if (is_name("scoped")) n->scoped = true, next();
   if (is_name("required")) n->required = true, next();
   expect_block_end();
