@@ -101,6 +101,14 @@ TEST(Jinja, UnknownFilterIsACompileErrorOutsideIf) {
   ASSERT_TRUE(ok.ok()) << ok.error().message;
   EXPECT_EQ(*ok, "ok");
   error_of("{% if true %}{{ x | no_such_filter }}{% endif %}ok");
+  // Also inside *args / **kwargs (jinja2 3.1: TemplateAssertionError for the first, 'ok' for the last).
+  EXPECT_NE(error_of("{% for x in [] %}{{ range(*[1] | no_such_filter) }}{% endfor %}ok").find("no filter named 'no_such_filter'"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for x in [] %}{{ dict(**{} | no_such_filter) }}{% endfor %}ok").find("no filter named"), std::string::npos);
+  EXPECT_NE(error_of("{% for x in [] %}{{ dict(**{} is no_such_test) }}{% endfor %}ok").find("no test named"), std::string::npos);
+  ok = render("{% if false %}{{ dict(**{} is no_such_test) }}{% endif %}ok");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(*ok, "ok");
 }
 
 TEST(Jinja, UnknownTestIsACompileErrorOutsideIf) {

@@ -360,6 +360,8 @@ void check_names(Node* n, bool soft) {
       return;
     default: break;
   }
+  check_names(n->star, soft);  // f(*args) / f(**kwargs): their expressions are checked too
+  check_names(n->dstar, soft);
   for (Node* c : n->ch) check_names(c, soft);
   for (auto& b : n->blocks)
     for (Node* c : b) check_names(c, soft);
