@@ -415,6 +415,11 @@ Flow Interp::run_for(Node* n, const ScopeP& sc, const Value& seq, int64_t depth,
         return Value::str(std::move(sub), true);
       };
       loop.fn = rc;
+    } else {  // jinja2's LoopContext is callable either way (a test `loop is callable` sees it)
+      static const auto not_recursive = std::make_shared<const Callable>(Callable{"loop", [](Interp&, CallArgs&) -> Value {
+        fail("loop", "The loop must have the 'recursive' marker to be called recursively.");
+      }});
+      loop.fn = not_recursive;
     }
     it_scope->set("loop", loop);
     Flow f = exec_block(n->blocks[0], it_scope, out);
