@@ -1,5 +1,6 @@
 // chat/jinja/ast.h — lexer tokens and AST nodes of kiln's Jinja engine (internal).
-// Owns: the node layout shared by parser.cpp (builds it) and interp.cpp (walks it).
+// Owns: the node layout shared by the parser (parser.cpp, parser_expr.cpp: builds it) and
+//       interp.cpp (walks it).
 // The filter / test names the parser accepts are registry.h's tables.
 // Must not: evaluate anything.
 // Threading: a Program is immutable after parse and shared between renders.
@@ -22,7 +23,7 @@ enum class NK : uint8_t {
   Block, Load,
 };
 
-// One generic node; the meaning of the fields depends on `kind` (see parser.cpp):
+// One generic node; the meaning of the fields depends on `kind` (see parser.cpp / parser_expr.cpp):
 //  Const: cval. Name: name. List/TupleLit: ch items. DictLit: ch = k0,v0,k1,v1,…
 //  Getattr: ch[0] obj, name attr. Getitem: ch[0] obj, ch[1] key (maybe a Slice).
 //  Slice: ch[0..2] start/stop/step (nullptr when absent).
@@ -38,8 +39,9 @@ enum class NK : uint8_t {
 //  FilterBlock: ch filters (input nullptr), blocks[0]. Generation: blocks[0].
 //  With: names targets, ch their values (evaluated in the enclosing scope), blocks[0] the body.
 //  Block: name, blocks[0] the body (rendered in place: a chat template has no parent; also
-//    by `self.name()`), `scoped`, `required`. Load: name the statement (include / import / from / extends), ch[0] the
-//    template name expression (a chat template cannot load another: an error when executed).
+//    by `self.name()`), `scoped`, `required`. Load: name the statement (include / import / from /
+//    extends), ch[0] the template name expression (a chat template cannot load another: an error
+//    when executed).
 struct Node {
   NK kind;
   int line = 0;
