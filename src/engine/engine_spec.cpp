@@ -11,7 +11,8 @@
 //   The memory is then rolled back to the last accepted token (Runner::seq_accept: the attention KV
 //   length and a switch of recurrent state slots), once, before anything reads it (settle()).
 // Synthetic acceptance (--spec-synth-*, benchmarking): position i < k is accepted with the curve's
-//   conditional probability instead, emitting the draft token (the output is not the model's).
+//   conditional probability instead, emitting the draft token (the output is not the model's; a
+//   request's grammar still holds: finish_draft cuts the draft where it rejects a token).
 // Must not: see JSON or HTTP. Threading: the engine thread only.
 #include <algorithm>
 #include <chrono>
