@@ -11,7 +11,8 @@
 //   The memory is then rolled back to the last accepted token (Runner::seq_accept: the attention KV
 //   length and a switch of recurrent state slots), once, before anything reads it (settle()).
 // Synthetic acceptance (--spec-synth-*, benchmarking): position i < k is accepted with the curve's
-//   conditional probability instead, emitting the draft token (the output is not the model's).
+//   conditional probability instead, emitting the draft token (the output is not the model's; a
+//   request's grammar still holds: finish_draft cuts the draft where it rejects a token).
 // Must not: see JSON or HTTP. Threading: the engine thread only.
 #include <algorithm>
 #include <chrono>
@@ -103,13 +104,25 @@ void Engine::Impl::finish_draft(Active& a) {
       a.draft.resize(i + 1);
       break;
     }
-  if (a.matcher && a.grammar_on && synth.empty()) {
+  // Plain verification would reject such a token anyway (the target's sample is masked); synthetic
+  // acceptance emits draft tokens without sampling them, so there the cut is what keeps the output in
+  // the grammar's language. Before a grammar's trigger, a synthetic draft also ends before the token
+  // that would complete the trigger (the target's own sample decides it, and the grammar from there).
+  if (a.matcher && (a.grammar_on || !synth.empty())) {
     GrammarMatcher m = *a.matcher;  // already past next_token (process_token fed it)
-    for (size_t i = 0; i < a.draft.size(); ++i)
-      if (is_eog(a.draft[i]) ? !m.can_end() : !m.accept_token(a.draft[i])) {
-        a.draft.resize(i);
-        break;
+    std::string buf = a.trig_buf;
+    const std::string& trig = a.req.grammar_trigger;
+    for (size_t i = 0; i < a.draft.size(); ++i) {
+      const int32_t t = a.draft[i];
+      if (!a.grammar_on) {
+        buf += tok->token_to_piece(t, true);
+        if (buf.find(trig) == std::string::npos) continue;
+      } else if (is_eog(t) ? m.can_end() : m.accept_token(t)) {
+        continue;
       }
+      a.draft.resize(i);
+      break;
+    }
   }
   if (int(a.draft.size()) < std::max(1, so.n_min)) a.draft.clear();
 }

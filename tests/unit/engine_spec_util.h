@@ -23,6 +23,8 @@ namespace kiln::engine::spec_test {
 
 struct Out {
   std::vector<int32_t> tokens;
+  std::string text;   // the events' text (what a client sees)
+  std::string error;  // FinishReason::Error: why
   Timings t;
   FinishReason finish = FinishReason::None;
 };
@@ -34,9 +36,11 @@ inline Out collect(RequestHandle& h) {
     auto e = h.next(std::chrono::milliseconds(100));
     if (!e) continue;
     for (auto& t : e->tokens) o.tokens.push_back(t.id);
+    o.text += e->text;
     if (e->final()) {
       o.t = e->timings;
       o.finish = e->finish;
+      o.error = e->error;
       return o;
     }
   }

@@ -7,12 +7,14 @@
 // that rendering fails cleanly (jinja2 raises for the same templates, see comments).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "chat/jinja/jinja.h"
 #include "chat/jinja/registry.h"
@@ -99,6 +101,14 @@ TEST(Jinja, UnknownFilterIsACompileErrorOutsideIf) {
   ASSERT_TRUE(ok.ok()) << ok.error().message;
   EXPECT_EQ(*ok, "ok");
   error_of("{% if true %}{{ x | no_such_filter }}{% endif %}ok");
+  // Also inside *args / **kwargs (jinja2 3.1: TemplateAssertionError for the first, 'ok' for the last).
+  EXPECT_NE(error_of("{% for x in [] %}{{ range(*[1] | no_such_filter) }}{% endfor %}ok").find("no filter named 'no_such_filter'"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for x in [] %}{{ dict(**{} | no_such_filter) }}{% endfor %}ok").find("no filter named"), std::string::npos);
+  EXPECT_NE(error_of("{% for x in [] %}{{ dict(**{} is no_such_test) }}{% endfor %}ok").find("no test named"), std::string::npos);
+  ok = render("{% if false %}{{ dict(**{} is no_such_test) }}{% endif %}ok");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(*ok, "ok");
 }
 
 TEST(Jinja, UnknownTestIsACompileErrorOutsideIf) {
@@ -166,6 +176,11 @@ TEST(Jinja, EveryRegisteredNameExecutes) {
       ASSERT_TRUE(r.ok()) << r.error().message;
       EXPECT_EQ(*r, "True") << self << "." << m.name;
     }
+  for (const jj::MethodDef& m : jj::cycler_method_table()) {
+    auto r = render("{% set c = cycler(1, 2) %}{{ c." + std::string(m.name) + " is defined }}:{{ c." + std::string(m.name) + "() }}");
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->substr(0, 5), "True:") << "cycler." << m.name;
+  }
   for (const jj::GlobalDef& g : jj::global_table()) {
     auto r = render("{{ " + std::string(g.name) + " is defined }}");
     ASSERT_TRUE(r.ok()) << r.error().message;
@@ -225,6 +240,185 @@ TEST(Jinja, TemplateLoadingIsAClearError) {
   error_of("{% block b %}{% endblock c %}");
   error_of("{% for x in l %}{% block b %}{% break %}{% endblock %}{% endfor %}");  // a block is not inside the loop
   error_of("{% import 'x' %}");  // 'as' missing
+}
+
+// jinja2's helper globals and `self` / `super` of blocks. Expected strings were taken from
+// Python jinja2 3.1 (3.1.6, tests/py/hf_jinja.py's environment with list/dict mutators allowed)
+// rendering the same templates with an empty context.
+TEST(Jinja, HelperGlobalsMatchJinja2) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{% set c = cycler('a', 'b', 'c') %}{{ c.next() }}{{ c.next() }}{{ c.current }}{{ c.next() }}{{ c.next() }}"
+       "{{ c.reset() }}{{ c.current }}{{ c.items }}{{ c.pos }}",
+       "abccaNonea('a', 'b', 'c')0"},
+      {"{% set row = cycler('odd', 'even') %}{% for x in [1, 2] %}{{ row.next() }} {% endfor %}"
+       "{% for x in [3] %}{{ row.next() }}{% endfor %}",
+       "odd even odd"},
+      {"{% set c = cycler([1]) %}{% set d = c %}{{ d.next() }}{{ c.pos }}|{{ c['current'] }}|{{ c is mapping }}|"
+       "{{ c is callable }}|{{ c.nope is defined }}|{{ c._pos is defined }}",
+       "[1]0|[1]|False|False|False|False"},
+      {"{% set j = joiner() %}{% for x in [1, 2, 3] %}{{ j() }}{{ x }}{% endfor %}", "1, 2, 3"},
+      {"{% set j = joiner(' | ') %}{% for x in [1, 2, 3] %}{{ j() }}{{ x }}{% endfor %}|{{ j.sep }}|{{ j.used }}",
+       "1 | 2 | 3| | |True"},
+      {"{% set j = joiner(sep='-') %}{{ j() }}{{ j() }}{{ j() }}|{{ joiner() is callable }}|{{ joiner(1)() }}", "--|True|"},
+      {"{% block a %}A{% endblock %}|{{ self.a() }}|{{ self.a() is string }}|{{ self.a.name }}|"
+       "{{ self.a.super is defined }}|{{ self.b is defined }}",
+       "A|A|True|a|False|False"},
+      // self.name() sees the template's variables as they are when it is called, not the caller's locals.
+      {"{{ self.a() }}|{% block a %}A{{ x }}{% endblock %}|{% set x = 1 %}{{ self.a() }}", "A|A|A1"},
+      {"{% for x in [1, 2] %}{% block a scoped %}A{{ x }}{% endblock %}{% endfor %}|{{ self.a() }}", "A1A2|A"},
+      // Every block is an attribute of self, wherever it is nested.
+      {"{% macro m() %}{% block inner %}I{% endblock %}{% endmacro %}{{ self.inner() }}|"
+       "{% block outer %}O{% block deep %}D{% endblock %}{% endblock %}|{{ self['deep']() }}|{{ self.outer() }}",
+       "I|OD|D|OD"},
+      {"{% set self = 3 %}{{ self }}", "3"},
+      // In a block, `super` is an undefined (there is no parent template) that hides an outer `super`.
+      {"{% set super = 1 %}{% block a %}{{ super }}|{{ super is defined }}{% endblock %}|"
+       "{% block b %}{% set super = 2 %}{{ super }}{% endblock %}",
+       "|False|2"},
+      {"{{ self.a is callable }}|{{ self is callable }}{% block a %}{% endblock %}", "True|False"},
+      {"{% if false %}{% block a required %}{% endblock %}{% endif %}[{{ self.a() }}]", "[]"},
+      // lipsum's deterministic corners: no paragraphs, and paragraphs of zero or one word.
+      {"{{ lipsum(0) }}|{{ lipsum(-1) }}|{{ lipsum(1, false, 0, 1) }}|{{ lipsum(2, false, 0, 1) }}|"
+       "{{ lipsum(2, true, 0, 1) }}|{{ lipsum(n=1, min=1, max=2, html=false) | wordcount }}|"
+       "{{ lipsum(1, min=1, max=2) is escaped }}|{{ lipsum(1, false, 1, 2) is escaped }}",
+       "||.|.\n\n.|<p>.</p>\n<p>.</p>|1|True|False"},
+  };
+  for (const auto& [src, want] : cases) {
+    auto r = render(src);
+    ASSERT_TRUE(r.ok()) << src << "\n error: " << r.error().message;
+    EXPECT_EQ(*r, want) << "template: " << src;
+  }
+  // Python prints these objects by class and address.
+  auto r = render("{{ cycler(1) }}|{{ joiner() }}|{{ self }}|{% block a %}{% endblock %}{{ self.a }}");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->rfind("<jinja2.utils.Cycler object at 0x", 0), 0u) << *r;
+  EXPECT_NE(r->find("|<jinja2.utils.Joiner object at 0x"), std::string::npos) << *r;
+  EXPECT_NE(r->find("|<TemplateReference None>|<jinja2.runtime.BlockReference object at 0x"), std::string::npos) << *r;
+}
+
+TEST(Jinja, HelperGlobalErrorsMatchJinja2) {
+  // jinja2 3.1 raises for each of these (the exception and message in the comment).
+  // UndefinedError: there is no parent block called 'a'. (also when super() is reached through a macro)
+  EXPECT_NE(error_of("{% block a %}{{ super() }}{% endblock %}").find("there is no parent block called 'a'."), std::string::npos);
+  EXPECT_NE(error_of("{% block a %}{% macro m() %}{{ super() }}{% endmacro %}{{ m() }}{% endblock %}")
+                .find("there is no parent block called 'a'."),
+            std::string::npos);
+  EXPECT_NE(error_of("{% block a %}A{% endblock %}{{ self.a.super() }}").find("there is no parent block called 'a'."),
+            std::string::npos);
+  // UndefinedError: 'super' is undefined (outside a block)
+  EXPECT_NE(error_of("{% block a %}A{% endblock %}{{ super() }}").find("'super' is undefined"), std::string::npos);
+  // UndefinedError: 'jinja2.runtime.TemplateReference object' has no attribute 'b'
+  EXPECT_NE(error_of("{{ self.b() }}").find("'jinja2.runtime.TemplateReference object' has no attribute 'b'"),
+            std::string::npos);
+  // RecursionError: a block that renders itself.
+  EXPECT_NE(error_of("{% block a %}{{ self.a() }}{% endblock %}").find("maximum recursion depth"), std::string::npos);
+  // TemplateRuntimeError: Required block 'a' not found (rendered in place; self.a() alone renders it)
+  EXPECT_NE(error_of("{% block a required %}{% endblock %}{{ self.a() }}").find("Required block 'a' not found"), std::string::npos);
+  // TypeError: BlockReference.__call__() takes 1 positional argument but 2 were given
+  error_of("{% block a %}{% endblock %}{{ self.a(1) }}");
+  // RuntimeError: at least one item has to be provided
+  EXPECT_NE(error_of("{{ cycler() }}").find("at least one item has to be provided"), std::string::npos);
+  // TypeError: Cycler.__init__() got an unexpected keyword argument 'x'
+  error_of("{{ cycler(x=1) }}");
+  // TemplateRuntimeError: cannot assign attribute on non-namespace object
+  error_of("{% set c = cycler(1) %}{% set c.pos = 1 %}");
+  error_of("{% set j = joiner() %}{% set j.sep = 1 %}");
+  // TypeError: Cycler.next() / Joiner.__call__() take no arguments
+  error_of("{{ cycler(1).next(1) }}");
+  error_of("{{ joiner()(1) }}");
+  // TypeError: Joiner.__init__() takes from 1 to 2 positional arguments but 3 were given
+  error_of("{{ joiner(',', 1) }}");
+  // TypeError: 'Cycler' object is not iterable / object of type 'Joiner' has no len() / not JSON serializable
+  EXPECT_NE(error_of("{% for x in cycler(1) %}{% endfor %}").find("'Cycler' object is not iterable"), std::string::npos);
+  EXPECT_NE(error_of("{{ joiner() | length }}").find("object of type 'Joiner' has no len()"), std::string::npos);
+  EXPECT_NE(error_of("{{ cycler(1) | tojson }}").find("Object of type Cycler is not JSON serializable"), std::string::npos);
+  // ValueError: empty range for randrange() (3, 3, 0)
+  EXPECT_NE(error_of("{{ lipsum(1, false, 3, 3) }}").find("empty range"), std::string::npos);
+  // TypeError: generate_lorem_ipsum() takes from 0 to 4 positional arguments but 5 were given / got an
+  // unexpected keyword argument 'x' / 'str' object cannot be interpreted as an integer
+  error_of("{{ lipsum(1, false, 20, 30, 5) }}");
+  error_of("{{ lipsum(x=1) }}");
+  error_of("{{ lipsum(n='a') }}");
+  // lipsum's work is bounded like everything else (jinja2 would just run long).
+  jj::Options o = opts();
+  o.max_steps = 10000;
+  EXPECT_NE(error_of("{{ lipsum(1000000, false, 0, 1) }}", json::object(), o).find("max_steps"), std::string::npos);
+}
+
+// lipsum is random in jinja2 too: check the shape of what it makes (jinja2's generate_lorem_ipsum):
+// n paragraphs of min..max-1 words from jinja2's word list, no word twice in a row, capitalised
+// sentences ending in full stops, commas in between; <p>…</p> lines (Markup) or blank-line separated text.
+TEST(Jinja, LipsumHasJinja2sShape) {
+  const std::set<std::string> words = [] {
+    std::set<std::string> w;
+    std::istringstream in(
+        "a ac accumsan ad adipiscing aenean aliquam aliquet amet ante aptent arcu at auctor augue bibendum blandit "
+        "class commodo condimentum congue consectetuer consequat conubia convallis cras cubilia cum curabitur curae "
+        "cursus dapibus diam dictum dictumst dignissim dis dolor donec dui duis egestas eget eleifend elementum elit "
+        "enim erat eros est et etiam eu euismod facilisi facilisis fames faucibus felis fermentum feugiat fringilla "
+        "fusce gravida habitant habitasse hac hendrerit hymenaeos iaculis id imperdiet in inceptos integer interdum "
+        "ipsum justo lacinia lacus laoreet lectus leo libero ligula litora lobortis lorem luctus maecenas magna magnis "
+        "malesuada massa mattis mauris metus mi molestie mollis montes morbi mus nam nascetur natoque nec neque netus "
+        "nibh nisi nisl non nonummy nostra nulla nullam nunc odio orci ornare parturient pede pellentesque penatibus "
+        "per pharetra phasellus placerat platea porta porttitor posuere potenti praesent pretium primis proin pulvinar "
+        "purus quam quis quisque rhoncus ridiculus risus rutrum sagittis sapien scelerisque sed sem semper senectus "
+        "sit sociis sociosqu sodales sollicitudin suscipit suspendisse taciti tellus tempor tempus tincidunt torquent "
+        "tortor tristique turpis ullamcorper ultrices ultricies urna ut varius vehicula vel velit venenatis vestibulum "
+        "vitae vivamus viverra volutpat vulputate");
+    for (std::string x; in >> x;) w.insert(x);
+    return w;
+  }();
+  ASSERT_EQ(words.size(), 186u);
+  // A paragraph: `lo`..`hi` words, the checks above.
+  auto check_paragraph = [&](const std::string& p, size_t lo, size_t hi) {
+    std::istringstream in(p);
+    std::vector<std::string> ws;
+    for (std::string x; in >> x;) ws.push_back(x);
+    EXPECT_GE(ws.size(), lo) << p;
+    EXPECT_LE(ws.size(), hi) << p;
+    ASSERT_FALSE(ws.empty());
+    EXPECT_EQ(ws.back().back(), '.') << p;
+    bool capital = true;
+    std::string last;
+    for (const std::string& w : ws) {
+      std::string base = w;
+      while (!base.empty() && (base.back() == ',' || base.back() == '.')) base.pop_back();
+      EXPECT_EQ(std::isupper(static_cast<unsigned char>(base[0])) != 0, capital) << w << " in " << p;
+      base[0] = char(std::tolower(static_cast<unsigned char>(base[0])));
+      EXPECT_TRUE(words.count(base)) << w;
+      EXPECT_NE(base, last) << p;
+      last = base;
+      capital = w.back() == '.';
+    }
+  };
+  std::set<std::string> seen;
+  for (int rep = 0; rep < 20; rep++) {
+    auto r = render("{{ lipsum() }}");  // n=5, html=True, min=20, max=100
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    seen.insert(*r);
+    std::istringstream lines(*r);
+    int n = 0;
+    for (std::string line; std::getline(lines, line); n++) {
+      ASSERT_GE(line.size(), 7u);
+      EXPECT_EQ(line.substr(0, 3), "<p>");
+      EXPECT_EQ(line.substr(line.size() - 4), "</p>");
+      check_paragraph(line.substr(3, line.size() - 7), 20, 99);
+    }
+    EXPECT_EQ(n, 5);
+    auto t = render("{{ lipsum(3, html=false, min=2, max=6) }}");
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    size_t paragraphs = 0, at = 0;
+    for (size_t next; at <= t->size(); at = next + 2, paragraphs++) {
+      next = t->find("\n\n", at);
+      if (next == std::string::npos) next = t->size();
+      check_paragraph(t->substr(at, next - at), 2, 5);
+    }
+    EXPECT_EQ(paragraphs, 3u);
+  }
+  EXPECT_GT(seen.size(), 1u);  // random, as in jinja2
+  auto r = render("{{ lipsum() is escaped }}|{{ lipsum(html=false) is escaped }}|{{ lipsum(2, false) | wordcount > 39 }}");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "True|False|True");
 }
 
 TEST(Jinja, UndefinedSemantics) {
@@ -399,8 +593,9 @@ TEST(Jinja, InfiniteMacroRecursionIsBounded) {
   EXPECT_NE(e.find("recursion"), std::string::npos) << e;
   e = error_of("{% for x in [1] recursive %}{{ loop() }}{% endfor %}");
   EXPECT_NE(e.find("one iterable"), std::string::npos) << e;
-  e = error_of("{% for x in [1] %}{{ loop([1]) }}{% endfor %}");  // not recursive: loop is not callable
-  EXPECT_NE(e.find("not callable"), std::string::npos) << e;
+  // Not recursive: jinja2 3.1's TypeError "The loop must have the 'recursive' marker to be called recursively."
+  e = error_of("{% for x in [1] %}{{ loop([1]) }}{% endfor %}");
+  EXPECT_NE(e.find("The loop must have the 'recursive' marker"), std::string::npos) << e;
 }
 
 // Call-site *args / **kwargs and the macros' varargs / kwargs: what jinja2 refuses, kiln refuses.

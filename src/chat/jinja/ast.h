@@ -1,5 +1,6 @@
 // chat/jinja/ast.h — lexer tokens and AST nodes of kiln's Jinja engine (internal).
-// Owns: the node layout shared by parser.cpp (builds it) and interp.cpp (walks it).
+// Owns: the node layout shared by the parser (parser.cpp, parser_expr.cpp: builds it) and
+//       interp.cpp (walks it).
 // The filter / test names the parser accepts are registry.h's tables.
 // Must not: evaluate anything.
 // Threading: a Program is immutable after parse and shared between renders.
@@ -22,7 +23,7 @@ enum class NK : uint8_t {
   Block, Load,
 };
 
-// One generic node; the meaning of the fields depends on `kind` (see parser.cpp):
+// One generic node; the meaning of the fields depends on `kind` (see parser.cpp / parser_expr.cpp):
 //  Const: cval. Name: name. List/TupleLit: ch items. DictLit: ch = k0,v0,k1,v1,…
 //  Getattr: ch[0] obj, name attr. Getitem: ch[0] obj, ch[1] key (maybe a Slice).
 //  Slice: ch[0..2] start/stop/step (nullptr when absent).
@@ -37,9 +38,10 @@ enum class NK : uint8_t {
 //    blocks[0]. CallBlock: ch[0] the Call, names params, ch[1..] defaults, blocks[0].
 //  FilterBlock: ch filters (input nullptr), blocks[0]. Generation: blocks[0].
 //  With: names targets, ch their values (evaluated in the enclosing scope), blocks[0] the body.
-//  Block: name, blocks[0] the body (rendered in place: a chat template has no parent), `scoped`,
-//    `required`. Load: name the statement (include / import / from / extends), ch[0] the
-//    template name expression (a chat template cannot load another: an error when executed).
+//  Block: name, blocks[0] the body (rendered in place: a chat template has no parent; also
+//    by `self.name()`), `scoped`, `required`. Load: name the statement (include / import / from /
+//    extends), ch[0] the template name expression (a chat template cannot load another: an error
+//    when executed).
 struct Node {
   NK kind;
   int line = 0;
@@ -63,6 +65,7 @@ struct Program {
   Options opt;
   std::vector<std::unique_ptr<Node>> arena;
   std::vector<Node*> body;
+  std::vector<Node*> blocks;  // every {% block %}, wherever it is nested (`self.name()` renders one)
 };
 }  // namespace detail
 

@@ -1,5 +1,5 @@
 // chat/jinja/interp.cpp — the tree-walking evaluator: scopes, statements (if, for with
-//       recursive loops, set, macro, call, filter, with, block, …), expressions, calls and
+//       recursive loops, set, macro, call, filter, with, block and `self.name()`, …), expressions, calls and
 //       macros, with jinja2 + SandboxedEnvironment semantics (llama-server's: list/dict mutators
 //       allowed, see mutate.cpp) or HF transformers' ImmutableSandboxedEnvironment when
 //       Options::immutable_sandbox is set. Filters, tests, methods and globals are looked up in
@@ -31,6 +31,7 @@ void Interp::check_size(size_t n, const char* construct) {
 
 Value Interp::lookup(const std::string& name, Scope& sc) {
   if (const Value* v = sc.find(name)) return *v;
+  if (name == "self") return template_reference();  // (jinja2's compiler resolves it likewise)
   if (const Value* g = globals.d->find(name)) return *g;
   return Value::undefined("'" + name + "' is undefined");
 }
@@ -250,7 +251,8 @@ void Interp::assign(Node* n, const Value& v, Scope& sc) {
   if (!n->attr.empty()) {
     const Value* ns = sc.find(n->names[0]);
     if (!ns) ns = globals.d->find(n->names[0]);
-    if (!ns || ns->kind != Kind::Namespace) fail("set", "Can only set attributes on namespace objects.");
+    if (!ns || ns->kind != Kind::Namespace || !ns->d->cls.empty())
+      fail("set", "Can only set attributes on namespace objects.");
     check_no_cycle(*ns, v, menv, "set");
     ns->d->set(n->attr, v);
     return;
@@ -340,13 +342,11 @@ Flow Interp::exec(Node* n, const ScopeP& sc, std::string& out) {
       for (size_t k = 0; k < n->names.size(); ++k) ws->set(n->names[k], eval(n->ch[k], *sc));
       return exec_block(n->blocks[0], ws, out);
     }
-    case NK::Block: {  // rendered in place; it sees the template's variables, or with `scoped` the local ones
+    case NK::Block:  // rendered in place; it sees the template's variables, or with `scoped` the local ones
+      // (jinja2 checks `required` here, where a child template would have overridden the block)
       if (n->required) fail("block " + n->name, "Required block '" + n->name + "' not found");
-      auto bs = std::make_shared<Scope>();
-      bs->parent = n->scoped ? sc : root;
-      exec_block(n->blocks[0], bs, out);
+      render_block(n, n->scoped ? sc : root, out);
       return Flow::Normal;
-    }
     case NK::Load: {
       Value what = eval(n->ch[0], *sc);
       cur_line = n->line;
@@ -415,6 +415,11 @@ Flow Interp::run_for(Node* n, const ScopeP& sc, const Value& seq, int64_t depth,
         return Value::str(std::move(sub), true);
       };
       loop.fn = rc;
+    } else {  // jinja2's LoopContext is callable either way (a test `loop is callable` sees it)
+      static const auto not_recursive = std::make_shared<const Callable>(Callable{"loop", [](Interp&, CallArgs&) -> Value {
+        fail("loop", "The loop must have the 'recursive' marker to be called recursively.");
+      }});
+      loop.fn = not_recursive;
     }
     it_scope->set("loop", loop);
     Flow f = exec_block(n->blocks[0], it_scope, out);
@@ -428,6 +433,45 @@ Flow Interp::run_for(Node* n, const ScopeP& sc, const Value& seq, int64_t depth,
   return Flow::Normal;
 }
 
+// Block n's body in a scope of its own under `parent`. A chat template has no parent template,
+// so `super` in a block is jinja2's undefined "there is no parent block" (calling it fails).
+void Interp::render_block(Node* n, const ScopeP& parent, std::string& out) {
+  auto bs = std::make_shared<Scope>();
+  bs->parent = parent;
+  bs->set("super", Value::undefined("there is no parent block called '" + n->name + "'."));
+  exec_block(n->blocks[0], bs, out);
+}
+
+// `self`: jinja2's TemplateReference, whose attributes are the template's blocks. self.name is a
+// BlockReference (attributes name and super): self.name() renders that block with the template's
+// variables (not the caller's locals) and returns the text, as jinja2 does.
+Value Interp::template_reference() {
+  if (self_ref.kind == Kind::Namespace) return self_ref;
+  self_ref = Value::ns();
+  self_ref.d->cls = kTemplateRefClass;
+  for (Node* b : prog.blocks) {
+    Value ref = Value::ns();
+    ref.d->cls = kBlockRefClass;
+    ref.d->set("name", Value::str(b->name));
+    ref.d->set("super", Value::undefined("there is no parent block called '" + b->name + "'."));
+    ref.fn = std::make_shared<Callable>(Callable{b->name, [b](Interp& in, CallArgs& a) -> Value {
+      if (!a.pos.empty() || !a.kw.empty()) fail("block " + b->name, "BlockReference.__call__() takes no arguments");
+      if (++in.depth > in.opt.max_recursion) {
+        in.depth--;
+        fail("block " + b->name, "maximum recursion depth exceeded (" + std::to_string(in.opt.max_recursion) + ")");
+      }
+      struct Dec {
+        size_t& d;
+        ~Dec() { d--; }
+      } dec{in.depth};
+      std::string text;
+      in.render_block(b, in.root, text);
+      return Value::str(std::move(text));
+    }});
+    self_ref.d->set(b->name, std::move(ref));
+  }
+  return self_ref;
+}
 
 std::string render_program(const detail::Program& prog, const nlohmann::ordered_json& ctx) {
   Interp in(prog);

@@ -54,6 +54,7 @@ struct Interp {
   int cur_line = 0;
   ScopeP root;
   Value globals;   // Dict of builtins (global_table())
+  Value self_ref;  // `self` (jinja2's TemplateReference), made when first read
   MutateEnv menv;  // what list/dict mutators need from us (mutate.h)
 
   explicit Interp(const detail::Program& p);
@@ -77,6 +78,8 @@ struct Interp {
   Flow exec_block(const std::vector<Node*>& body, const ScopeP& sc, std::string& out);
   Flow exec(Node* n, const ScopeP& sc, std::string& out);
   Flow run_for(Node* n, const ScopeP& sc, const Value& seq, int64_t depth, std::string& out);
+  void render_block(Node* n, const ScopeP& parent, std::string& out);
+  Value template_reference();
 
   // ---- the Python object protocol, sandboxed (objects.cpp) ----
   Value get_attr(const Value& obj, const std::string& name);  // attribute first, then item

@@ -28,7 +28,7 @@ bool test_kind(Interp&, const std::string& name, const Value& v, CallArgs&) {
   if (name == "mapping") return v.is_dict();
   if (name == "sequence") return v.is_str() || v.is_dict() || v.is_undefined() || (v.is_list() && !v.gen);
   if (name == "iterable") return v.is_str() || v.is_dict() || v.is_undefined() || v.is_list();
-  if (name == "callable") return v.kind == Kind::Callable || v.is_undefined();
+  if (name == "callable") return v.kind == Kind::Callable || v.fn || v.is_undefined();  // (joiner, self.name, loop)
   return v.is_str() && v.safe;  // escaped
 }
 

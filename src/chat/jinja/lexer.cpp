@@ -1,7 +1,7 @@
 // chat/jinja/lexer.cpp — Jinja2 lexer: template text, {{ }}, {% %} and {# #} tags with
 //       whitespace control and trim_blocks / lstrip_blocks exactly as jinja2's lexer applies them,
 //       Python string / number literals (see lexer.h).
-// Must not: build AST nodes (parser.cpp does).
+// Must not: build AST nodes (the parser does: parser.cpp, parser_expr.cpp).
 // Threading: pure functions.
 #include "chat/jinja/lexer.h"
 

@@ -1,5 +1,5 @@
 // chat/jinja/lexer.h — the tokens of kiln's Jinja engine and the lexer that makes them (internal).
-// Owns: the token layout shared by lexer.cpp (makes them) and parser.cpp (reads them), and the
+// Owns: the token layout shared by lexer.cpp (makes them) and the parser (reads them), and the
 //       syntax error every stage of parsing throws.
 // Must not: build AST nodes or know filter / test names.
 // Threading: pure functions.

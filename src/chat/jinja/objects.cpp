@@ -87,7 +87,9 @@ Value Interp::get_attr(const Value& obj, const std::string& name) {
       if (const Value* v = obj.d->find(name)) return *v;
       return Value::undefined("'dict object' has no attribute '" + name + "'");
     case Kind::Namespace:
+      if (obj.d->cls == kCyclerClass && (m = find_def(cycler_method_table(), name))) return bound_method(*this, obj, *m);
       if (const Value* v = obj.d->find(name)) return *v;
+      if (!obj.d->cls.empty()) return Value::undefined("'" + std::string(obj.d->cls) + " object' has no attribute '" + name + "'");
       break;
     case Kind::String: m = find_def(str_method_table(), name); break;
     case Kind::List:

@@ -1,6 +1,6 @@
 // chat/jinja/registry.h — the names kiln's Jinja engine knows (internal): one table per kind
-//       (filters, tests, str / list / tuple / dict methods, globals) mapping a name to the function
-//       that implements it.
+//       (filters, tests, str / list / tuple / dict / cycler methods, globals) mapping a name to
+//       the function that implements it.
 // Owns: the table types and lookups. The parser's name checks, the interpreter's dispatch,
 //       `is filter` / `is test`, map() / select() and the unit tests all read these tables, so
 //       a name is accepted at parse time exactly when it can be executed.
@@ -47,6 +47,14 @@ std::span<const MethodDef> list_method_table();   // methods.cpp (lists, not tup
 std::span<const MethodDef> tuple_method_table();  // methods.cpp
 std::span<const MethodDef> dict_method_table();   // methods.cpp
 std::span<const GlobalDef> global_table();        // globals.cpp
+std::span<const MethodDef> cycler_method_table(); // globals.cpp (cycler(…).next() / .reset())
+
+// The Python classes of jinja2's helper objects (Namespace values whose Dict::cls is set): their
+// attributes are read-only, their methods (Cycler's only) are in the table above.
+inline constexpr std::string_view kCyclerClass = "jinja2.utils.Cycler";
+inline constexpr std::string_view kJoinerClass = "jinja2.utils.Joiner";
+inline constexpr std::string_view kTemplateRefClass = "jinja2.runtime.TemplateReference";  // `self`
+inline constexpr std::string_view kBlockRefClass = "jinja2.runtime.BlockReference";        // `self.name`
 
 // The entry named `name` in `table`, nullptr when there is none.
 template <class Def>

@@ -130,7 +130,10 @@ const char* type_name(const Value& v) {
     case Kind::String: return v.safe ? "Markup" : "str";
     case Kind::List: return v.gen ? "generator" : v.tuple ? "tuple" : "list";
     case Kind::Dict: return "dict";
-    case Kind::Namespace: return "Namespace";
+    case Kind::Namespace: {  // a helper object: its class name without the module ("Cycler")
+      const std::string_view c = v.d->cls;
+      return c.empty() ? "Namespace" : c.data() + c.rfind('.') + 1;
+    }
     case Kind::Callable: return "function";
   }
   return "object";
@@ -306,6 +309,16 @@ static void str_into(std::string& out, const Value& v, int depth) {
     }
     case Kind::Dict:
     case Kind::Namespace: {
+      if (v.kind == Kind::Namespace && !v.d->cls.empty()) {  // object.__repr__ of a helper object
+        if (v.d->cls == "jinja2.runtime.TemplateReference") {
+          out += "<TemplateReference None>";  // jinja2 names the template; from_string's has no name
+          return;
+        }
+        char addr[32];
+        std::snprintf(addr, sizeof addr, "%p", static_cast<const void*>(v.d.get()));
+        out += "<" + std::string(v.d->cls) + " object at " + addr + ">";
+        return;
+      }
       if (depth > 100) fail("str", "maximum nesting depth exceeded");
       if (v.kind == Kind::Namespace) out += "<Namespace ";
       out += "{";

@@ -1,5 +1,6 @@
 // chat/jinja/value.h — the runtime value of kiln's Jinja engine (Python object model subset).
-// Owns: Value (undefined/none/bool/int/float/str/list/tuple/dict/namespace/callable), Python
+// Owns: Value (undefined/none/bool/int/float/str/list/tuple/dict/namespace or helper object/
+//       callable), Python
 //       str()/repr() formatting, json.dumps-compatible serialisation, UTF-8 helpers.
 // Must not: evaluate templates (that is interp.cpp).
 // Threading: strings are shared immutable data; lists, dicts and namespaces are shared by
@@ -71,6 +72,11 @@ struct Value {
 
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;  // insertion order (Python dict)
+  // Namespace only: empty for jinja2's namespace(); else one of jinja2's helper objects (cycler,
+  // joiner, self, a block reference), named by its Python class (a string literal, e.g.
+  // "jinja2.utils.Cycler", see registry.h): `items` are its attributes, which templates read
+  // but cannot assign.
+  std::string_view cls;
   const Value* find(std::string_view k) const;
   void set(std::string_view k, Value v);
 };
