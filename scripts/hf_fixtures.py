@@ -17,7 +17,13 @@ For each architecture (llama, qwen3, qwen35, qwen35moe) this script
          in_proj_a/b, A_log, dt_bias, V channels of conv1d, input columns of out_proj),
          attn_q kept as HF stores it (per head [q | gate]), rope.dimension_sections from
          mrope_section padded to 4, full_attention_interval and attention.recurrent_layers,
-         ssm.* keys; fused experts gate_up_proj split into ffn_gate_exps / ffn_up_exps.
+         ssm.* keys; fused experts gate_up_proj split into ffn_gate_exps / ffn_up_exps;
+       - qwen35/qwen35moe MTP (a state dict with mtp.*, as Qwen3.5 checkpoints hold it; llama.cpp's
+         _Qwen35MtpMixin): mtp.fc / pre_fc_norm_embedding / pre_fc_norm_hidden / norm ->
+         blk.<n_layer>.nextn.eh_proj / enorm / hnorm / shared_head_norm (+1 on the three norms),
+         mtp.layers.0.* -> blk.<n_layer>.*, block_count = n_layer + 1, <arch>.nextn_predict_layers = 1,
+         recurrent_layers false for the MTP block (used by scripts/train_mtp_fixture.py).
+     `convert(..., ftype="f16")` writes matrices as F16 (llama.cpp's --outtype f16 choice).
 
 Output, per architecture: OUT/<arch>/{model.gguf, tokens.json, logits.npy, config.json, weights.npz}
 (weights.npz is the HF state dict, so `--convert-only` can re-make model.gguf without torch).
@@ -128,10 +134,32 @@ def reorder_v_heads(t: np.ndarray, axis: int, n_k: int, n_v_per_k: int, head_dim
     return np.ascontiguousarray(np.swapaxes(t, axis, axis + 1)).reshape(shape)
 
 
+MTP_NEXTN = {  # HF MTP tensors -> blk.<n_layer>.nextn.* (llama.cpp's _Qwen35MtpMixin)
+    "mtp.fc.weight": "nextn.eh_proj.weight",
+    "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+    "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight",
+    "mtp.norm.weight": "nextn.shared_head_norm.weight",
+}
+
+
 def is_zero_centered_norm(arch: str, hf_name: str) -> bool:
-    """HF RMSNorms that compute x*(1+w): every Qwen3.5 *norm.weight except the gated linear_attn.norm."""
-    return arch in ("qwen35", "qwen35moe") and hf_name.endswith("norm.weight") and \
+    """HF RMSNorms that compute x*(1+w): every Qwen3.5 *norm.weight except the gated linear_attn.norm,
+    and the MTP block's pre_fc_norm_embedding / pre_fc_norm_hidden (llama.cpp adds 1 to them too)."""
+    return arch in ("qwen35", "qwen35moe") and (hf_name.endswith("norm.weight") or hf_name in MTP_NEXTN and
+                                                "norm" in hf_name) and \
         not hf_name.endswith("linear_attn.norm.weight")
+
+
+def n_mtp_layers(sd) -> int:
+    """1 when the state dict carries a Qwen3.5 MTP block (mtp.*), else 0 (llama.cpp supports one)."""
+    return int(any(k.startswith("mtp.") for k in sd))
+
+
+def f16_in_gguf(gguf_name: str, arr) -> bool:
+    """llama.cpp's converter with --outtype f16 (and kiln gguf gen's quantizable()): matrices F16;
+    1-D tensors, *_norm.weight, ssm_conv1d and ffn_gate_inp stay F32."""
+    return np.ndim(arr) >= 2 and gguf_name.endswith("weight") and "_norm.weight" not in gguf_name and \
+        "ssm_conv1d" not in gguf_name and "ffn_gate_inp.weight" not in gguf_name
 
 
 def map_tensors(arch: str, cfg: dict, sd: dict) -> dict:
@@ -153,11 +181,21 @@ def map_tensors(arch: str, cfg: dict, sd: dict) -> dict:
         r = n_v // n_k
         reorder = n_k != n_v
 
+    n_layer = cfg["num_hidden_layers"]
     for hf, w in sd.items():
         w = np.asarray(w, dtype=np.float32)
         used.add(hf)
         if is_zero_centered_norm(arch, hf):
             w = w + 1.0
+        if hf.startswith("mtp."):  # the MTP block is block n_layer (llama.cpp: mtp.layers.0.* -> blk.<n_layer>.*)
+            if not hybrid:
+                raise ValueError(f"unexpected HF tensor {hf}")
+            if hf in MTP_NEXTN:
+                put(f"blk.{n_layer}.{MTP_NEXTN[hf]}", w)
+                continue
+            if not hf.startswith("mtp.layers.0."):
+                raise ValueError(f"unexpected HF tensor {hf} (one MTP layer only)")
+            hf = f"model.layers.{n_layer}." + hf[len("mtp.layers.0."):]
         if hf == "model.embed_tokens.weight":
             put("token_embd.weight", w)
             continue
@@ -240,17 +278,23 @@ def map_tensors(arch: str, cfg: dict, sd: dict) -> dict:
     return out
 
 
-def convert(arch: str, cfg: dict, sd: dict, path) -> dict:
-    """Writes an F32 GGUF at `path`; returns the tensors written."""
+def convert(arch: str, cfg: dict, sd: dict, path, vocab=None, ftype: str = "f32", name: str | None = None) -> dict:
+    """Writes a GGUF at `path` (ftype "f32": every tensor F32; "f16": matrices F16 as f16_in_gguf says);
+    returns the tensors written (float32). vocab: (tokens, token types, merges), default make_vocab's.
+    A state dict with mtp.* tensors (qwen35/qwen35moe) gets its MTP block as blk.<n_layer>.* with
+    block_count = n_layer + 1 and <arch>.nextn_predict_layers = 1 (llama.cpp's _Qwen35MtpMixin)."""
     import gguf
 
     a = GGUF_ARCH[arch]
     tensors = map_tensors(arch, cfg, sd)
     w = gguf.GGUFWriter(str(path), a)
-    w.add_name(f"kiln hf oracle tiny {arch}")
+    w.add_name(name or f"kiln hf oracle tiny {arch}")
     hybrid = arch in ("qwen35", "qwen35moe")
     n_layer = cfg["num_hidden_layers"]
-    w.add_block_count(n_layer)
+    n_mtp = n_mtp_layers(sd)
+    w.add_block_count(n_layer + n_mtp)
+    if n_mtp:
+        w.add_uint32(f"{a}.nextn_predict_layers", n_mtp)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     if "intermediate_size" in cfg:
@@ -274,7 +318,8 @@ def convert(arch: str, cfg: dict, sd: dict, path) -> dict:
     if cfg.get("head_dim") is not None:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    assert ftype in ("f32", "f16"), ftype
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if ftype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     if arch == "llama":
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(head_dim)
@@ -289,11 +334,13 @@ def convert(arch: str, cfg: dict, sd: dict, path) -> dict:
         w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
         lt = cfg["layer_types"]
         assert len(lt) == n_layer
-        w.add_array(f"{a}.attention.recurrent_layers", [t == "linear_attention" for t in lt])
+        # length block_count: the MTP layers are not recurrent
+        w.add_array(f"{a}.attention.recurrent_layers", [t == "linear_attention" for t in lt] + [False] * n_mtp)
         w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
         w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
 
-    tokens, types, merges = make_vocab(cfg["vocab_size"])
+    tokens, types, merges = vocab or make_vocab(cfg["vocab_size"])
+    assert len(tokens) == len(types) == cfg["vocab_size"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("llama-bpe" if arch == "llama" else "qwen2")
     w.add_token_list(tokens)
@@ -303,8 +350,9 @@ def convert(arch: str, cfg: dict, sd: dict, path) -> dict:
     w.add_eos_token_id(len(tokens) - 1)
     w.add_add_bos_token(arch == "llama")
 
-    for name in sorted(tensors, key=tensor_order):
-        w.add_tensor(name, tensors[name])
+    for tn in sorted(tensors, key=tensor_order):
+        t = tensors[tn]
+        w.add_tensor(tn, t.astype(np.float16) if ftype == "f16" and f16_in_gguf(tn, t) else t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
