@@ -351,6 +351,17 @@ TEST(GgmlKQuant, OrdersDiffer) {
   }
 }
 
+// Where a block's fp16 d (and dmin) sit: offset, bytes.
+std::pair<size_t, size_t> d_field(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: return {80, 4};
+    case GgmlType::Q3_K: return {108, 2};
+    case GgmlType::Q6_K: return {208, 2};
+    case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 4};
+    default: return {0, 2};
+  }
+}
+
 // The 8-row decode kernels (Table::vec_dot_q8_r8, AVX-512 table) against the emulated order of the
 // table's vec_dot_q8 entry, row by row, bit for bit: 8 distinct rows at a padded stride, several
 // block counts, mixed-magnitude activations, and the extreme operands (every weight code and scale
@@ -372,13 +383,14 @@ TEST(GgmlKQuant, EightRowDecodeKernelBitExact) {
         std::vector<uint8_t> w(stride * 8 + 64);
         for (int r = 0; r < 8; ++r) {
           auto row = random_row(tc.t, k, rng);
-          if (rep == 5 && r % 2 == 0)  // every code / scale / minimum byte at its largest, sane d
+          if (rep == 5 && r % 2 == 0)  // every code / scale / minimum byte 0xff, the fp16 d / dmin kept
             for (int64_t i = 0; i < k / 256; ++i) {
               uint8_t* b = &row[size_t(i) * bb];
-              const uint16_t d0 = ld16(b), d1 = ld16(b + 2);
+              const auto [off, n] = d_field(tc.t);
+              uint8_t keep[4];
+              std::memcpy(keep, b + off, n);
               std::memset(b, 0xff, bb);
-              std::memcpy(b, &d0, 2);
-              std::memcpy(b + 2, &d1, 2);
+              std::memcpy(b + off, keep, n);
             }
           std::memcpy(w.data() + size_t(r) * stride, row.data(), rb);
         }
