@@ -350,3 +350,67 @@ TEST(GgmlKQuant, OrdersDiffer) {
     EXPECT_GT(differ_rg, 8) << gguf::type_name(t);
   }
 }
+
+// Where a block's fp16 d (and dmin) sit: offset, bytes.
+std::pair<size_t, size_t> d_field(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: return {80, 4};
+    case GgmlType::Q3_K: return {108, 2};
+    case GgmlType::Q6_K: return {208, 2};
+    case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 4};
+    default: return {0, 2};
+  }
+}
+
+// The 8-row decode kernels (Table::vec_dot_q8_r8, AVX-512 table) against the emulated order of the
+// table's vec_dot_q8 entry, row by row, bit for bit: 8 distinct rows at a padded stride, several
+// block counts, mixed-magnitude activations, and the extreme operands (every weight code and scale
+// at its largest, x at +-127) where the integer sums are largest.
+TEST(GgmlKQuant, EightRowDecodeKernelBitExact) {
+  KILN_REQUIRE_AVX512("the 8-row K-quant decode kernels are AVX-512 table entries");
+  const cpu::Table& T = cpu::table();
+  const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(GgmlType::Q8_K)];
+  int tested = 0;
+  for (const TypeCase& tc : kCases) {
+    const cpu::VecDotQ8RowsFn r8 = T.vec_dot_q8_r8[cpu::type_index(tc.t)];
+    if (!r8) continue;
+    ++tested;
+    std::mt19937 rng(uint32_t(int(tc.t)) * 2654435761u);
+    const size_t bb = block_bytes(tc.t);
+    for (int64_t k : {256, 512, 768, 1024, 4096}) {
+      for (int rep = 0; rep < 6; ++rep) {
+        const size_t rb = size_t(k / 256) * bb, stride = rb + size_t(rep % 3) * 32;  // padded rows too
+        std::vector<uint8_t> w(stride * 8 + 64);
+        for (int r = 0; r < 8; ++r) {
+          auto row = random_row(tc.t, k, rng);
+          if (rep == 5 && r % 2 == 0)  // every code / scale / minimum byte 0xff, the fp16 d / dmin kept
+            for (int64_t i = 0; i < k / 256; ++i) {
+              uint8_t* b = &row[size_t(i) * bb];
+              const auto [off, n] = d_field(tc.t);
+              uint8_t keep[4];
+              std::memcpy(keep, b + off, n);
+              std::memset(b, 0xff, bb);
+              std::memcpy(b + off, keep, n);
+            }
+          std::memcpy(w.data() + size_t(r) * stride, row.data(), rb);
+        }
+        auto x = randv(size_t(k), uint32_t(k * 977 + rep), -1.f, 1.f);
+        if (rep == 5)
+          for (size_t e = 0; e < x.size(); ++e) x[e] = (e / 16) % 3 ? 2.f : -2.f;  // whole groups at +-127
+        else
+          for (size_t e = 0; e < x.size(); e += 29) x[e] *= 50.f;
+        AlignedWs col(cpu::act_bytes(GgmlType::Q8_K, k));
+        qa(x.data(), k, col.p);
+        float out[8];
+        r8(k, w.data(), stride, col.p, out);
+        for (int r = 0; r < 8; ++r) {
+          double ref, mag;
+          const float want = emul(tc.t, tc.o, k, w.data() + size_t(r) * stride, static_cast<uint8_t*>(col.p), &ref, &mag);
+          ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(tc.t) << " k " << k << " rep " << rep << " row " << r
+                                              << " got " << out[r] << " want " << want;
+        }
+      }
+    }
+  }
+  EXPECT_GT(tested, 0);
+}

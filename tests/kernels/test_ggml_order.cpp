@@ -608,6 +608,61 @@ TEST(GgmlOrder, LegacyOneChainDotsBitExact) {
   if (tested == 0) GTEST_SKIP() << "no AVX2 / AVX-512: the integer legacy dots exist only in the x86 tables";
 }
 
+// The 8-row decode kernels of the one-chain types (Table::vec_dot_q8_r8 where vec_dot_q8 is the one
+// chain: Q8_0 and Q4_1 on the AVX-512 table) against legacy_emul, row by row, bit for bit: 8 distinct
+// rows at padded strides, several block counts, and the extreme operands (Q8_0 weights at -128 / 127,
+// x at +-127) where the integer lanes are largest.
+TEST(GgmlOrder, LegacyOneChainEightRowKernelBitExact) {
+  KILN_REQUIRE_AVX512("the 8-row one-chain decode kernels are AVX-512 table entries");
+  const LegacyInfo types[] = {{GgmlType::Q4_0, 18, false}, {GgmlType::Q4_1, 20, true}, {GgmlType::Q5_0, 22, false},
+                              {GgmlType::Q5_1, 24, true},  {GgmlType::Q8_0, 34, false}, {GgmlType::IQ4_NL, 18, false}};
+  const cpu::Table& T = cpu::table();
+  int tested = 0;
+  for (const auto& ty : types) {
+    const int ti = cpu::type_index(ty.t);
+    // only where the 8-row kernel stands for the one chain (Q4_0 / IQ4_NL's is the repacked order)
+    if (!T.vec_dot_q8_r8[ti] || T.vec_dot_q8_rows_not8[ti]) continue;
+    const GgmlType at = cpu::act_type(ty.t);
+    const cpu::QuantizeActFn qa = T.quantize_act[cpu::type_index(at)];
+    ASSERT_NE(qa, nullptr);
+    std::mt19937 rng(uint32_t(int(ty.t) * 977));
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> ds(0.001f, 0.05f), dm(-0.1f, 0.1f);
+    for (int64_t k : {32, 64, 96, 256, 352, 1024, 4096}) {
+      for (int rep = 0; rep < 5; ++rep) {
+        const size_t rb = size_t(k / 32) * ty.bytes, stride = rb + size_t(rep % 3) * 2;
+        std::vector<uint8_t> w(stride * 8 + 64);
+        for (int r = 0; r < 8; ++r) {
+          uint8_t* row = w.data() + size_t(r) * stride;
+          for (size_t e = 0; e < rb; ++e) row[e] = uint8_t(rep == 4 ? (r % 2 ? 0x80 : 0x7f) : byte(rng));
+          for (int64_t i = 0; i < k / 32; ++i) {
+            const uint16_t d = f2h(ds(rng)), m = f2h(dm(rng));
+            std::memcpy(row + size_t(i) * ty.bytes, &d, 2);
+            if (ty.q81) std::memcpy(row + size_t(i) * ty.bytes + 2, &m, 2);
+          }
+        }
+        auto x = randv(size_t(k), uint32_t(k * 13 + rep + int(ty.t)), -2.f, 2.f);
+        if (rep == 4)
+          for (size_t e = 0; e < x.size(); ++e) x[e] = (e / 8) % 2 ? 2.f : -2.f;
+        AlignedWs col(cpu::act_bytes(at, k));
+        qa(x.data(), k, col.p);
+        float out[8];
+        T.vec_dot_q8_r8[ti](k, w.data(), stride, col.p, out);
+        for (int r = 0; r < 8; ++r) {
+          double ref, mag;
+          float want;
+          legacy_emul(ty.t, ty.bytes, ty.q81, k, w.data() + size_t(r) * stride, static_cast<uint8_t*>(col.p), &ref,
+                      &mag, &want);
+          ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(ty.t) << " k " << k << " rep " << rep << " row " << r
+                                              << " got " << out[r] << " want " << want;
+        }
+      }
+    }
+    ++tested;
+  }
+  EXPECT_GE(tested, 2);
+}
+
 // ---- flash attention (llama.cpp's CPU flash_attn_ext orders) --------------------------------------
 
 namespace {

@@ -32,6 +32,15 @@ int64_t tile_min_cols() {
   }();
   return v;
 }
+// Whether one-column calls take the 8-row decode kernels (Table::vec_dot_q8_r8; the same bits as
+// vec_dot_q8). KILN_DECODE_R8=0 turns them off (speed comparisons only).
+bool decode_r8() {
+  static const bool v = [] {
+    const char* e = std::getenv("KILN_DECODE_R8");
+    return !(e && e[0] == '0');
+  }();
+  return v;
+}
 // The tile path's column side data in the workspace: only for calls that take the tile path (so
 // workspaces of smaller batches are what they were without it).
 size_t side_region(GgmlType wt, int64_t k, int64_t m) {
@@ -119,7 +128,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   cpu::VecDotQ8Fn vd = qa ? T.vec_dot_q8[wi] : nullptr;
   if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
   else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
-  const cpu::VecDotQ8RowsFn r8 = vd && vd == T.vec_dot_q8[wi] ? T.vec_dot_q8_r8[wi] : nullptr;
+  const cpu::VecDotQ8RowsFn r8 = vd && vd == T.vec_dot_q8[wi] && decode_r8() ? T.vec_dot_q8_r8[wi] : nullptr;
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
