@@ -37,14 +37,27 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
+# llama-cpp-python: a CPU build of llama.cpp for this machine's vector ISA, named flag by flag from
+# /proc/cpuinfo rather than GGML_NATIVE: a native build on an AMX host compiles llama.cpp's AMX kernels,
+# which die with SIGILL where the kernel does not grant AMX tiles (seen on this project's CI-class
+# hosts). The flags are part of the stamp, so a .venv built otherwise is rebuilt once.
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+has() { [[ " $flags " == *" $1 "* ]] && echo ON || echo OFF; }
+ggml_isa="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma) -DGGML_F16C=$(has f16c)"
+ggml_isa+=" -DGGML_AVX512=$(has avx512f) -DGGML_AVX512_VBMI=$(has avx512_vbmi) -DGGML_AVX512_VNNI=$(has avx512_vnni)"
+ggml_isa+=" -DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_BMI2=$(has bmi2)"
+ggml_isa+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+llama_args="${CMAKE_ARGS:-$ggml_isa -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}"
 stamp=.venv/.kiln-requirements.sha
-want=$(sha256sum scripts/requirements.txt | cut -d' ' -f1)
+want=$( (cat scripts/requirements.txt; echo "$llama_args") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python test tools into .venv (llama-cpp-python builds llama.cpp from source once; pip caches the wheel)"
   .venv/bin/pip install -q --upgrade pip
-  # llama-cpp-python: CPU build of llama.cpp, native ISA of this machine.
-  CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    .venv/bin/pip install -q -r scripts/requirements.txt
+  export CMAKE_ARGS="$llama_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
+  .venv/bin/pip install -q -r scripts/requirements.txt
+  if [ -f "$stamp" ]; then  # built before with other flags (or requirements): llama.cpp again, not from pip's cache
+    .venv/bin/pip install -q --force-reinstall --no-deps --no-cache-dir \
+      "$(grep -io '^llama-cpp-python==[^ ]*' scripts/requirements.txt)"
+  fi
   echo "$want" > "$stamp"
 fi

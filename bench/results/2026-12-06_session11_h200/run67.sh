@@ -25,7 +25,7 @@ sed -i "s#/tmp/o/server#$O/server#; s#/tmp/o67/server#$O/server#" $I/spec_client
 C="python3 $I/spec_client.py"
 for m in 9b 27b; do
   K="$B/kiln serve -m $P/m/$m-mtp.gguf -ngl all -fa on -c 4096 -np 1 --no-warmup"
-  run() { echo "$m $1 | kiln: $(timeout 90 $C 8090 3 128 -- $K --port 8090 $2)"; }
+  run() { echo "$m $1 | kiln: $(timeout 90 $C 8090 2 128 -- $K --port 8090 $2)"; }
   {
   run "plain        " ""
   run "mtp synth 2  " "--spec-type draft-mtp --spec-draft-n-max 3 --spec-synth-len 2"
@@ -68,10 +68,10 @@ kb() { local tag=$1; shift; timeout 120 env "$@" > $O/$tag.md 2> $O/$tag.err; ec
 for sp in 0 1; do
   kb k9-f16-s$sp KILN_CUDA_ATTN_SPLIT=$sp $B/kiln bench -m $P/m/9b-mtp.gguf -ngl all -fa on -p 512 -n 0 -d 32768 -r 2
   kb k9-q4-s$sp KILN_CUDA_ATTN_SPLIT=$sp $B/kiln bench -m $P/m/9b-mtp.gguf -ngl all -fa on -p 512 -n 0 -d 32768 -r 2 -ctk q4_0 -ctv q4_0
-  kb k9-long-s$sp KILN_CUDA_ATTN_SPLIT=$sp $B/kiln bench -m $P/m/9b-mtp.gguf -ngl all -fa on -p 8192,32768 -n 0 -r 1
 done
 kb k27-q4-s0 KILN_CUDA_ATTN_SPLIT=0 $B/kiln bench -m $P/m/27b-mtp.gguf -ngl all -fa on -p 512 -n 0 -d 32768 -r 2 -ctk q4_0 -ctv q4_0
 kb k27-q4-s1 KILN_CUDA_ATTN_SPLIT=1 $B/kiln bench -m $P/m/27b-mtp.gguf -ngl all -fa on -p 512 -n 0 -d 32768 -r 2 -ctk q4_0 -ctv q4_0
+kb k9-long-s1 KILN_CUDA_ATTN_SPLIT=1 $B/kiln bench -m $P/m/9b-mtp.gguf -ngl all -fa on -p 8192,32768 -n 0 -r 1
 } 2>&1 | tee $O/bench.txt
 echo "total $(( $(date +%s) - S )) s"
 tar cf - -C $O . | xz -T8 > $OUT/run67.tar.xz

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Device run 68 (session 11): llama.cpp's side of run 67 on the same warm machine and files (/tmp/p/m):
-# llama-server draft-mtp rows (9B, 27B), llama-bench long-context prefill rows.
+# llama-server draft-mtp rows (9B, 27B), llama-bench long-context prefill rows, and the trained MTP fixture
+# (tests/fixtures/mtp-kjv) through both servers: greedy texts with and without draft-mtp, acceptance.
 R=$PWD; S=$(date +%s); I=.gpu-run/r68
-P=/tmp/p; LL=$P/llama-cuda-sm90a
+P=/tmp/p; LL=$P/llama-cuda-sm90a; B=$P/.gpu/bin
 cat $I/llama-*.part-0* | xz -d | tar x -C $P
 O=/tmp/o68; mkdir -p $O
-ls -la $P/m
+ls $P/m $B | head -30
+F=tests/fixtures/mtp-kjv/model.gguf
+{
+for e in kiln llama; do
+  if [ $e = kiln ]; then SV="env LD_LIBRARY_PATH=$B $B/kiln serve -m $F -ngl all -c 2048 --no-warmup"; else SV="env LD_LIBRARY_PATH=$LL $LL/llama-server -m $F -ngl 99 -c 2048"; fi
+  echo "fixture $e plain : $(timeout 60 python3 $I/fix_client.py 8095 $O/fix-$e-plain.log -- $SV --port 8095)"
+  echo "fixture $e mtp   : $(timeout 60 python3 $I/fix_client.py 8095 $O/fix-$e-mtp.log -- $SV --port 8095 --spec-type draft-mtp --spec-draft-n-max 3 --spec-draft-p-min 0)"
+done
+} 2>&1 | tee $O/fixture.txt
 sed -i "s#/tmp/o/server#$O/server#; s#/tmp/o67/server#$O/server#" $I/spec_client.py
 C="python3 $I/spec_client.py"
 export LD_LIBRARY_PATH=$LL
 for m in 9b 27b; do
   L="$LL/llama-server -m $P/m/$m-mtp.gguf -ngl 99 -fa on -c 4096 -np 1"
-  run() { echo "$m $1 | llama: $(timeout 90 $C 8091 3 128 -- $L --port 8091 $2)"; }
+  run() { echo "$m $1 | llama: $(timeout 90 $C 8091 2 128 -- $L --port 8091 $2)"; }
   {
   run "plain        " ""
   run "mtp synth 2  " "--spec-type draft-mtp --spec-draft-n-max 3 --spec-synth-len 2"
