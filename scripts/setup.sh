@@ -51,11 +51,12 @@ llama_args="${CMAKE_ARGS:-$ggml_isa -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPL
 stamp=.venv/.kiln-requirements.sha
 want=$( (cat scripts/requirements.txt; echo "$llama_args") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing Python test tools into .venv (llama-cpp-python builds llama.cpp from source once; pip caches the wheel)"
+  echo "setup: installing Python test tools into .venv (llama-cpp-python builds llama.cpp from source, several minutes on 2 cores)"
   .venv/bin/pip install -q --upgrade pip
   export CMAKE_ARGS="$llama_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
-  .venv/bin/pip install -q -r scripts/requirements.txt
-  if [ -f "$stamp" ]; then  # built before with other flags (or requirements): llama.cpp again, not from pip's cache
+  # No wheel cache: pip keys llama-cpp-python's built wheel by version only, not by CMAKE_ARGS.
+  .venv/bin/pip install -q --no-cache-dir -r scripts/requirements.txt
+  if [ -f "$stamp" ]; then  # built before with other flags (or requirements): llama.cpp again
     .venv/bin/pip install -q --force-reinstall --no-deps --no-cache-dir \
       "$(grep -io '^llama-cpp-python==[^ ]*' scripts/requirements.txt)"
   fi
