@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Device run 69 (session 11): the fidelity table (scripts/gpu_fidelity.sh: kiln on the GPU and llama.cpp's
+# CUDA build vs the exact-weights base, every architecture x weight type x KV type) on the final code.
+S=$(date +%s); I=.gpu-run/fid; P=/tmp/p9; mkdir -p $P
+tar xJf $I/bins.tar.xz -C $P && xz -dc $I/pride.txt.xz > $P/pride.txt
+cat $I/llama-*.part-0* | xz -d | tar x -C $P
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $I/gguf*.whl && export PYTHONPATH=/tmp/site
+B=$P/.gpu/bin LL=$P/llama-cuda-sm90a; O=/tmp/o69; mkdir -p $O
+timeout 380 env LD_LIBRARY_PATH=$B:$LL scripts/gpu_fidelity.sh $B/kiln $LL $P/pride.txt $O/fid > $O/fidelity.md 2>&1; echo "fidelity rc=$?"
+rm -f $O/fid/*.gguf $O/fid/*.kld
+cat $O/fidelity.md | tail -60
+echo "total $(( $(date +%s) - S )) s"
+tar cf - -C $O . | xz -T8 > $OUT/run69.tar.xz
