@@ -85,7 +85,9 @@ void SpecState::miss() {
   if (++misses >= 3) {
     pause = next_pause;
     next_pause = std::min(64, next_pause * 2);
-    misses = 0;
+    // The draft after a pause is a probe: its miss pauses again at once (twice as long); an
+    // accepted token ends the back-off (update).
+    misses = 2;
     k = 1;
   }
 }
@@ -99,6 +101,7 @@ void SpecState::update(int drafted, int accepted, int n_max, bool adaptive) {
   if (accepted == drafted) {
     k = std::min(n_max, k + 1);
     misses = 0;
+    next_pause = 2;
   } else if (accepted == 0) {
     miss();
   } else {

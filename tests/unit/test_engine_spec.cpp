@@ -147,7 +147,8 @@ TEST(EngineSpecSynthetic, AcceptsAtTheConfiguredRate) {
 
 // The adaptive back-off: a model drafter's pass that proposes nothing (every first token below p_min)
 // counts as a first-token miss, so a drafter that is never confident stops being run: three in a row
-// pause drafting for 2 steps, the next three for 4, ... (64 at most); synthetic acceptance does not adapt.
+// pause drafting for 2 steps; the draft after a pause is a probe whose miss pauses again for 4, then
+// 8, ... (64 at most); an accepted token ends the back-off; synthetic acceptance does not adapt.
 TEST(EngineSpecBackOff, EmptyModelDraftsPauseDrafting) {
   SpecState s;
   s.start(3, 1);
@@ -159,11 +160,18 @@ TEST(EngineSpecBackOff, EmptyModelDraftsPauseDrafting) {
   EXPECT_EQ(s.pause, 2);
   for (int pause : {4, 8, 16, 32, 64, 64}) {
     s.pause = 0;
-    for (int i = 0; i < 3; ++i) s.empty_draft(true);
+    s.update(1, 0, 3, true);  // the probe after a pause misses: paused again at once
     EXPECT_EQ(s.pause, pause);
   }
-  s.update(1, 1, 3, true);  // an accepted draft lengthens it again
+  s.pause = 0;
+  s.update(1, 1, 3, true);  // an accepted draft lengthens it again and ends the back-off
   EXPECT_EQ(s.k, 2);
+  s.update(2, 1, 3, true);  // partly accepted
+  s.update(2, 0, 3, true);
+  s.update(1, 0, 3, true);
+  EXPECT_EQ(s.pause, 0);  // two misses after an accepted token: not yet
+  s.update(1, 0, 3, true);
+  EXPECT_EQ(s.pause, 2);  // the third: the back-off starts over at 2 steps
   SpecState f;
   f.start(3, 1);
   for (int i = 0; i < 5; ++i) f.empty_draft(false);
