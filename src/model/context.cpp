@@ -460,11 +460,11 @@ Status Context::decode(const Batch& b, Memory& mem) {
       cur = d;
       s.run_layer(s.devs[size_t(d)], il, mem, T);
     }
-    // The output rows and the MTP catch-up both read x, and the catch-up overwrites it: on one device
-    // the output runs first; on two, x moves first (a move to the host synchronizes) and the GPU's
+    // The output rows and the MTP catch-up both read x, and the catch-up overwrites it. The MTP block
+    // runs where the last layer ran (cur): with the output there too, the output runs first; with the
+    // output elsewhere (the host), x moves first (a move to the host synchronizes) and the GPU's
     // catch-up is queued before the host computes the output rows.
     if (n_out > 0 && s.out_dev != cur) s.move_x(s.devs[size_t(cur)], o, T);
-    if (mtp && s.mtp_dev != cur) s.move_x(s.devs[size_t(cur)], md, T);
     const bool apart = s.mtp_dev != s.out_dev;
     if (mtp && apart) s.mtp_catchup(md, mem, T);
     s.run_output(o, T, n_out);
