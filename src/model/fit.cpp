@@ -83,21 +83,9 @@ Result<ProjectorShape> ProjectorShape::from_file(const gguf::File& f) {
   p.path = f.path();
   for (const auto& t : f.tensors()) p.weight_bytes += t.n_bytes;
   if (p.weight_bytes == 0) return err("{}: --mmproj: the file has no tensors", f.path());
-  auto get = [&](const char* key, int64_t dflt, int64_t& out) -> Status {
-    auto v = f.get_int_or(key, dflt);
-    KILN_TRY(v);
-    out = *v;
-    return {};
-  };
-  KILN_TRY(get("clip.vision.embedding_length", 0, p.n_embd));
-  KILN_TRY(get("clip.vision.feed_forward_length", 0, p.n_ff));
-  KILN_TRY(get("clip.vision.attention.head_count", 0, p.n_head));
-  KILN_TRY(get("clip.vision.patch_size", 0, p.patch_size));
-  KILN_TRY(get("clip.vision.spatial_merge_size", 1, p.merge));
-  if (p.n_embd <= 0 || p.n_ff <= 0 || p.n_head <= 0 || p.patch_size <= 0)
-    return err("{}: --mmproj: keys 'clip.vision.embedding_length', 'clip.vision.feed_forward_length', "
-               "'clip.vision.attention.head_count' and 'clip.vision.patch_size' are needed for the image batch", f.path());
-  p.merge = std::max<int64_t>(1, p.merge);
+  auto vc = VisionConfig::from_file(f);  // the loader's own reading and checks of the clip.* keys
+  KILN_TRY(vc);
+  p.n_embd = vc->n_embd, p.n_ff = vc->n_ff, p.n_head = vc->n_head, p.patch_size = vc->patch, p.merge = vc->merge;
   // The merger (mm.0 rows, mm.2 rows = the output width) and one more output per DeepStack layer.
   int64_t n_out = 0, n_ds = 0;
   for (const auto& t : f.tensors()) {

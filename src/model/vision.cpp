@@ -78,15 +78,9 @@ Weight owned_f32(std::vector<std::unique_ptr<float[]>>& owned, std::unique_ptr<f
 
 }  // namespace
 
-Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string& path, const VisionLoadOptions& opt) {
-  gguf::OpenOptions oo;
-  oo.load_mode = opt.load_mode;
-  auto fr = gguf::File::open(path, oo);
-  if (!fr.ok()) return err("--mmproj {}", fr.error().message);
-  auto m = std::unique_ptr<VisionModel>(new VisionModel());
-  m->file_ = std::move(*fr);
-  const gguf::File& f = *m->file_;
-  VisionConfig& c = m->cfg_;
+Result<VisionConfig> VisionConfig::from_file(const gguf::File& f) {
+  VisionConfig c;
+  const std::string& path = f.path();
   auto pt = f.get_string("clip.projector_type");
   if (!pt.ok()) {
     auto vpt = f.get_string("clip.vision.projector_type");
@@ -139,6 +133,21 @@ Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string& path, 
     return err("{}: --mmproj: head_dim {} must be a multiple of 4 and at most 512", path, c.head_dim());
   for (int64_t il : c.deepstack)
     if (il >= c.n_layer) return err("{}: --mmproj: DeepStack layer {} of {} blocks", path, il, c.n_layer);
+  return c;
+}
+
+Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string& path, const VisionLoadOptions& opt) {
+  gguf::OpenOptions oo;
+  oo.load_mode = opt.load_mode;
+  auto fr = gguf::File::open(path, oo);
+  if (!fr.ok()) return err("--mmproj {}", fr.error().message);
+  auto m = std::unique_ptr<VisionModel>(new VisionModel());
+  m->file_ = std::move(*fr);
+  const gguf::File& f = *m->file_;
+  auto cr = VisionConfig::from_file(f);
+  KILN_TRY(cr);
+  m->cfg_ = std::move(*cr);
+  VisionConfig& c = m->cfg_;
 
   const int64_t E = c.n_embd, P = c.patch, F = c.n_ff;
   Bind b{f, m->owned_};

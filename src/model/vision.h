@@ -61,6 +61,8 @@ struct VisionConfig {
   // Width of one image token's output: the merger's, then one more per DeepStack layer (llama.cpp's concat).
   int64_t n_out_total() const { return n_out * int64_t(1 + deepstack.size()); }
   VisionDims dims() const;
+  // The clip.* keys of a projector file, checked (the loader's and the memory planner's reading).
+  static Result<VisionConfig> from_file(const gguf::File& f);
 };
 
 // Patches per chunk of the q|k|v projection and the MLP.

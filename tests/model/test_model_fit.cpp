@@ -57,6 +57,7 @@ Meta meta_model(const std::string& preset, gen::Mix mix, int64_t n_mtp) {
 std::pair<std::string, uint64_t> qwen35_9b_projector() {
   gguf::Writer w;
   w.set_string("general.architecture", "clip");
+  w.set_string("clip.projector_type", "qwen3vl_merger");
   w.set_u32("clip.vision.embedding_length", 1152);
   w.set_u32("clip.vision.feed_forward_length", 4304);
   w.set_u32("clip.vision.attention.head_count", 16);

@@ -36,6 +36,8 @@ def models(kiln_bin, tmp_path_factory):
     # V_ENC_EMBD_POS in F32): header and tensor infos, no data.
     proj = d / "mmproj.meta.gguf"
     w = GGUFWriter(str(proj), "clip")
+    w.add_string("clip.projector_type", "qwen3vl_merger")
+    w.add_uint32("clip.vision.block_count", 27)
     w.add_uint32("clip.vision.embedding_length", 1152)
     w.add_uint32("clip.vision.feed_forward_length", 4304)
     w.add_uint32("clip.vision.attention.head_count", 16)
