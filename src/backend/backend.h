@@ -264,6 +264,19 @@ std::unique_ptr<Device> make_cpu_device(ThreadPool& pool);
 std::unique_ptr<WorkspaceSizes> workspace_sizes(DeviceType type, int n_threads = 0);
 size_t cuda_stream_fixed_bytes(int sm);
 
+// Device memory kiln's CUDA context holds (plain arithmetic, every build; docs/memory.md): the
+// driver's own part (measured: 262 MiB on an H100 with driver 580, its 8 MiB device heap and printf
+// buffer included), the local memory the driver reserves for every thread the SMs can hold
+// (stack_bytes x threads_per_sm x n_sm: 264 MiB on 132 SMs at the default 1 KiB stack), and the
+// kernels loaded on first use (a 128 MiB reserve; 640 MiB when CUDA_MODULE_LOADING=EAGER loads every
+// module, cuBLAS's included, at start). kiln's kernels stay under the default stack (checked:
+// cuobjdump --dump-resource-usage, at most 208 bytes), so the local memory does not grow later.
+struct CudaCard {
+  int n_sm = 128, threads_per_sm = 1536;  // without a GPU: an RTX 4090's (the larger of the users' cards)
+  uint64_t stack_bytes = 1024;            // cudaLimitStackSize (the driver's default)
+};
+uint64_t cuda_context_bytes(const CudaCard& card);
+
 // CUDA devices (backend/cuda_backend.*; built when nvcc is found). cuda_device_count() is 0 without
 // a usable GPU or driver (cuda_unavailable_reason() says why) and in builds without CUDA.
 int cuda_device_count();
@@ -276,6 +289,7 @@ Device& cuda_device(int i);
 // false without that device.
 struct CudaMemoryInfo {
   size_t free = 0, total = 0;
+  size_t context = 0;  // cuda_context_bytes of this device (its context exists: free is net of it)
   int sm = 0;
   std::string name;
 };

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -587,5 +588,13 @@ std::unique_ptr<WorkspaceSizes> workspace_sizes(DeviceType type, int n_threads) 
 }
 
 size_t cuda_stream_fixed_bytes(int sm) { return cuda::detail::cublas_workspace_bytes(sm); }
+
+uint64_t cuda_context_bytes(const CudaCard& card) {
+  constexpr uint64_t kMiB = uint64_t(1) << 20;
+  const char* ml = std::getenv("CUDA_MODULE_LOADING");
+  const bool eager = ml != nullptr && std::string_view(ml) == "EAGER";
+  const uint64_t local = card.stack_bytes * uint64_t(card.threads_per_sm) * uint64_t(card.n_sm);
+  return 262 * kMiB + local + (eager ? 640 : 128) * kMiB;
+}
 
 }  // namespace kiln::backend

@@ -161,6 +161,7 @@ class CudaDevice final : public Device {
   int ordinal() const { return ordinal_; }
   int sm() const { return prop_.major * 10 + prop_.minor; }
   int n_sm() const { return prop_.multiProcessorCount; }
+  int threads_per_sm() const { return prop_.maxThreadsPerMultiProcessor; }
 
  private:
   int ordinal_;
@@ -976,8 +977,11 @@ bool cuda_memory_info(int i, CudaMemoryInfo* out) {
     cudaGetLastError();
     return false;
   }
+  size_t stack = 1024;
+  if (cudaDeviceGetLimit(&stack, cudaLimitStackSize) != cudaSuccess) cudaGetLastError();
   out->free = free;
   out->total = total;
+  out->context = cuda_context_bytes({d.n_sm(), d.threads_per_sm(), stack});
   out->sm = d.sm();
   out->name = d.name();
   return true;

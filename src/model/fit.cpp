@@ -18,9 +18,11 @@ namespace kiln::model {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t(1) << 20;
-// Device memory the CUDA runtime takes for kiln's cuBLAS handles and instantiated step graphs
-// beyond the buffers counted elsewhere: a stated reserve, not measured yet (docs/memory.md).
+// Device memory the CUDA runtime takes beyond the buffers counted elsewhere: kiln's cuBLAS handles
+// and the instantiated step graphs a Context keeps (at most kGraphCacheMax; 40 measured at ~2 MiB on an
+// H100, run 73): a stated reserve.
 constexpr uint64_t kCudaRuntimeReserve = uint64_t(32) << 20;
+constexpr const char* kContextPart = "CUDA context";
 
 double mib(uint64_t b) { return double(b) / double(kMiB); }
 
@@ -116,8 +118,9 @@ int resolve_gpu_layers(int n_gpu_layers, int64_t n_layer, bool have_gpu) {
   return int(std::min<int64_t>(n_gpu_layers, n_layer + 1));
 }
 
+uint64_t DeviceBudget::available() const { return cap > 0 ? std::min(free + context, cap) : free + context; }
 uint64_t DeviceBudget::usable() const {
-  const uint64_t avail = cap > 0 ? std::min(free, cap) : free;
+  const uint64_t avail = available();
   return avail > target ? avail - target : 0;
 }
 
@@ -276,7 +279,8 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   if (gpu_layers) {
     add("CUDA streams", "cuBLAS workspace of the Context's and the Memory's stream", 0,
         2 * backend::cuda_stream_fixed_bytes(gpu->sm));
-    add("CUDA runtime", "cuBLAS handles, step graphs (reserve, not measured)", 0, kCudaRuntimeReserve, true);
+    add("CUDA runtime", fmt::format("cuBLAS handles, up to {} recorded step graphs", kGraphCacheMax), 0,
+        kCudaRuntimeReserve, true);
   }
 
   // The MTP head (--spec-type draft-mtp): its blocks with the last trunk layer (on the GPU whenever a
@@ -352,7 +356,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     auto dp = plan_memory(*o.draft, nullptr, d, dngl, gpu);
     if (!dp.ok()) return err("-md/--model-draft {}: {}", o.draft->path, dp.error().message);
     for (PlanPart& part : dp->parts)
-      if (part.host > 0 || part.gpu > 0) {
+      if ((part.host > 0 || part.gpu > 0) && part.name != kContextPart) {  // one context for both models
         part.name = "draft " + part.name;
         if (part.name == "draft weights")
           part.detail = fmt::format("{} ({} of {} layers on the GPU)", o.draft->path, std::min<int64_t>(dngl, o.draft->cfg.n_layer),
@@ -360,6 +364,11 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
         p.parts.push_back(std::move(part));
       }
   }
+  // The process's CUDA context, wherever anything runs on the GPU (a real device's free memory is
+  // already net of it; a --device-memory cap holds it).
+  if (gpu && gpu->context > 0 && p.gpu_total() > 0)
+    add(kContextPart, "driver, local memory for every resident thread, kernels loaded on use (docs/memory.md)", 0,
+        gpu->context, true);
   return p;
 }
 
@@ -379,9 +388,10 @@ std::string MemoryPlan::table() const {
                      p.estimate ? " (estimate)" : "");
   s += fmt::format("  {:<22} {:>12.1f} {:>12.1f}\n", "total", mib(host_total()), mib(gpu_total()));
   if (gpu) {
-    const uint64_t avail = gpu->cap > 0 ? std::min(gpu->free, gpu->cap) : gpu->free;
     s += fmt::format("  {}: {:.1f} MiB {} - {:.1f} MiB target = {:.1f} MiB usable; the plan needs {:.1f} MiB: {}\n", dev,
-                     mib(avail), gpu->cap > 0 && gpu->cap <= gpu->free ? "(--device-memory)" : "free", mib(gpu->target),
+                     mib(gpu->available()),
+                     gpu->cap > 0 && gpu->cap <= gpu->free + gpu->context ? "(--device-memory)" : "free + kiln's context",
+                     mib(gpu->target),
                      mib(gpu->usable()), mib(gpu_total()), fits() ? "fits" : "does NOT fit");
   }
   return s;
@@ -543,11 +553,13 @@ std::optional<DeviceBudget> gpu_budget(int main_gpu, uint64_t device_memory, uin
     b.name = fmt::format("CUDA{}", main_gpu);
     b.free = info.free;
     b.sm = info.sm;
+    b.context = info.context;
     return b;
   }
   if (!simulate || device_memory == 0) return std::nullopt;
   b.name = fmt::format("CUDA{} (simulated)", main_gpu);
   b.free = device_memory;
+  b.context = backend::cuda_context_bytes({});  // an RTX 4090's SMs (the larger of the users' cards)
   return b;
 }
 

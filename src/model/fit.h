@@ -87,7 +87,10 @@ struct DeviceBudget {
   uint64_t cap = 0;              // --device-memory / KILN_DEVICE_MEMORY (0: none)
   uint64_t target = uint64_t(1024) << 20;  // --fit-target margin kept free
   int sm = 90;                   // compute capability (cuBLAS workspace size)
-  uint64_t usable() const;       // min(free, cap) - target (0 when the margin exceeds it)
+  uint64_t context = 0;          // kiln's CUDA context (backend::cuda_context_bytes), a part of the plan;
+                                 // a real device's free memory is already net of it
+  uint64_t available() const;    // min(free + context, cap): what the process may hold on the device
+  uint64_t usable() const;       // available() - target (0 when the margin exceeds it)
 };
 
 struct FitOptions {

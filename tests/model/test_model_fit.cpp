@@ -12,7 +12,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include "gguf/writer.h"
 #include "model/context.h"
@@ -112,6 +114,44 @@ DeviceBudget card(uint64_t bytes) {
   b.name = "CUDA0 (simulated)";
   b.free = b.cap = bytes;
   return b;
+}
+
+// The CUDA context (docs/memory.md): the driver's 262 MiB + the local memory of every resident thread
+// + 128 MiB of kernels loaded on use; counted as a plan part and, on a real device, added back to the
+// free memory the driver reports after it exists; a --device-memory cap holds it.
+TEST(ModelFit, CudaContextIsAPartOfThePlan) {
+  const char* ml = std::getenv("CUDA_MODULE_LOADING");
+  const bool had = ml != nullptr;
+  const std::string saved = had ? ml : "";
+  ::unsetenv("CUDA_MODULE_LOADING");
+  EXPECT_EQ(backend::cuda_context_bytes({132, 2048, 1024}), (262 + 264 + 128) * kMiB);  // H100 / H200
+  EXPECT_EQ(backend::cuda_context_bytes({}), (262 + 192 + 128) * kMiB);               // RTX 4090 (default)
+  EXPECT_EQ(backend::cuda_context_bytes({24, 1536, 1024}), (262 + 36 + 128) * kMiB);  // RTX 4060
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);  // every module loaded at start: a larger reserve
+  EXPECT_EQ(backend::cuda_context_bytes({24, 1536, 1024}), (262 + 36 + 640) * kMiB);
+  if (had) ::setenv("CUDA_MODULE_LOADING", saved.c_str(), 1);
+  else ::unsetenv("CUDA_MODULE_LOADING");
+  DeviceBudget real;
+  real.free = 20 * kGiB, real.context = 600 * kMiB, real.target = kGiB;
+  EXPECT_EQ(real.available(), 20 * kGiB + 600 * kMiB);
+  EXPECT_EQ(real.usable(), 19 * kGiB + 600 * kMiB);
+  real.cap = 8 * kGiB;
+  EXPECT_EQ(real.usable(), 7 * kGiB);
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
+  PlanOptions o;
+  o.n_ctx = 8192;
+  DeviceBudget c8 = card(8 * kGiB);
+  c8.context = backend::cuda_context_bytes({});
+  auto p = plan_memory(m.shape, nullptr, o, 33, c8);
+  auto p0 = plan_memory(m.shape, nullptr, o, 33, card(8 * kGiB));
+  ASSERT_TRUE(p.ok() && p0.ok());
+  ASSERT_NE(part(*p, "CUDA context"), nullptr);
+  EXPECT_EQ(part(*p, "CUDA context")->gpu, c8.context);
+  EXPECT_EQ(p->gpu_total(), p0->gpu_total() + c8.context);
+  EXPECT_EQ(p->gpu->usable(), 7 * kGiB);  // the cap holds the context: the parts get less room
+  auto cpu_only = plan_memory(m.shape, nullptr, o, 0, c8);  // nothing on the GPU: no context
+  ASSERT_TRUE(cpu_only.ok());
+  EXPECT_EQ(part(*cpu_only, "CUDA context"), nullptr);
 }
 
 TEST(ModelFit, KvAndRecurrentStateAsComputedByHand) {
