@@ -5,6 +5,9 @@
 // are largest), and through kernels::matmul for one column with row counts that are not multiples of
 // 8 (the last rows then take the one-row kernel) on 1..3 threads. The emulated-order tests
 // (test_ggml_kquant.cpp, test_ggml_order.cpp) check the same kernels against ggml's orders.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <random>
 #include <utility>
@@ -170,6 +173,47 @@ TEST(DecodeR8, MatmulOneColumnMatchesOneRowKernel) {
                 << gguf::type_name(t) << " k " << k << " n " << n << " threads " << threads << " row " << j;
         }
       }
+    }
+  }
+}
+
+// The kernels read nothing past a block's end: 8 packed rows whose last byte is the last byte before
+// a PROT_NONE page (an over-read faults), and whose first byte starts a page (no read before it).
+TEST(DecodeR8, ReadsOnlyTheRows) {
+  KILN_REQUIRE_AVX512("the 8-row decode kernels are AVX-512 table entries");
+  const cpu::Table& T = cpu::table();
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  for (GgmlType t : kMatmulTypes) {
+    const int ti = cpu::type_index(t);
+    const cpu::VecDotQ8RowsFn r8 = T.vec_dot_q8_r8[ti];
+    if (!r8) continue;
+    const GgmlType at = cpu::act_type(t);
+    std::mt19937 rng(uint32_t(ti) + 11u);
+    for (int64_t k : {256, 768}) {
+      const size_t rb = tensor::row_size(t, k), bytes = rb * 8;
+      const size_t span = (bytes + page - 1) / page * page;
+      auto* map = static_cast<uint8_t*>(mmap(nullptr, span + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      ASSERT_NE(map, MAP_FAILED);
+      ASSERT_EQ(mprotect(map, page, PROT_NONE), 0);
+      ASSERT_EQ(mprotect(map + page + span, page, PROT_NONE), 0);
+      for (int pass = 0; pass < 2; ++pass) {
+        uint8_t* w = pass == 0 ? map + page + span - bytes : map + page;  // ends at the guard / starts after one
+        for (int r = 0; r < 8; ++r) {
+          const auto row = random_row(t, k, 0, rng);
+          std::memcpy(w + size_t(r) * rb, row.data(), rb);
+        }
+        const auto x = activation(k, pass, uint32_t(k + ti));
+        AlignedWs col(cpu::act_bytes(at, k));
+        T.quantize_act[cpu::type_index(at)](x.data(), k, col.p);
+        float out[8];
+        r8(k, w, rb, col.p, out);
+        for (int r = 0; r < 8; ++r) {
+          float want;
+          T.vec_dot_q8[ti](k, w + size_t(r) * rb, col.p, 0, 1, &want);
+          ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(t) << " k " << k << " row " << r;
+        }
+      }
+      munmap(map, span + 2 * page);
     }
   }
 }
