@@ -107,7 +107,8 @@ void run_matmul(benchmark::State& state, GgmlType t, int64_t k, int64_t n, int64
 }
 
 const GgmlType kMatvecTypes[] = {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::IQ4_XS,
-                                 GgmlType::Q5_K, GgmlType::F16,  GgmlType::Q4_1};
+                                 GgmlType::Q5_K, GgmlType::F16,  GgmlType::Q4_1, GgmlType::Q2_K, GgmlType::Q3_K,
+                                 GgmlType::Q5_0, GgmlType::Q5_1};
 
 void BM_Matvec(benchmark::State& state) {
   run_matmul(state, kMatvecTypes[state.range(0)], 4096, state.range(1), 1, true);
@@ -131,10 +132,10 @@ void BM_Matmul512(benchmark::State& state) {
 
 BENCHMARK(BM_MemRead)->Arg(1)->Arg(2)->Arg(0)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Matvec)
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4096, 12288}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {4096, 12288}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_MatvecVocab)->DenseRange(0, 7)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_MatvecL2)->DenseRange(0, 7)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatvecVocab)->DenseRange(0, 11)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MatvecL2)->DenseRange(0, 11)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul512)->DenseRange(0, 6)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();
