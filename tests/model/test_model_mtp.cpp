@@ -246,7 +246,9 @@ TEST_P(Mtp, DraftLogitsEqualScalarReference) {
     Vec sorted(l);
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
     const int32_t best = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
-    if (sorted[0] - sorted[1] > 1e-3f) EXPECT_EQ(d.tokens[size_t(j)], best) << "draft step " << j;
+    if (sorted[0] - sorted[1] > 1e-3f) {
+      EXPECT_EQ(d.tokens[size_t(j)], best) << "draft step " << j;
+    }
     tok = d.tokens[size_t(j)];  // follow kiln's chain (ties aside, the same)
     h = hn;
     lg = l;
