@@ -73,9 +73,6 @@ inline Tensor dense_view(const Tensor& base, int64_t ne0, int64_t n1 = 1, int64_
 void dense_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);  // dense.cpp
 void dense_ffn(const Step& s, const LayerWeights& L);                                  // dense.cpp
 void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);  // qwen35.cpp
-// Only gated_attention's K/V rows into layer il's cache (the same ops, so the same bits; no attention,
-// no output): the MTP catch-up, whose later positions need nothing else.
-void gated_attention_kv(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);  // qwen35.cpp
 void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem);        // qwen35.cpp
 void moe_ffn(const Step& s, const LayerWeights& L);                                    // qwen35moe.cpp
 // The routed experts of a MoE block (experts.cpp): for token t's expert of rank j, e = ids[j, t],
@@ -86,14 +83,12 @@ void moe_ffn(const Step& s, const LayerWeights& L);                             
 // (a download is waited for; an upload is ordered before the ops that follow on s.st).
 void routed_experts(const Step& s, const LayerWeights& L);
 // The MTP block (mtp.cpp): u = eh_proj · [enorm(emb); hnorm(hprev)] ([E, T] each; cat [2E, T] scratch),
-// then gated attention (layer il's KV) and the FFN on u, in place. kv_only: u and the KV rows only.
+// then gated attention (layer il's KV) and the FFN on u, in place.
 void mtp_block(const Step& s, const LayerWeights& L, int64_t il, Memory& mem, const Tensor& emb, const Tensor& hprev,
-               const Tensor& cat, const Tensor& u, bool kv_only = false);
+               const Tensor& cat, const Tensor& u);
 
 // Shared attention core: q rows [D, Hq, T] (any strides), k/v [D*Hkv, T] already normed and roped;
 // stores k/v into the layer's caches and writes s.a.att [D*Hq, T].
 void attend(const Step& s, int64_t il, Memory& mem, const Tensor& q);
-// attend's first half: k/v (and, for a quantized K cache, q: the rotation) rotated and stored.
-void store_kv(const Step& s, int64_t il, Memory& mem, const Tensor& q);
 
 }  // namespace kiln::model

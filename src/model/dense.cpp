@@ -15,52 +15,33 @@ namespace kiln::model {
 
 using backend::Binary;
 
-namespace {
-// Quantized caches: llama.cpp's Walsh-Hadamard rotation (kernels::hadamard). K: q and k rotated by
-// the largest power-of-two chunk (>= 64) dividing head_dim (k_chunk; 0: none); V: v and, after
-// attention, the output rotated (back) in chunks of 64. head_dim not a multiple of 64: no rotation.
-struct KvRotation {
-  int64_t k_chunk = 0;
-  bool v = false;
-};
-KvRotation kv_rotation(const Memory& mem, int64_t D) {
-  const auto& mo = mem.options();
-  const auto quantized = [](gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_0; };
-  KvRotation r;
-  if (quantized(mo.type_k) && D % 64 == 0)
-    for (r.k_chunk = 64; D % (2 * r.k_chunk) == 0;) r.k_chunk *= 2;
-  r.v = quantized(mo.type_v) && D % 64 == 0;
-  return r;
-}
-}  // namespace
-
-void store_kv(const Step& s, int64_t il, Memory& mem, const Tensor& q) {
-  const ModelConfig& c = s.c;
-  const int64_t D = c.head_dim, Hkv = c.n_head_kv, T = s.T;
-  const Tensor k = dense_view(s.a.k, D, Hkv, T), v = dense_view(s.a.v, D, Hkv, T);
-  const KvRotation rot = kv_rotation(mem, D);
-  if (rot.k_chunk > 0) {
-    s.st.hadamard(q, rot.k_chunk);
-    s.st.hadamard(k, rot.k_chunk);
-  }
-  if (rot.v) s.st.hadamard(v, 64);
-  s.st.kv_store(k, s.a.seq, s.a.pos, mem.k_cache(il));
-  s.st.kv_store(v, s.a.seq, s.a.pos, mem.v_cache(il));
-}
-
 void attend(const Step& s, int64_t il, Memory& mem, const Tensor& q) {
   const ModelConfig& c = s.c;
-  const int64_t D = c.head_dim, Hq = c.n_head, T = s.T;
+  const int64_t D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv, T = s.T;
+  const auto& mo = mem.options();
   backend::AttnSpec p;
   p.head_dim = D;
   p.n_head = Hq;
-  p.n_head_kv = c.n_head_kv;
+  p.n_head_kv = Hkv;
   p.scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(float(D));
   p.flash = s.opt.flash_attn;  // false: llama.cpp's `-fa off` arithmetic (the CPU backend's ggml orders)
-  const Tensor att = dense_view(s.a.att, D, Hq, T);
-  store_kv(s, il, mem, q);
+  const Tensor k = dense_view(s.a.k, D, Hkv, T), v = dense_view(s.a.v, D, Hkv, T), att = dense_view(s.a.att, D, Hq, T);
+  // Quantized caches: llama.cpp's Walsh-Hadamard rotation (kernels::hadamard). K: q and k rotated
+  // by the largest power-of-two chunk (>= 64) dividing head_dim; V: v and, after attention, the
+  // output rotated (back) in chunks of 64. head_dim not a multiple of 64: no rotation.
+  const auto quantized = [](gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_0; };
+  const bool rot_k = quantized(mo.type_k) && D % 64 == 0, rot_v = quantized(mo.type_v) && D % 64 == 0;
+  if (rot_k) {
+    int64_t nr = 64;
+    while (D % (2 * nr) == 0) nr *= 2;
+    s.st.hadamard(q, nr);
+    s.st.hadamard(k, nr);
+  }
+  if (rot_v) s.st.hadamard(v, 64);
+  s.st.kv_store(k, s.a.seq, s.a.pos, mem.k_cache(il));
+  s.st.kv_store(v, s.a.seq, s.a.pos, mem.v_cache(il));
   s.st.attention(q, s.a.seq, s.a.pos, mem.k_cache(il), mem.v_cache(il), p, att);
-  if (kv_rotation(mem, D).v) s.st.hadamard(att, 64);
+  if (rot_v) s.st.hadamard(att, 64);
 }
 
 namespace {

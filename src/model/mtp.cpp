@@ -10,8 +10,7 @@
 //     h' = RMSNorm(u) * (nextn.shared_head_norm or output_norm);  logits = (shared_head_head or output) · h'
 //   e = nextn.embed_tokens or token_embd. A draft feeds h' back as the next step's h.
 // Catch-up: the MTP's KV must hold a row for every position of the sequence, computed with the
-//   trunk's hidden states. Each decode (ContextOptions::mtp) therefore runs the block — up to its K/V
-//   rows, the only output a later position reads (the same ops, so the same bits) — over all of its
+//   trunk's hidden states. Each decode (ContextOptions::mtp) therefore runs the block over all of its
 //   tokens after the trunk, pairing token t with the hidden state of token t - 1 of its run, or, for
 //   a run's first token, with the sequence's stored one (Memory::mtp_h at the recurrent slot); then
 //   the run's last hidden state is stored there (a speculative verify run's kept tokens: at their
@@ -40,10 +39,9 @@ namespace kiln::model {
 using backend::Binary;
 using backend::DeviceType;
 
-// u = eh_proj · [enorm(e); hnorm(h)], then the block (gated attention at il + FFN) on u (in place);
-// kv_only: the attention's K/V rows and nothing after them.
+// u = eh_proj · [enorm(e); hnorm(h)], then the block (gated attention at il + FFN) on u (in place).
 void mtp_block(const Step& s, const LayerWeights& L, int64_t il, Memory& mem, const Tensor& emb, const Tensor& hprev,
-               const Tensor& cat, const Tensor& u, bool kv_only) {
+               const Tensor& cat, const Tensor& u) {
   const ModelConfig& c = s.c;
   const int64_t E = c.n_embd, T = s.T;
   const Tensor ce = rows_view(cat, E, T, 1, 2 * E, 2 * E * T), ch = rows_view(cat, E, T, 1, 2 * E, 2 * E * T, E);
@@ -51,7 +49,6 @@ void mtp_block(const Step& s, const LayerWeights& L, int64_t il, Memory& mem, co
   s.st.rms_norm(dense_view(hprev, E, T), &L.nextn_hnorm.t, ch, c.rms_eps);
   s.st.matmul(L.nextn_eh_proj.t, dense_view(cat, 2 * E, T), dense_view(u, E, T));
   s.st.rms_norm(u, &L.attn_norm.t, s.a.cur, c.rms_eps);
-  if (kv_only) return gated_attention_kv(s, L, il, mem);
   gated_attention(s, L, il, mem);
   s.st.add_rms_norm(u, s.a.tmp, &L.ffn_norm.t, s.a.cur, c.rms_eps);
   if (c.arch == Arch::Qwen35Moe) moe_ffn(s, L);
@@ -99,9 +96,7 @@ void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
   Dev& e = experts_of(c.n_layer);
   const Step xs{*e.st, e.a, c, opt, T};
   const Step s{st, d.a, c, opt, T, &e != &d ? &xs : nullptr};
-  // The block's K/V rows are all the catch-up needs (a draft runs the whole block from the stored
-  // hidden state): the attention itself, its output projection and the FFN are skipped.
-  mtp_block(s, L, c.n_layer, mem, d.emb, d.hprev, d.cat, d.a.x, true);
+  mtp_block(s, L, c.n_layer, mem, d.emb, d.hprev, d.cat, d.a.x);
   // Each run's last hidden state (and a verify run's kept ones) into the sequence's slots.
   st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hdst, as_rows(mh, E, mh.ne[1]));
 }

@@ -17,18 +17,13 @@
 //    ops (the CPU makes the same unfused calls; a GPU runs one kernel each for small batches). The
 //    recurrent ops index state by the tokens' recurrent slots (a.rseq, Memory::rec_slot) and keep the
 //    per-token states a speculative verify run asks for (a.keep).
-#include <utility>
-
 #include "model/blocks.h"
 
 namespace kiln::model {
 
 using backend::Binary;
 
-namespace {
-// q|gate, k and v of s.a.cur (one matmul_n), q and k normed and rotated (RoPE, or M-RoPE for batches
-// with image positions); returns q and gate, views of s.a.q.
-std::pair<Tensor, Tensor> gated_qkv(const Step& s, const LayerWeights& L) {
+void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
   const ModelConfig& c = s.c;
   const int64_t T = s.T, D = c.head_dim, Hq = c.n_head, Hkv = c.n_head_kv;
   const Tensor qg = dense_view(s.a.q, 2 * D * Hq, T);  // per head: q [D] then gate [D]
@@ -53,21 +48,10 @@ std::pair<Tensor, Tensor> gated_qkv(const Step& s, const LayerWeights& L) {
     s.st.rope(q, s.a.pos, rp);
     s.st.rope(k, s.a.pos, rp);
   }
-  return {q, gate};
-}
-}  // namespace
-
-void gated_attention(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
-  const ModelConfig& c = s.c;
-  const auto [q, gate] = gated_qkv(s, L);
   attend(s, il, mem, q);
-  const Tensor att = dense_view(s.a.att, c.head_dim, c.n_head, s.T);
+  const Tensor att = dense_view(s.a.att, D, Hq, T);
   s.st.binary(Binary::SigmoidMul, att, gate, att);
   s.st.matmul(L.attn_output.t, s.a.att, s.a.tmp);
-}
-
-void gated_attention_kv(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
-  store_kv(s, il, mem, gated_qkv(s, L).first);
 }
 
 void delta_net(const Step& s, const LayerWeights& L, int64_t il, Memory& mem) {
