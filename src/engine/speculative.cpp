@@ -82,12 +82,13 @@ std::vector<int32_t> ngram_draft(std::span<const int32_t> h, int n, int n_max) {
 
 void SpecState::miss() {
   k = std::max(1, k / 2);
-  if (++misses >= 3) {
+  constexpr int kMissesToPause = 3;
+  if (++misses >= kMissesToPause) {
     pause = next_pause;
     next_pause = std::min(64, next_pause * 2);
     // The draft after a pause is a probe: its miss pauses again at once (twice as long); an
     // accepted token ends the back-off (update).
-    misses = 2;
+    misses = kMissesToPause - 1;
     k = 1;
   }
 }

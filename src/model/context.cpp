@@ -441,23 +441,16 @@ Status Context::decode(const Batch& b, Memory& mem) {
     } else {
       auto it = s.graphs.find({T, n_out, mrope});
       if (it == s.graphs.end()) {
-        if (s.graphs.size() >= kGraphCacheMax)  // drop the least recently used (its device memory with it)
-          s.graphs.erase(std::min_element(s.graphs.begin(), s.graphs.end(), [](const auto& a, const auto& b) {
-            return a.second.used < b.second.used;
-          }));
         auto gr = g.st->capture(step);
         if (!gr) {
           s.graphs_unsupported = true;
           KILN_LOG_INFO("{}: no graph capture; the step runs op by op", g.dev->name());
           step();
         } else {
-          it = s.graphs.emplace(std::tuple{T, n_out, mrope}, Impl::StepGraph{std::move(gr), 0}).first;
+          it = s.graphs.emplace(std::tuple{T, n_out, mrope}, std::move(gr)).first;
         }
       }
-      if (it != s.graphs.end()) {
-        it->second.used = ++s.graph_tick;
-        g.st->replay(*it->second.graph);
-      }
+      if (it != s.graphs.end()) g.st->replay(*it->second);
     }
   } else {
     int cur = 0;

@@ -19,10 +19,9 @@ namespace {
 
 constexpr uint64_t kMiB = uint64_t(1) << 20;
 // Device memory the CUDA runtime takes beyond the buffers counted elsewhere: kiln's cuBLAS handles
-// and the instantiated step graphs a Context keeps (at most kGraphCacheMax; 40 measured at ~2 MiB on an
-// H100, run 73): a stated reserve.
+// and the recorded step graphs (one per decode shape of at most 64 tokens; 40 of a 9B step measured
+// at ~2 MiB in all on an H100, run 73): a stated reserve.
 constexpr uint64_t kCudaRuntimeReserve = uint64_t(32) << 20;
-constexpr const char* kContextPart = "CUDA context";
 
 double mib(uint64_t b) { return double(b) / double(kMiB); }
 
@@ -279,8 +278,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   if (gpu_layers) {
     add("CUDA streams", "cuBLAS workspace of the Context's and the Memory's stream", 0,
         2 * backend::cuda_stream_fixed_bytes(gpu->sm));
-    add("CUDA runtime", fmt::format("cuBLAS handles, up to {} recorded step graphs", kGraphCacheMax), 0,
-        kCudaRuntimeReserve, true);
+    add("CUDA runtime", "cuBLAS handles, recorded step graphs", 0, kCudaRuntimeReserve, true);
   }
 
   // The MTP head (--spec-type draft-mtp): its blocks with the last trunk layer (on the GPU whenever a
@@ -353,10 +351,12 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
     d.n_threads = o.n_threads, d.delta_chunk_min = o.delta_chunk_min, d.flash_attn = o.flash_attn;
     d.n_spec = int(o.n_draft) + 1;
     const int dngl = resolve_gpu_layers(o.draft_n_gpu_layers, o.draft->cfg.n_layer, gpu.has_value());
-    auto dp = plan_memory(*o.draft, nullptr, d, dngl, gpu);
+    std::optional<DeviceBudget> dgpu = gpu;  // one context for both models: counted once, below
+    if (dgpu) dgpu->context = 0;
+    auto dp = plan_memory(*o.draft, nullptr, d, dngl, dgpu);
     if (!dp.ok()) return err("-md/--model-draft {}: {}", o.draft->path, dp.error().message);
     for (PlanPart& part : dp->parts)
-      if ((part.host > 0 || part.gpu > 0) && part.name != kContextPart) {  // one context for both models
+      if (part.host > 0 || part.gpu > 0) {
         part.name = "draft " + part.name;
         if (part.name == "draft weights")
           part.detail = fmt::format("{} ({} of {} layers on the GPU)", o.draft->path, std::min<int64_t>(dngl, o.draft->cfg.n_layer),
@@ -367,7 +367,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   // The process's CUDA context, wherever anything runs on the GPU (a real device's free memory is
   // already net of it; a --device-memory cap holds it).
   if (gpu && gpu->context > 0 && p.gpu_total() > 0)
-    add(kContextPart, "driver, local memory for every resident thread, kernels loaded on use (docs/memory.md)", 0,
+    add("CUDA context", "driver, local memory for every resident thread, kernels loaded on use (docs/memory.md)", 0,
         gpu->context, true);
   return p;
 }
@@ -390,7 +390,7 @@ std::string MemoryPlan::table() const {
   if (gpu) {
     s += fmt::format("  {}: {:.1f} MiB {} - {:.1f} MiB target = {:.1f} MiB usable; the plan needs {:.1f} MiB: {}\n", dev,
                      mib(gpu->available()),
-                     gpu->cap > 0 && gpu->cap <= gpu->free + gpu->context ? "(--device-memory)" : "free + kiln's context",
+                     gpu->cap > 0 && gpu->available() == gpu->cap ? "(--device-memory)" : "free + kiln's context",
                      mib(gpu->target),
                      mib(gpu->usable()), mib(gpu_total()), fits() ? "fits" : "does NOT fit");
   }

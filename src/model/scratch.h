@@ -40,10 +40,6 @@ struct ScratchPlan {
 // MTP drafts of at most this many positions run as one recorded graph (model/mtp.cpp), with
 // page-locked host rows: ids and probabilities [kDraftGraphMax, n_out_max], embeddings [E, n_out_max].
 constexpr int kDraftGraphMax = 16;
-// Recorded step graphs a Context keeps at once (least recently used dropped first): a busy server
-// sees many (T, n_out) shapes, and each instantiated graph holds host and device memory (device:
-// measured ~0.05 MiB for a 9B step; the plan's 32 MiB "CUDA runtime" reserve covers them).
-inline constexpr size_t kGraphCacheMax = 48;
 
 // What runs on a device: the host (token ids, embeddings), trunk layers, the output (norm + matrix).
 struct ScratchRole {
