@@ -224,10 +224,10 @@ std::vector<Case> cases_for(GgmlType t) {
       // k a multiple of 256 for every type (the small-batch mat-mul, mmq.cu, 8 / 16 / 24 / 32 columns
       // per tile row): k split in 2 with a partial last row tile, misaligned rows and x split and not,
       // k split in 4 (more splits than steps in the ring), one step (no split)
-      {2048, 130, {9, 24, 33}, 0, false},
+      {2048, 130, {1, 9, 24, 33}, 0, false},  // m = 1: rows 16-byte aligned for every type (tensor-map copies)
       {2048, 130, {20}, pad, true},
       {1024, 130, {12, 32}, pad, true},
-      {4096, 70, {16, 17}, 0, false},
+      {4096, 70, {1, 16, 17}, 0, false},
       {256, 200, {16, 64}, 0, false},
   };
 }
@@ -316,6 +316,15 @@ TEST(CudaMatmul, EveryTypeWithoutBulkCopies) {
   cu::detail::set_matvec_bulk(false);
   every_type(1);
   cu::detail::set_matvec_bulk(true);
+}
+
+// The one-column bulk mat-vec with its per-row bulk copies where the tensor-map copies would be taken
+// (rows 16-byte aligned; KILN_CUDA_MV_TMAP=0): the same cases and bounds.
+TEST(CudaMatmul, EveryTypeWithoutTensorMaps) {
+  KILN_REQUIRE_GPU();
+  cu::detail::set_matvec_tmap(false);
+  every_type(2);
+  cu::detail::set_matvec_tmap(true);
 }
 
 // Three int8-x mat-vecs enqueued back to back on one workspace (quantize_x of the next call must not

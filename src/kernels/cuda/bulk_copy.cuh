@@ -34,6 +34,20 @@ __device__ __forceinline__ void mb_bulk_load(uint32_t bar, uint32_t dst, const v
       : "memory");
 #endif
 }
+// Arrives on the barrier expecting `bytes`, and copies the box at element coordinates (c0, c1) of the
+// 2-D tensor map `map` (a __grid_constant__ kernel parameter) to shared address dst (128-byte aligned),
+// completing on the barrier; elements outside the tensor are zeros (and count in `bytes`).
+__device__ __forceinline__ void mb_tensor_load_2d(uint32_t bar, uint32_t dst, const void* map, int c0, int c1,
+                                                  uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "fence.proxy.async.shared::cta;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %5;\n"
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%1], [%2, {%3, %4}], [%0];" ::"r"(bar),
+      "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bytes)
+      : "memory");
+#endif
+}
 __device__ __forceinline__ void mb_wait(uint32_t bar, uint32_t parity) {
 #if __CUDA_ARCH__ >= 900
   uint32_t done = 0;

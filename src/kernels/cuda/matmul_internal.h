@@ -64,6 +64,17 @@ struct MvArgs {
   MvSeg seg[kMvMaxSeg];
 };
 
+// A 2-D tensor map of rows of 8-byte elements for the bulk int8 mat-vec's copies (one box = box_cols
+// elements of box_rows rows): base and stride 16-byte aligned, box_cols * 8 a multiple of 16. Encoded
+// once per distinct argument set and kept for the process (a host-side cache; the pointer is stable);
+// nullptr when the driver refuses it (the per-row copies are used then). Any thread.
+const void* mv_tensor_map(const void* base, uint64_t row_elems, uint64_t rows, uint64_t stride_bytes, uint32_t box_cols,
+                          uint32_t box_rows);
+// Whether one-column bulk launches take tensor-map copies where the rows allow: unless the environment
+// has KILN_CUDA_MV_TMAP=0 or set_matvec_tmap(false) (tests, timing comparisons).
+void set_matvec_tmap(bool on);
+bool mv_tmap_on();
+
 // Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the
 // type is not one of its family.
 bool matvec_dense(GgmlType t, const MvArgs& a, int n_grid_y, cudaStream_t s);   // F32 F16 BF16

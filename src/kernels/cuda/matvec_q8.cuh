@@ -22,11 +22,19 @@
 //   last: whole aligned vectors, never another page) completing on the slot's mbarrier; the warp
 //   waits on the barrier's phase. A step then costs the warp one instruction stream instead of ~100
 //   address and copy instructions per lane, and the sums are the same (bit-identical outputs).
+//   TM (one column, no experts, rows 16-byte aligned, a step of whole 16-byte vectors — all block
+//   types but Q6_K): lane 0 copies the 4 rows' steps as one box of the weight's 2-D tensor map (rows
+//   of 8-byte elements; mv_tensor_map) into a slot where they lie back to back; rows past n and bytes
+//   past the row end arrive as zeros. The copy issue is on each warp's critical path: one instruction
+//   stream of ~30 instead of four lanes' copies serialized through an elect loop.
 // Must not: allocate or synchronize, or read a byte outside the 16-byte vectors that hold the rows
 //   (the copy path reads none outside the rows at all).
 // Threading: kernels only.
 #pragma once
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
+
+#include <cstring>
 
 #include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/dequant_q8.cuh"
@@ -35,15 +43,18 @@
 
 namespace kiln::cuda::detail {
 
-// Step geometry of a block type for the int8 kernel.
-template <GgmlType T>
+// Step geometry of a block type for the int8 kernel. TM (tensor-map copies): the 4 rows' steps back to
+// back (rows 16-byte aligned), a slot a multiple of 128 bytes.
+template <GgmlType T, bool TM = false>
 struct MvqGeom {
   using D = q8::U<T>;
   static constexpr int kUPB = D::kQK / 32;                // units per block
   static constexpr int kSB = (32 / kUPB) * D::kBS;         // bytes of one row's step
-  static constexpr int kVPR = (kSB + 15) / 16 + 1;         // vectors per row slot (one more when misaligned)
+  static constexpr bool kTmOk = kSB % 16 == 0;             // a step is whole 16-byte vectors (not Q6_K)
+  static constexpr int kVPR = TM ? kSB / 16 : (kSB + 15) / 16 + 1;  // vectors per row slot (+1 when misaligned)
   static constexpr int kLV = (kVPR + 7) / 8;               // vectors per lane (8 lanes per row)
-  static constexpr int kSV = kMvRowsPerCta * kVPR + 1;     // vectors per stage (+1: room for the word reads)
+  // Vectors per stage (+1: room for the word reads; TM: rounded up to 128 bytes).
+  static constexpr int kSV = TM ? (kMvRowsPerCta * kVPR + 1 + 7) / 8 * 8 : kMvRowsPerCta * kVPR + 1;
   // Ring of steps per warp: as many (2..4) as fit the 46 KiB of static shared memory.
   static constexpr int kStages = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
   static_assert(D::kBS / kUPB >= 16, "a unit must hold at least 16 bytes (interior-step vectors stay in the row)");
@@ -59,29 +70,42 @@ struct MvSegSel {
   int64_t n;
   float* y;
   int64_t y_stride, bx;
+  int idx;  // the segment (0 in a plain launch)
 };
 __device__ __forceinline__ MvSegSel mv_seg(const MvArgs& a) {
-  MvSegSel r{static_cast<const uint8_t*>(a.w), a.w_stride, a.n, a.y, a.y_stride, int64_t(blockIdx.x)};
+  MvSegSel r{static_cast<const uint8_t*>(a.w), a.w_stride, a.n, a.y, a.y_stride, int64_t(blockIdx.x), 0};
   if (a.nseg > 0) {
 #pragma unroll
     for (int i = 0; i < kMvMaxSeg; ++i)
       if (i < a.nseg && int64_t(blockIdx.x) >= a.seg[i].cta0)
         r = {static_cast<const uint8_t*>(a.seg[i].w), a.seg[i].w_stride, a.seg[i].n, a.seg[i].y, a.seg[i].y_stride,
-             int64_t(blockIdx.x) - a.seg[i].cta0};
+             int64_t(blockIdx.x) - a.seg[i].cta0, i};
   }
   return r;
 }
+
+// The tensor maps of a TM launch, one per segment (kernel parameter space: __grid_constant__).
+template <bool TM>
+struct MvTm {
+  int unused;
+};
+template <>
+struct MvTm<true> {
+  CUtensorMap m[kMvMaxSeg];
+};
 
 // Resident CTAs per SM the kernel is built for (registers): the bulk kernel's ring fills 6 CTAs' worth
 // of shared memory (mvq_go asks for the largest carveout).
 template <int M, bool BULK>
 inline constexpr int kMvqCtasPerSm = BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
 
-template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false>
-__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_kernel(const MvArgs a) {
+template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false, bool TM = false>
+__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>)
+    matvec_q8_kernel(const MvArgs a, const __grid_constant__ MvTm<TM> tm) {
+  static_assert(!TM || (BULK && MvqGeom<T, true>::kTmOk), "tensor-map copies: bulk, steps of whole 16-byte vectors");
   constexpr int R = kMvRowsPerCta;
   using D = q8::U<T>;
-  using G = MvqGeom<T>;
+  using G = MvqGeom<T, TM>;
   constexpr int S = G::kStages;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const uint8_t* w = static_cast<const uint8_t*>(a.w);
@@ -93,9 +117,10 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
   // extra lives through the loop. Without SEG the code is the plain launch's.
   size_t w_stride = a.w_stride;
   int64_t n = a.n, bx = blockIdx.x;
+  int seg_idx = 0;
   if constexpr (SEG) {
     const MvSegSel sg = mv_seg(a);
-    w = sg.w, w_stride = sg.w_stride, n = sg.n, bx = sg.bx;
+    w = sg.w, w_stride = sg.w_stride, n = sg.n, bx = sg.bx, seg_idx = sg.idx;
   }
   q8::pdl_launch_dependents();
   if (a.ids != nullptr) {
@@ -111,12 +136,12 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
   const int64_t nunits = k / 32, nsteps = (nunits + 31) / 32;
   const int64_t rowbytes = (k / D::kQK) * D::kBS;
 
-  __shared__ uint4 ring[kMvWarps][S][G::kSV];
+  __shared__ alignas(128) uint4 ring[kMvWarps][S][G::kSV];
   __shared__ uint64_t mbar[BULK ? kMvWarps : 1][BULK ? S : 1];  // BULK: slot s of warp w is full
   if constexpr (BULK) {
     if (lane == 0)
 #pragma unroll
-      for (int i = 0; i < S; ++i) mb_init(smem_addr(&mbar[wid][i]), R);  // one arrival per row
+      for (int i = 0; i < S; ++i) mb_init(smem_addr(&mbar[wid][i]), TM ? 1 : R);  // one arrival per copy
     mb_init_fence();
     __syncwarp();
   }
@@ -131,6 +156,16 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
   // Start the copy of step s into ring slot `slot`: vector v (= cv + 8i) of the copying row's step,
   // from the aligned address at or below its first byte, to ring slot vector cr * kVPR + v.
   auto issue = [&](int64_t s, int slot) {
+    if constexpr (TM) {
+      // Lane 0: the 4 rows' steps as one box of the weight's tensor map (rows past n read as zeros).
+      if (s < nsteps && lane == 0) {
+        const void* map = nullptr;
+        if constexpr (TM) map = &tm.m[seg_idx];
+        mb_tensor_load_2d(smem_addr(&mbar[wid][slot]), smem_addr(&ring[wid][slot][0]), map, int(s * (G::kSB / 8)),
+                          int(row0), uint32_t(R * G::kSB));
+      }
+      return;
+    }
     if constexpr (BULK) {
       // Lane r < R: row r's step, from its aligned-down start to its aligned-up end (<= kVPR vectors).
       if (s < nsteps && lane < R) {
@@ -217,7 +252,7 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
              int(meta.y) >> 16};
       };
       auto decode = [&](int r, uint32_t (&cw)[8], q8::Sc& sc) {
-        const int o = int((rbase[r] + uintptr_t(s) * G::kSB) & 15);
+        const int o = TM ? 0 : int((rbase[r] + uintptr_t(s) * G::kSB) & 15);
         D::template decode<A>(st + r * G::kVPR * 16 + o + blk * D::kBS, sub, cw, sc, tab);
       };
       // acc[r][c] += unit value of row r against x column c (the same arithmetic in both orders below).
@@ -296,15 +331,19 @@ __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>) matvec_q8_
 
 // Launches a kernel instance; for a bulk one, first asks (once) for the shared-memory carveout that lets
 // kMvqCtasPerSm CTAs reside.
-template <typename K>
-void mvq_go(bool bulk, const MvArgs& a, dim3 grid, cudaStream_t s, K kernel) {
+template <bool TM, typename K>
+void mvq_go(bool bulk, const MvArgs& a, const MvTm<TM>& tm, dim3 grid, cudaStream_t s, K kernel) {
   if (bulk) {
     static const bool once = (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                    int(cudaSharedmemCarveoutMaxShared)),
                               true);
     (void)once;
   }
-  q8::launch(a.pdl, grid, dim3(kMvThreads), s, kernel, a);
+  q8::launch(a.pdl, grid, dim3(kMvThreads), s, kernel, a, tm);
+}
+template <typename K>
+void mvq_go(bool bulk, const MvArgs& a, dim3 grid, cudaStream_t s, K kernel) {
+  mvq_go(bulk, a, MvTm<false>{}, grid, s, kernel);
 }
 
 template <GgmlType T, int A, bool BULK>
@@ -320,11 +359,36 @@ void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
   else mvq_launch_m<T, A, false>(a, grid, s);
 }
 
-// Picks the alignment variant: the type's natural one when the rows (and experts) allow it.
+// The tensor maps of a one-column bulk launch (segments, or the one weight), or false when a weight's
+// rows do not allow one (then the per-row copies are used): rows 16-byte aligned, whole 8-byte elements.
+template <GgmlType T>
+bool mvq_tmaps(const MvArgs& a, MvTm<true>& tm) {
+  using G = MvqGeom<T, true>;
+  if (!G::kTmOk || !a.bulk || a.m != 1 || a.ids != nullptr || !mv_tmap_on()) return false;
+  const int64_t rowbytes = (a.k / q8::U<T>::kQK) * q8::U<T>::kBS;
+  const int nw = a.nseg > 0 ? a.nseg : 1;
+  for (int i = 0; i < nw; ++i) {
+    const void* w = a.nseg > 0 ? a.seg[i].w : a.w;
+    const size_t stride = a.nseg > 0 ? a.seg[i].w_stride : a.w_stride;
+    const int64_t n = a.nseg > 0 ? a.seg[i].n : a.n;
+    if ((uintptr_t(w) | stride) % 16 != 0 || rowbytes % 8 != 0 || n <= 0) return false;
+    const void* map = mv_tensor_map(w, uint64_t(rowbytes / 8), uint64_t(n), stride, uint32_t(G::kSB / 8),
+                                    uint32_t(kMvRowsPerCta));
+    if (map == nullptr) return false;
+    std::memcpy(&tm.m[i], map, sizeof(CUtensorMap));
+  }
+  return true;
+}
+
+// Picks the alignment variant: the type's natural one when the rows (and experts) allow it; one-column
+// bulk launches whose rows allow it take the tensor-map copies.
 template <GgmlType T>
 void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   constexpr int kNat = q8::U<T>::kAlign;
   const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
+  MvTm<true> tm;
+  bool use_tm = false;
+  if constexpr (MvqGeom<T, true>::kTmOk) use_tm = mvq_tmaps<T>(a, tm);
   if (a.nseg > 0) {  // segmented (matmul_n, m = 1): CTAs of the segments in order; the alignment all allow
     MvArgs b = a;
     int64_t ctas = 0;
@@ -335,6 +399,9 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
       bits |= uintptr_t(b.seg[i].w) | uintptr_t(b.seg[i].w_stride);
     }
     const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
+    if constexpr (MvqGeom<T, true>::kTmOk) {
+      if (use_tm) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true>);
+    }
     if constexpr (kNat > 2) {
       if (bits % kNat == 0)
         return b.bulk ? mvq_go(true, b, grid, s, matvec_q8_kernel<T, 1, kNat, true, true>)
@@ -344,6 +411,9 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
                   : mvq_go(false, b, grid, s, matvec_q8_kernel<T, 1, 2, true>);
   }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
+  if constexpr (MvqGeom<T, true>::kTmOk) {
+    if (use_tm) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true>);
+  }
   const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
   if constexpr (kNat > 2) {
     if (bits % kNat == 0) return mvq_launch_m<T, kNat>(a, grid, s);

@@ -11,13 +11,18 @@
 //   int8 bytes are quantize_x's. KILN_CUDA_PRODUCE_WIDE=0: one 1024-thread block per column for both
 //   (comparisons). Must not: allocate or synchronize.
 // Threading: the launcher only enqueues on its stream.
+#include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the function comes from the runtime)
 #include <cuda_runtime.h>
 
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "kernels/cuda/dequant_q8.cuh"
 #include "kernels/cuda/matmul_internal.h"
@@ -243,6 +248,55 @@ void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, in
   const int64_t blocks = std::min<int64_t>((total + 7) / 8, 8192);
   q8::launch(pdl, dim3(unsigned(blocks)), dim3(256), s, quantize_x_kernel, x, s_outer, s_inner, nx, k, total, layout,
              xq, meta);
+}
+
+namespace {
+std::atomic<int> g_tmap{-1};  // -1: from the environment
+}  // namespace
+void set_matvec_tmap(bool on) { g_tmap.store(on ? 1 : 0); }
+bool mv_tmap_on() {
+  static const bool env_on = [] {
+    const char* e = std::getenv("KILN_CUDA_MV_TMAP");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  const int v = g_tmap.load();
+  return v < 0 ? env_on : v == 1;
+}
+
+const void* mv_tensor_map(const void* base, uint64_t row_elems, uint64_t rows, uint64_t stride_bytes, uint32_t box_cols,
+                          uint32_t box_rows) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) return nullptr;
+  using Key = std::tuple<uintptr_t, uint64_t, uint64_t, uint64_t, uint32_t, uint32_t>;
+  struct Entry {
+    CUtensorMap map;
+    bool ok;
+  };
+  static std::mutex mu;
+  static std::map<Key, Entry> cache;  // never erased: node addresses stay valid
+  const std::lock_guard<std::mutex> lock(mu);
+  const Key key{uintptr_t(base), row_elems, rows, stride_bytes, box_cols, box_rows};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    Entry e{};
+    const cuuint64_t dims[2] = {row_elems, rows}, strides[1] = {stride_bytes};
+    const cuuint32_t box[2] = {box_cols, box_rows}, estr[2] = {1, 1};
+    e.ok = encode(&e.map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<void*>(base), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    it = cache.emplace(key, e).first;
+  }
+  return it->second.ok ? &it->second.map : nullptr;
 }
 
 int matvec_q8_x_layout(GgmlType t) {
