@@ -59,7 +59,7 @@ struct Context::Impl {
   int out_dev = 0;
   int mtp_dev = 0;  // ContextOptions::mtp: where the MTP blocks run (Model::mtp_device)
   bool graph_step = false;  // every layer, its experts and the output on devs[1]
-  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out, mrope) -> step
+  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out = T, mrope) -> step
   uint64_t graph_mem = 0;  // Memory::id of the Memory the graphs write (an address can be reused)
   bool graphs_unsupported = false;
   int64_t n_kv_reserved = 0;
