@@ -6,7 +6,9 @@
 #
 #   bench/compare.sh [FILE.gguf ...]        (default: the standard set below)
 #   env: BUILD (build dir, default build), THREADS (default nproc), ROUNDS (3), REPS (3 per round),
-#        P (512), N (128), UB (512), OUT (results dir, default .cache/bench/results-<date>)
+#        P (512), N (128), UB (512), OUT (results dir, default .cache/bench/results-<date>),
+#        KILN_B (optional: an environment assignment, e.g. KILN_B=KILN_DYNAMIC_ROWS=0, for a second
+#        kiln run "kilnb" of the same binary in the rotation; the report adds its column)
 #
 # Standard set, generated into .cache/bench (reused when present): tiny-{llama,qwen3,qwen35,
 # qwen35moe} Q8_0, qwen35-0.8b Q4_K and IQ4_XS, llama-1b Q4_0 and Q8_0; plus SmolLM2-135M
@@ -45,7 +47,7 @@ if [ ${#files[@]} -eq 0 ]; then
 fi
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)
-echo "commit $(git rev-parse --short HEAD)  cpu: $cpu  nproc: $(nproc)  threads: $T  rounds: $ROUNDS x $REPS reps" | tee "$OUT/info.txt"
+echo "commit $(git rev-parse --short HEAD)  cpu: $cpu  nproc: $(nproc)  threads: $T  rounds: $ROUNDS x $REPS reps${KILN_B:+  kilnb: $KILN_B}" | tee "$OUT/info.txt"
 
 if [ -x "$B/bench/kernels_bench" ]; then
   echo "memory bandwidth (BM_MemRead/$T)"
@@ -58,13 +60,19 @@ fi
 for f in "${files[@]}"; do
   stem=$(basename "$f" .gguf)
   for r in $(seq 1 "$ROUNDS"); do
-    # Alternate which engine goes first so slow drifts in machine load hit both equally.
-    if [ $((r % 2)) -eq 1 ]; then order="kiln llamacpp"; else order="llamacpp kiln"; fi
+    # Alternate which engine goes first so slow drifts in machine load hit both equally (with
+    # KILN_B: rotate the three).
+    if [ -n "${KILN_B:-}" ]; then
+      case $((r % 3)) in 1) order="kiln kilnb llamacpp" ;; 2) order="llamacpp kiln kilnb" ;; *) order="kilnb llamacpp kiln" ;; esac
+    elif [ $((r % 2)) -eq 1 ]; then order="kiln llamacpp"; else order="llamacpp kiln"; fi
     for eng in $order; do
       echo "$eng $(cut -d' ' -f1-3 /proc/loadavg) $stem round $r" | tee -a "$OUT/load.txt"
       if [ "$eng" = kiln ]; then
         "$KILN" bench -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl > "$OUT/kiln-$stem-$r.jsonl" \
           || echo "kiln failed on $f" >&2
+      elif [ "$eng" = kilnb ]; then
+        env "$KILN_B" "$KILN" bench -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl \
+          > "$OUT/kilnb-$stem-$r.jsonl" || echo "kiln ($KILN_B) failed on $f" >&2
       else
         "$PY" bench/llamacpp_bench.py -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl \
           > "$OUT/llamacpp-$stem-$r.jsonl" || echo "llama.cpp failed on $f" >&2

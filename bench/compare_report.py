@@ -3,7 +3,8 @@
 
     bench/compare_report.py RESULTS_DIR
 
-RESULTS_DIR holds <engine>-<file stem>-<round>.jsonl files (one JSON object per test, the
+RESULTS_DIR holds <engine>-<file stem>-<round>.jsonl files (engine kiln, llamacpp, or kilnb: kiln
+under compare.sh's KILN_B environment) (one JSON object per test, the
 `kiln bench -o jsonl` / bench/llamacpp_bench.py format), load.txt (load average per run) and
 optionally membw*.json (Google Benchmark BM_MemRead output). For every file and test it reports
 the median over rounds of each engine's mean t/s, the spread (min-max of the round means), the
@@ -25,7 +26,7 @@ def main() -> int:
     runs = collections.defaultdict(list)  # (stem, test, engine) -> [avg_ts per round]
     extra = {}  # (stem, test) -> kiln row (bytes etc.)
     for p in sorted(d.glob("*.jsonl")):
-        m = re.match(r"(kiln|llamacpp)-(.+)-(\d+)\.jsonl$", p.name)
+        m = re.match(r"(kilnb|kiln|llamacpp)-(.+)-(\d+)\.jsonl$", p.name)
         if not m:
             continue
         eng, stem = m.group(1), m.group(2)
@@ -46,8 +47,10 @@ def main() -> int:
                  if "bytes_per_second" in b and b.get("run_type", "iteration") == "iteration"]
         if rates:
             bw = max(rates + ([bw] if bw else []))
-    print("| file | test | kiln t/s (median, range) | llama.cpp t/s (median, range) | kiln/llama.cpp | kiln weight GB/s | % of mem BW |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    has_b = any(e == "kilnb" for (_, _, e) in runs)  # compare.sh KILN_B: the same binary under another env
+    print("| file | test | kiln t/s (median, range) |" + (" kiln B t/s (median, range) | kiln/B |" if has_b else "")
+          + " llama.cpp t/s (median, range) | kiln/llama.cpp | kiln weight GB/s | % of mem BW |")
+    print("| --- | --- | ---: |" + (" ---: | ---: |" if has_b else "") + " ---: | ---: | ---: | ---: |")
     keys = sorted({(s, t) for (s, t, _) in runs}, key=lambda k: (k[0], not k[1].startswith("pp"), k[1]))
     for stem, test in keys:
         k = runs.get((stem, test, "kiln"), [])
@@ -63,7 +66,12 @@ def main() -> int:
             gbps = f"{g:.2f}"
             if bw:
                 pct = f"{100.0 * g * 1e9 / bw:.0f}%"
-        print(f"| {stem} | {test} | {fmt(k, km)} | {fmt(l, lm)} | {ratio} | {gbps} | {pct} |")
+        bcols = ""
+        if has_b:
+            b = runs.get((stem, test, "kilnb"), [])
+            bm = statistics.median(b) if b else None
+            bcols = f" {fmt(b, bm)} | {f'{km / bm:.2f}' if km and bm else 'n/a'} |"
+        print(f"| {stem} | {test} | {fmt(k, km)} |{bcols} {fmt(l, lm)} | {ratio} | {gbps} | {pct} |")
     if bw:
         print(f"\nmeasured read bandwidth (kernels_bench BM_MemRead, best): {bw / 1e9:.2f} GB/s")
     lt = d / "load.txt"

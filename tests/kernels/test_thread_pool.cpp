@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -80,4 +82,78 @@ TEST(CpuFeatures, IsaNamesAndLevels) {
   EXPECT_EQ(selected_isa(), isa_from_env(env, best_isa()));
   const auto& f = cpu_features();
   EXPECT_EQ(isa_supported(CpuIsa::Avx2), f.avx2 && f.fma && f.f16c);
+}
+
+// parallel_for_dynamic: every index exactly once, chunk starts on grain boundaries, for ragged n and
+// many chunks, back to back with static jobs (each job's chunks claimed under its own generation).
+TEST(ThreadPool, DynamicCoversEveryIndexOnce) {
+  for (int nt : {1, 2, 3, 5}) {
+    ThreadPool pool(nt);
+    for (int64_t n : {0, 1, 7, 64, 1000, 4097, 100003}) {
+      for (int64_t grain : {1, 8}) {
+        for (int64_t chunk : {1, 24, 1000}) {
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          std::atomic<int> bad_tid{0}, bad_align{0};
+          pool.parallel_for_dynamic(n, [&](int64_t b, int64_t e, int tid) {
+            if (tid < 0 || tid >= nt) bad_tid++;
+            if (b % grain != 0 || (e != n && (e - b) % grain != 0)) bad_align++;
+            for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+          }, grain, chunk);
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(hits[size_t(i)].load(), 1) << "nt " << nt << " n " << n << " grain " << grain << " chunk " << chunk << " i " << i;
+          EXPECT_EQ(bad_tid.load(), 0);
+          EXPECT_EQ(bad_align.load(), 0);
+          std::atomic<int64_t> total{0};
+          pool.parallel_for(n, [&](int64_t b, int64_t e, int) { total += e - b; });
+          EXPECT_EQ(total.load(), n);
+        }
+      }
+    }
+  }
+  ThreadPool pool(2);  // many short jobs: late workers meet stale generations
+  std::vector<int64_t> sum(64, 0);
+  for (int it = 0; it < 20000; ++it)
+    pool.parallel_for_dynamic(64, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) sum[size_t(i)] += 1;
+    }, 1, 1);
+  for (int64_t v : sum) ASSERT_EQ(v, 20000);
+}
+
+// A worker held up inside its first chunk (as by another process on its core) leaves the rest of
+// its share to the other threads: thread 1 holds its first chunk until every other chunk is done,
+// which under a static split (or without stealing) never happens (bounded by a 20 s timeout). Thread
+// 0 waits in its first chunk until thread 1 holds one, so that thread 1 takes part.
+TEST(ThreadPool, DynamicStealsFromADelayedWorker) {
+  if (const char* e = std::getenv("KILN_DYNAMIC_ROWS"); e && e[0] == '0') GTEST_SKIP() << "static schedule forced";
+  using Clock = std::chrono::steady_clock;
+  for (int nt : {2, 3}) {
+    ThreadPool pool(nt);
+    const int64_t n = 64 * nt;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::atomic<int64_t> finished{0};
+    std::atomic<int> held{0}, started0{0}, timed_out{0}, tid1_chunks{0};
+    pool.parallel_for_dynamic(n, [&](int64_t b, int64_t e, int tid) {
+      const auto until = Clock::now() + std::chrono::seconds(20);
+      if (tid == 0 && started0.exchange(1) == 0)
+        while (held.load() == 0 && Clock::now() < until) std::this_thread::yield();
+      if (tid == 1) {
+        tid1_chunks++;
+        if (held.exchange(1) == 0) {  // hold this chunk until all others are done
+          while (finished.load() < n - (e - b)) {
+            if (Clock::now() > until) {
+              timed_out = 1;
+              break;
+            }
+            std::this_thread::yield();
+          }
+        }
+      }
+      for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+      finished += e - b;
+    }, 1, 4);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << "nt " << nt << " i " << i;
+    EXPECT_EQ(held.load(), 1) << "nt " << nt << ": thread 1 took no chunk in 20 s";
+    EXPECT_EQ(timed_out.load(), 0) << "nt " << nt << ": the other threads did not take the held worker's chunks";
+    EXPECT_EQ(tid1_chunks.load(), 1) << "nt " << nt;
+  }
 }

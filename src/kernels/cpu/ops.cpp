@@ -41,6 +41,16 @@ bool decode_r8() {
   }();
   return v;
 }
+// Weight rows per chunk of matmul's dynamic schedule (ThreadPool::parallel_for_dynamic): about
+// kChunkBytes of weight rows times columns (a few microseconds of work, so a thread kept off its core
+// by another process leaves little behind), whole grains, and at least 4 chunks per thread.
+int64_t chunk_rows(int64_t n, size_t w_stride, int64_t m, int64_t grain, int n_threads) {
+  constexpr size_t kChunkBytes = size_t(32) << 10;
+  const int64_t by_cost = int64_t(kChunkBytes / std::max<size_t>(1, w_stride * size_t(std::max<int64_t>(1, m))));
+  const int64_t by_count = (n + 4 * n_threads - 1) / (4 * n_threads);
+  const int64_t rows = std::max<int64_t>(1, std::min(by_cost, by_count));
+  return (rows + grain - 1) / grain * grain;
+}
 // The tile path's column side data in the workspace: only for calls that take the tile path (so
 // workspaces of smaller batches are what they were without it).
 size_t side_region(GgmlType wt, int64_t k, int64_t m) {
@@ -101,7 +111,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       act = buf;
     }
     const bool rows4 = a.n % 4 == 0 && !a.expert;
-    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+    pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
         for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
@@ -111,14 +121,14 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
                 rows4, a.y + t * a.y_stride + j, a.y_stride);
         }
       }
-    }, 4);
+    }, 4, chunk_rows(a.n, a.w_stride, m, 4, pool.size()));
     return;
   }
   if (is_float_type(a.wt) && m == 1) {
     const cpu::DotRowFn dot = T.dot_row[wi];
-    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+    pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t j = j0; j < j1; ++j) a.y[j] = dot(w + size_t(j) * a.w_stride, a.x, k);
-    }, 4);
+    }, 4, chunk_rows(a.n, a.w_stride, m, 4, pool.size()));
     return;
   }
   KILN_CHECK(ws != nullptr, "matmul: {} weights with m = {} need a workspace", gguf::type_name(a.wt), m);
@@ -146,7 +156,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       };
       if (m < 2 * pool.size()) sides(0, m, 0);
       else pool.parallel_for(m, sides);
-      pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
+      pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int tid) {
         cpu::TileMmArgs ta;
         ta.k = k;
         ta.w_stride = a.w_stride;
@@ -163,10 +173,12 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           ta.y = a.y + j;
           tmm(ta);
         }
-      }, cpu::kTileRows);
+      }, cpu::kTileRows, chunk_rows(a.n, a.w_stride, m, cpu::kTileRows, pool.size()));
       return;
     }
-    pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int) {
+    // Chunks of whole 8-row groups where the 8-row kernel takes them (n % 8 == 0).
+    const int64_t grain = r8 ? 8 : 4;
+    pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
         for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
@@ -182,14 +194,14 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           }
         }
       }
-    }, r8 ? 8 : 4);  // ranges of whole 8-row groups where the 8-row kernel takes them (n % 8 == 0)
+    }, grain, chunk_rows(a.n, a.w_stride, m, grain, pool.size()));
     return;
   }
   // Float path: dequantize a tile of weight rows once, dot it with every column.
   auto* rows = static_cast<uint8_t*>(ws) + align64(size_t(m) * cpu::act_bytes(at, k)) + side_region(a.wt, k, m);
   const cpu::ToF32Fn deq = T.to_f32[wi];
   KILN_CHECK(deq != nullptr, "matmul: no dequantizer for {}", gguf::type_name(a.wt));
-  pool.parallel_for(a.n, [&](int64_t j0, int64_t j1, int tid) {
+  pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int tid) {
     float* tile = reinterpret_cast<float*>(rows + size_t(tid) * thread_scratch(k));
     for (int64_t jb = j0; jb < j1; jb += kRowTile) {
       const int64_t je = std::min(j1, jb + kRowTile);
@@ -199,7 +211,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
         for (int64_t j = jb; j < je; ++j) a.y[t * a.y_stride + j] = T.dot_f32(tile + (j - jb) * k, xt, k);
       }
     }
-  }, 4);
+  }, 4, chunk_rows(a.n, a.w_stride, m, 4, pool.size()));
 }
 
 void get_rows(GgmlType t, const void* table, size_t row_stride, int64_t n_rows, int64_t k, const int32_t* ids,
