@@ -24,12 +24,6 @@ using namespace kiln::kernels::testing;
 
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
 // Elements per block, and where a block's fp16 fields (d, and dmin / m) sit.
 struct Layout {
   int64_t qk;
@@ -128,7 +122,7 @@ TEST(DecodeR8, KernelMatchesOneRowKernelBitExact) {
         for (int r = 0; r < 8; ++r) {
           float want;
           vd(k, w.data() + size_t(r) * stride, col.p, 0, 1, &want);
-          ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(t) << " k " << k << " rep " << rep << " row " << r
+          ASSERT_EQ(f32_to_bits(out[r]), f32_to_bits(want)) << gguf::type_name(t) << " k " << k << " rep " << rep << " row " << r
                                               << " got " << out[r] << " want " << want;
         }
       }
@@ -169,7 +163,7 @@ TEST(DecodeR8, MatmulOneColumnMatchesOneRowKernel) {
           std::vector<float> y(size_t(n), -1.f);
           run_matmul(matmul_args(t, w.data(), stride, k, n, 1, x.data(), k, y.data(), n), pool);
           for (int64_t j = 0; j < n; ++j)
-            ASSERT_EQ(bits(y[size_t(j)]), bits(want[size_t(j)]))
+            ASSERT_EQ(f32_to_bits(y[size_t(j)]), f32_to_bits(want[size_t(j)]))
                 << gguf::type_name(t) << " k " << k << " n " << n << " threads " << threads << " row " << j;
         }
       }
@@ -210,7 +204,7 @@ TEST(DecodeR8, ReadsOnlyTheRows) {
         for (int r = 0; r < 8; ++r) {
           float want;
           T.vec_dot_q8[ti](k, w + size_t(r) * rb, col.p, 0, 1, &want);
-          ASSERT_EQ(bits(out[r]), bits(want)) << gguf::type_name(t) << " k " << k << " row " << r;
+          ASSERT_EQ(f32_to_bits(out[r]), f32_to_bits(want)) << gguf::type_name(t) << " k " << k << " row " << r;
         }
       }
       munmap(map, span + 2 * page);

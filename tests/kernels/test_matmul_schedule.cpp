@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/fp16.h"
 #include "kernel_test_util.h"
 
 using namespace kiln;
@@ -14,12 +15,6 @@ using namespace kiln::kernels;
 using namespace kiln::kernels::testing;
 
 namespace {
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 
 TEST(MatmulSchedule, DynamicRowsMatchOneThreadBitExact) {
   constexpr uint32_t kSentinel = 0x7fc0dead;  // a NaN no kernel produces
@@ -39,13 +34,13 @@ TEST(MatmulSchedule, DynamicRowsMatchOneThreadBitExact) {
         std::vector<float> want(size_t(n * m), sentinel);
         run_matmul(matmul_args(t, w.data(), stride, k, n, m, x.data(), k, want.data(), n), one);
         for (size_t i = 0; i < want.size(); ++i)
-          ASSERT_NE(bits(want[i]), kSentinel) << gguf::type_name(t) << " n " << n << " m " << m << " 1 thread, output " << i;
+          ASSERT_NE(f32_to_bits(want[i]), kSentinel) << gguf::type_name(t) << " n " << n << " m " << m << " 1 thread, output " << i;
         for (ThreadPool* pool : {&two, &three, &four}) {
           for (int rep = 0; rep < 3; ++rep) {  // the split differs from call to call
             std::vector<float> y(size_t(n * m), sentinel);
             run_matmul(matmul_args(t, w.data(), stride, k, n, m, x.data(), k, y.data(), n), *pool);
             for (size_t i = 0; i < y.size(); ++i)
-              ASSERT_EQ(bits(y[i]), bits(want[i])) << gguf::type_name(t) << " n " << n << " m " << m << " threads "
+              ASSERT_EQ(f32_to_bits(y[i]), f32_to_bits(want[i])) << gguf::type_name(t) << " n " << n << " m " << m << " threads "
                                                    << pool->size() << " row " << i % size_t(n) << " col " << i / size_t(n);
           }
         }
