@@ -1,7 +1,8 @@
 // kernels/cuda/matvec_q8_x.cu — the x side of the int8 mat-vec: quantize_x (F32 x columns -> int8
 //   per 32 values with an F32 scale and half sums, in the weight type's x order), produce_x (the op
 //   that makes x — add_rms_norm or SwiGLU — and the quantization in one kernel), the workspace
-//   layout, and which types have the int8 kernel.
+//   layout, which types have the int8 kernel, and the weights' 2-D tensor maps for the bulk kernel's
+//   copies (mv_tensor_map: encoded once per weight and shape, kept in a host-side cache under a mutex).
 // Owns: the x quantization (matmul_internal.h states it). produce_x: SwiGLU over blocks of 256
 //   threads (one element each); add_rms_norm over a cluster of 8 blocks of 128 threads on sm_90+
 //   (warp sums exchanged through distributed shared memory), else a block of 1024 threads per
@@ -9,8 +10,9 @@
 //   row_load order, so each warp holds whole units of 32) and the sums are the row kernels' of
 //   fused.cu / elementwise.cu with a 1024-thread block: x is the unfused op's, bit for bit, and the
 //   int8 bytes are quantize_x's. KILN_CUDA_PRODUCE_WIDE=0: one 1024-thread block per column for both
-//   (comparisons). Must not: allocate or synchronize.
-// Threading: the launcher only enqueues on its stream.
+//   (comparisons). Must not: allocate device memory or synchronize (the tensor-map cache grows on the
+//   host by one entry per distinct weight).
+// Threading: the launchers only enqueue on their stream; mv_tensor_map may be called from any thread.
 #include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the function comes from the runtime)
 #include <cuda_runtime.h>
 
