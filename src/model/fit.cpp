@@ -87,18 +87,11 @@ Result<ProjectorShape> ProjectorShape::from_file(const gguf::File& f) {
   auto vc = VisionConfig::from_file(f);  // the loader's own reading and checks of the clip.* keys
   KILN_TRY(vc);
   p.n_embd = vc->n_embd, p.n_ff = vc->n_ff, p.n_head = vc->n_head, p.patch_size = vc->patch, p.merge = vc->merge;
-  // The merger (mm.0 rows, mm.2 rows = the output width) and one more output per DeepStack layer.
-  int64_t n_out = 0, n_ds = 0;
-  for (const auto& t : f.tensors()) {
-    const std::string_view n = t.name;
-    if (n == "mm.0.weight" || (n.starts_with("v.deepstack.") && n.ends_with(".fc1.weight")))
-      p.n_mff = std::max(p.n_mff, t.ne[1]);
-    if (n == "mm.2.weight") n_out = t.ne[1];
-    n_ds += n.starts_with("v.deepstack.") && n.ends_with(".fc1.weight");
-  }
-  if (p.n_mff <= 0 || n_out <= 0)
-    return err("{}: --mmproj: tensors 'mm.0.weight' and 'mm.2.weight' are needed for the image batch", f.path());
-  p.n_out_total = n_out * (1 + n_ds);
+  // The merger's widest layer (mm.0 or a DeepStack fc1) and one more output per DeepStack layer.
+  p.n_mff = std::max(vc->n_merger_ff, vc->n_ds_ff);
+  p.n_out_total = vc->n_out_total();
+  if (p.n_mff <= 0 || p.n_out_total <= 0)
+    return err("{}: --mmproj: the merger's widths (mm.0 / mm.2 rows) must be positive", f.path());
   return p;
 }
 

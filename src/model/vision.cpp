@@ -133,6 +133,19 @@ Result<VisionConfig> VisionConfig::from_file(const gguf::File& f) {
     return err("{}: --mmproj: head_dim {} must be a multiple of 4 and at most 512", path, c.head_dim());
   for (int64_t il : c.deepstack)
     if (il >= c.n_layer) return err("{}: --mmproj: DeepStack layer {} of {} blocks", path, il, c.n_layer);
+  // The widths the keys do not give: the merger's (mm.0 rows; mm.2 rows = the output width) and the
+  // widest DeepStack fc1 (the loader checks every tensor's full shape against these).
+  const gguf::TensorInfo* mm0 = f.find_tensor("mm.0.weight");
+  const gguf::TensorInfo* mm2 = f.find_tensor("mm.2.weight");
+  if (!mm0 || !mm2) return err("{}: --mmproj: tensor '{}' is missing (needed by qwen3vl_merger)", path, mm0 ? "mm.2.weight" : "mm.0.weight");
+  c.n_merger_ff = mm0->ne[1];
+  c.n_out = mm2->ne[1];
+  for (int64_t il : c.deepstack) {
+    const std::string name = "v.deepstack." + std::to_string(il) + ".fc1.weight";
+    const gguf::TensorInfo* fc1 = f.find_tensor(name);
+    if (!fc1) return err("{}: --mmproj: tensor '{}' is missing (DeepStack layer {})", path, name, il);
+    c.n_ds_ff = std::max(c.n_ds_ff, fc1->ne[1]);
+  }
   return c;
 }
 
@@ -191,11 +204,6 @@ Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string& path, 
   }
   KILN_TRY(b(m->post_ln_w, "v.post_ln.weight", {E}, true));
   KILN_TRY(b(m->post_ln_b, "v.post_ln.bias", {E}, true));
-  const gguf::TensorInfo* mm0 = f.find_tensor("mm.0.weight");
-  const gguf::TensorInfo* mm2 = f.find_tensor("mm.2.weight");
-  if (!mm0 || !mm2) return err("{}: --mmproj: tensor '{}' is missing (needed by qwen3vl_merger)", path, mm0 ? "mm.2.weight" : "mm.0.weight");
-  c.n_merger_ff = mm0->ne[1];
-  c.n_out = mm2->ne[1];
   KILN_TRY(b(m->mm0_w, "mm.0.weight", {4 * E, c.n_merger_ff}, false));
   KILN_TRY(b(m->mm0_b, "mm.0.bias", {c.n_merger_ff}, true));
   KILN_TRY(b(m->mm2_w, "mm.2.weight", {c.n_merger_ff, c.n_out}, false));
@@ -203,12 +211,10 @@ Result<std::unique_ptr<VisionModel>> VisionModel::load(const std::string& path, 
   for (int64_t il : c.deepstack) {
     VisionLayer& L = m->layers[size_t(il)];
     const std::string p = "v.deepstack." + std::to_string(il) + ".";
-    const gguf::TensorInfo* fc1 = f.find_tensor(p + "fc1.weight");
-    if (!fc1) return err("{}: --mmproj: tensor '{}fc1.weight' is missing (DeepStack layer {})", path, p, il);
+    const gguf::TensorInfo* fc1 = f.find_tensor(p + "fc1.weight");  // present: VisionConfig::from_file
     KILN_TRY(b(L.ds_norm_w, p + "norm.weight", {4 * E}, true));
     KILN_TRY(b(L.ds_norm_b, p + "norm.bias", {4 * E}, true));
     KILN_TRY(b(L.ds_fc1_w, p + "fc1.weight", {4 * E, fc1->ne[1]}, false));
-    c.n_ds_ff = std::max(c.n_ds_ff, fc1->ne[1]);
     KILN_TRY(b(L.ds_fc1_b, p + "fc1.bias", {fc1->ne[1]}, true));
     KILN_TRY(b(L.ds_fc2_w, p + "fc2.weight", {fc1->ne[1], c.n_out}, false));
     KILN_TRY(b(L.ds_fc2_b, p + "fc2.bias", {c.n_out}, true));

@@ -54,6 +54,7 @@ struct VisionConfig {
   int64_t n_out = 0;           // merger output width (= the text model's n_embd): rows of mm.2.weight
   int64_t n_merger_ff = 0;     // mm.0.weight rows
   int64_t n_ds_ff = 0;         // the widest DeepStack fc1 (0: none)
+  // (n_out, n_merger_ff, n_ds_ff: from the tensor table, read by from_file with the keys)
   float eps = 1e-6f;           // clip.vision.attention.layer_norm_epsilon
   float mean[3] = {0.5f, 0.5f, 0.5f}, std[3] = {0.5f, 0.5f, 0.5f};  // clip.vision.image_mean / image_std
   std::vector<int64_t> deepstack;  // block indices with a DeepStack merger (clip.vision.is_deepstack_layers)
@@ -61,7 +62,8 @@ struct VisionConfig {
   // Width of one image token's output: the merger's, then one more per DeepStack layer (llama.cpp's concat).
   int64_t n_out_total() const { return n_out * int64_t(1 + deepstack.size()); }
   VisionDims dims() const;
-  // The clip.* keys of a projector file, checked (the loader's and the memory planner's reading).
+  // The clip.* keys and the merger / DeepStack widths of a projector file, checked (the loader's and
+  // the memory planner's reading).
   static Result<VisionConfig> from_file(const gguf::File& f);
 };
 
