@@ -451,6 +451,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
           step();
         } else {
           it = s.graphs.emplace(std::tuple{T, n_out, mrope}, std::move(gr)).first;
+          KILN_LOG_DEBUG("{}: step graph recorded for {} tokens ({} held)", g.dev->name(), T, s.graphs.size());
         }
       }
       if (it != s.graphs.end()) g.st->replay(*it->second);

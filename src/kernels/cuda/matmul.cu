@@ -67,7 +67,7 @@ int64_t block_elems(GgmlType t) {
 }
 
 std::atomic<int> g_x_mode{0};
-std::atomic<int> g_pdl{-1}, g_bulk{-1}, g_mmq{-1};  // -1: from the environment
+std::atomic<int> g_pdl{-1}, g_bulk{-1}, g_tmap{-1}, g_mmq{-1};  // -1: from the environment
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
@@ -182,6 +182,11 @@ bool matvec_bulk(int sm) {
   static const bool env_off = env_is("KILN_CUDA_MV_BULK", "0");
   return sm_switch(sm, 90, g_bulk, env_off);
 }
+void set_matvec_tmap(bool on) { g_tmap.store(on ? 1 : 0); }
+bool matvec_tmap(int sm) {
+  static const bool env_off = env_is("KILN_CUDA_MV_TMAP", "0");
+  return matvec_bulk(sm) && sm_switch(sm, 90, g_tmap, env_off);
+}
 void set_matvec_pdl(bool on) { g_pdl.store(on ? 1 : 0); }
 bool matvec_pdl(int sm) {
   static const bool env_off = env_is("KILN_CUDA_PDL", "0");
@@ -260,7 +265,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     a.ks = mv_ks(L, k, n, 1);
     if (q8) {
       a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32), a.pdl = detail::matvec_pdl(L.sm);
-      a.bulk = detail::matvec_bulk(L.sm);
+      a.bulk = detail::matvec_bulk(L.sm), a.tmap = detail::matvec_tmap(L.sm);
       mv_q8(wt, a, 1, L.stream);
     } else {
       mv(wt, a, 1, L.stream);
@@ -336,7 +341,8 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
       for (int q = j; q < n_w; ++q)
         if (!done[q] && ws[q].wt == t) seg[nseg++] = q, rows += ws[q].n, done[q] = true;
       MvArgs a;
-      a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl, a.bulk = detail::matvec_bulk(L.sm);
+      a.k = k, a.x = x, a.x_stride = x_stride, a.xq = xq, a.xs = xmeta, a.pdl = pdl;
+      a.bulk = detail::matvec_bulk(L.sm), a.tmap = detail::matvec_tmap(L.sm);
       if (m == 1 && !inv) {  // decode: one segmented launch (its own kernel instances, one column)
         a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.n = ws[seg[0]].n, a.y = ws[seg[0]].y;
         a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = x_vec_ok(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);

@@ -57,6 +57,7 @@ struct MvArgs {
   const void* xs = nullptr;
   bool pdl = false;  // launched with programmatic dependent launch (sm_90+; after quantize_x)
   bool bulk = false;  // stage the weights with bulk copies (tensor memory accelerator, sm_90+)
+  bool tmap = false;  // bulk, one column, no experts: one tensor-map box per step where the rows allow
   // int8-x kernel only, m = 1, not with expert mode: nseg > 0 replaces w / w_stride / n / y /
   // y_stride by seg[0..nseg) (all of the launch's weight type, all with the same x), CTAs mapped to
   // segments in order (matmul_n: one launch for several weights).
@@ -70,10 +71,6 @@ struct MvArgs {
 // nullptr when the driver refuses it (the per-row copies are used then). Any thread.
 const void* mv_tensor_map(const void* base, uint64_t row_elems, uint64_t rows, uint64_t stride_bytes, uint32_t box_cols,
                           uint32_t box_rows);
-// Whether one-column bulk launches take tensor-map copies where the rows allow: unless the environment
-// has KILN_CUDA_MV_TMAP=0 or set_matvec_tmap(false) (tests, timing comparisons).
-void set_matvec_tmap(bool on);
-bool mv_tmap_on();
 
 // Launch over n_grid_y grid rows (1, or the slots of this expert chunk). Each returns false when the
 // type is not one of its family.
@@ -110,6 +107,10 @@ bool matvec_pdl(int sm);
 // environment has KILN_CUDA_MV_BULK=0 or set_matvec_bulk(false) (tests, timing comparisons).
 void set_matvec_bulk(bool on);
 bool matvec_bulk(int sm);
+// Whether one-column bulk launches take tensor-map copies where the rows allow (MvArgs::tmap): with
+// bulk copies, unless the environment has KILN_CUDA_MV_TMAP=0 or set_matvec_tmap(false).
+void set_matvec_tmap(bool on);
+bool matvec_tmap(int sm);
 bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path takes int8 x for t now
 
 // The small-batch quantized mat-mul (mmq.cu): y = W x for kMmqMinM..kMmqMaxM columns when

@@ -362,14 +362,15 @@ void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
 template <GgmlType T>
 bool mvq_tmaps(const MvArgs& a, MvTm<true>& tm) {
   using G = MvqGeom<T, true>;
-  if (!G::kTmOk || !a.bulk || a.m != 1 || a.ids != nullptr || !mv_tmap_on()) return false;
+  if (!G::kTmOk || !a.tmap || a.m != 1 || a.ids != nullptr) return false;
   const int64_t rowbytes = (a.k / q8::U<T>::kQK) * q8::U<T>::kBS;
+  if (rowbytes % 8 != 0) return false;
   const int nw = a.nseg > 0 ? a.nseg : 1;
   for (int i = 0; i < nw; ++i) {
     const void* w = a.nseg > 0 ? a.seg[i].w : a.w;
     const size_t stride = a.nseg > 0 ? a.seg[i].w_stride : a.w_stride;
     const int64_t n = a.nseg > 0 ? a.seg[i].n : a.n;
-    if ((uintptr_t(w) | stride) % 16 != 0 || rowbytes % 8 != 0 || n <= 0) return false;
+    if ((uintptr_t(w) | stride) % 16 != 0 || n <= 0) return false;
     const void* map = mv_tensor_map(w, uint64_t(rowbytes / 8), uint64_t(n), stride, uint32_t(G::kSB / 8),
                                     uint32_t(kMvRowsPerCta));
     if (map == nullptr) return false;

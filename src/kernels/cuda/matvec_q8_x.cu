@@ -19,7 +19,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -250,19 +249,6 @@ void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, in
   const int64_t blocks = std::min<int64_t>((total + 7) / 8, 8192);
   q8::launch(pdl, dim3(unsigned(blocks)), dim3(256), s, quantize_x_kernel, x, s_outer, s_inner, nx, k, total, layout,
              xq, meta);
-}
-
-namespace {
-std::atomic<int> g_tmap{-1};  // -1: from the environment
-}  // namespace
-void set_matvec_tmap(bool on) { g_tmap.store(on ? 1 : 0); }
-bool mv_tmap_on() {
-  static const bool env_on = [] {
-    const char* e = std::getenv("KILN_CUDA_MV_TMAP");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  const int v = g_tmap.load();
-  return v < 0 ? env_on : v == 1;
 }
 
 const void* mv_tensor_map(const void* base, uint64_t row_elems, uint64_t rows, uint64_t stride_bytes, uint32_t box_cols,
