@@ -87,6 +87,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.embeddings = o.embeddings;
   ro.n_spec = o.spec.n_keep();
   ro.mtp = o.spec.type == SpecType::DraftMtp;
+  ro.mtp_draft_vocab = o.spec.draft_vocab;
   ro.n_top = runner_top_logits(o.embeddings);
   ro.n_state_slots = resolve_cache_states(o);
   return ModelRunner::create(m, ro);
@@ -134,6 +135,7 @@ Status Engine::init_serving(std::unique_ptr<Runner> runner) {
       return err("--spec-draft-n-min {}: must be within [0, --spec-draft-n-max {}]", so.n_min, so.n_max);
     if (so.p_min < 0 || so.p_min > 1) return err("--spec-draft-p-min {}: must be within [0, 1]", so.p_min);
     if (so.ngram_n < 1) return err("--spec-ngram-size-n {}: must be at least 1", so.ngram_n);
+    if (so.draft_vocab < 0) return err("--spec-draft-vocab {}: must be 0 (the whole vocabulary) or positive", so.draft_vocab);
   } else if (so.synthetic()) {
     return err("--spec-synth-len/--spec-synth-rates: synthetic acceptance requires --spec-type");
   }

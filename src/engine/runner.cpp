@@ -34,6 +34,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::create(const model::Model& m, 
   co.batch_invariant = opt.batch_invariant;
   co.embeddings = opt.embeddings;
   co.mtp = opt.mtp;
+  co.mtp_draft_vocab = opt.mtp_draft_vocab;
   co.n_top = opt.n_top;
   co.n_outputs_max = runner_outputs_max(opt.n_slots, opt.embeddings, opt.n_spec);
   r->ctx_ = std::make_unique<model::Context>(m, co);

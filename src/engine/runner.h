@@ -97,6 +97,7 @@ struct ModelRunnerOptions {
   bool embeddings = false;  // model::ContextOptions::embeddings
   int n_spec = 0;           // speculative decoding: draft tokens per verify run (model::MemoryOptions::n_spec)
   bool mtp = false;         // --spec-type draft-mtp: run the MTP block (Memory/ContextOptions::mtp)
+  int64_t mtp_draft_vocab = 0;  // --spec-draft-vocab (model::ContextOptions::mtp_draft_vocab)
   int n_top = 0;            // model::ContextOptions::n_top (runner_top_logits)
   int n_state_slots = 0;    // model::MemoryOptions::n_rec_cache (recurrent models; Runner::n_state_slots)
 };

@@ -31,6 +31,10 @@ struct SpecOptions {
   int n_min = 0;         // --spec-draft-n-min: shorter drafts are not verified
   float p_min = 0.75f;   // --spec-draft-p-min: a model drafter stops at a token of lower probability
   int ngram_n = 3;       // ngram-simple: the n-gram length matched (--spec-ngram-size-n)
+  // --spec-draft-vocab N (kiln's own): draft-mtp drafts among the first N token ids only (the head's
+  // first N rows: a smaller mat-vec per draft position); the target still verifies every token, so
+  // the output is unchanged, only drafts of later ids are lost. 0: the whole vocabulary.
+  int64_t draft_vocab = 0;
   // Benchmarking only (the output is not the model's): accept draft tokens at random instead of
   // checking them. synth_len L: mean accepted length including the target's token, 1 <= L <= n_max + 1;
   // synth_rates: the unconditional per-position rates P0 >= P1 >= ... (n_max values). At most one.

@@ -83,6 +83,9 @@ struct ContextOptions {
   // decode also computes the block's KV rows of its tokens (the Memory needs MemoryOptions::mtp),
   // and mtp_draft() drafts with it. The block runs on the last trunk layer's device (Model::mtp_device).
   bool mtp = false;
+  // mtp_draft() without keep_logits: the drafts' head is the first mtp_draft_vocab rows of the
+  // output (argmax and probability among those ids; --spec-draft-vocab). 0 or >= n_vocab: all.
+  int64_t mtp_draft_vocab = 0;
   // Also select each output row's n_top largest logits where the logits are (0 = off; at most 128,
   // capped at n_vocab): top_logits(). On a GPU a decode then downloads only those (k ids and values
   // per row instead of the vocabulary), and logits(i) downloads row i when it is first read.

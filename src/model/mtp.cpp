@@ -61,6 +61,16 @@ namespace {
 Tensor as_rows(const Tensor& t, int64_t ne0, int64_t n) {
   return Tensor::make(t.buf, t.offset, gguf::GgmlType::F32, {ne0, 1, n, 1});
 }
+
+// The drafts' head: the first `vocab` rows of the head matrix [E, V] (weights are kept in the file's
+// row order on every device, so that is a prefix of its bytes), all of them when vocab is 0 or >= V.
+Tensor draft_head(const Tensor& head, int64_t vocab) {
+  if (vocab <= 0 || vocab >= head.ne[1]) return head;
+  Tensor t = head;
+  t.ne[1] = vocab;
+  t.nb[2] = t.nb[3] = t.nb[1] * size_t(vocab);
+  return t;
+}
 }  // namespace
 
 Status Context::Impl::mtp_prepare(const Batch& b, const Memory& mem) {
@@ -124,7 +134,9 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
   const LayerWeights& L = model_.mtp[0];
   const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t;
   const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : model_.mtp_output_norm.t;
-  const Tensor& head = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : model_.output.t;
+  const Tensor& head_all = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : model_.output.t;
+  const Tensor head = keep_logits ? head_all : draft_head(head_all, opt_.mtp_draft_vocab);  // [E, Vd]
+  const int64_t Vd = head.ne[1];
   Impl::Dev& h = s.devs[0];
   Impl::Dev& md = s.devs[size_t(s.mtp_dev)];  // runs the block and the head norm
   Impl::Dev& o = s.devs[size_t(s.out_dev)];   // the head matrix, the argmax and the logits rows
@@ -177,10 +189,11 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
       md.st->download(o.hidden.host(), md.hidden, size_t(E * T) * sizeof(float));
       md.st->synchronize();
     }
-    o.st->matmul(head, o.hidden, o.logits);
-    // Greedy on the device: each row's argmax and its probability under the full softmax
-    // (topk_route with k = 1); the host reads those two numbers per row.
-    o.st->topk_route(o.logits, 1, false, 1.0f, o.dids, o.dprob);
+    const Tensor lg = Vd == V ? o.logits : dense_view(o.logits, Vd, T);  // [Vd, T]
+    o.st->matmul(head, o.hidden, lg);
+    // Greedy on the device: each row's argmax and its probability under the softmax of its Vd
+    // logits (topk_route with k = 1); the host reads those two numbers per row.
+    o.st->topk_route(lg, 1, false, 1.0f, o.dids, o.dprob);
     std::vector<int32_t> best_id(static_cast<size_t>(T));
     std::vector<float> best_p(static_cast<size_t>(T));
     o.st->download(best_id.data(), o.dids, size_t(T) * 4);
@@ -225,9 +238,11 @@ void Context::Impl::mtp_draft_graph(std::span<const Context::MtpRow> rows, const
   const LayerWeights& L = m.mtp[0];
   const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : m.token_embd.t;
   const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : m.mtp_output_norm.t;
-  const Tensor& head = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : m.output.t;
+  const Tensor head = draft_head(L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : m.output.t,
+                                 opt.mtp_draft_vocab);  // [E, Vd]
   Dev& h = devs[0];
   Dev& g = devs[1];
+  const Tensor lg = head.ne[1] == c.n_vocab ? g.logits : dense_view(g.logits, head.ne[1], n);  // [Vd, n]
   std::vector<int32_t> ids(static_cast<size_t>(n)), seq(ids), src0(ids), ident(ids), pos(static_cast<size_t>(k * n));
   for (int64_t a = 0; a < n; ++a) {
     const MtpRow& r = rows[size_t(act[size_t(a)])];
@@ -267,8 +282,8 @@ void Context::Impl::mtp_draft_graph(std::span<const Context::MtpRow> rows, const
       g.st->get_rows(j == 0 ? mem.mtp_h() : hid, j == 0 ? g.hsrc : g.hshift, dense_view(g.hprev, E, n));
       mtp_block(st, L, c.n_layer, mem, g.emb, g.hprev, g.cat, g.a.x);
       g.st->rms_norm(g.a.x, &head_norm, g.hidden, c.rms_eps);
-      g.st->matmul(head, g.hidden, g.logits);
-      g.st->topk_route(g.logits, 1, false, 1.0f, g.dids, g.dprob);
+      g.st->matmul(head, g.hidden, lg);
+      g.st->topk_route(lg, 1, false, 1.0f, g.dids, g.dprob);
       g.st->download(draft_ids + size_t(j * n), g.dids, size_t(n) * 4);
       g.st->download(draft_p + size_t(j * n), g.dprob, size_t(n) * 4);
       if (j + 1 < k) {

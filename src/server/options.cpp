@@ -375,6 +375,10 @@ const std::vector<Opt>& table() {
           so.engine.spec.p_min = float(*x);
           return {};
         });
+    add_int({"--spec-draft-vocab"}, env_of("SPEC_DRAFT_VOCAB"), "N",
+            "draft-mtp drafts among the first N token ids only (a smaller head per draft position; "
+            "the output is unchanged; kiln's own; default 0 = the whole vocabulary)",
+            0, int64_t(1) << 31, [](ServerOptions& so, int64_t x) { so.engine.spec.draft_vocab = x; });
     add_int({"--spec-ngram-size-n"}, env_of("SPEC_NGRAM_SIZE_N"), "N", "ngram-simple: the n-gram length matched (default 3)", 1,
             64, [](ServerOptions& so, int64_t x) { so.engine.spec.ngram_n = int(x); });
     add({"-md", "--model-draft", "--spec-draft-model"}, env_of("SPEC_DRAFT_MODEL"), "FNAME",

@@ -9,7 +9,9 @@
 //  - -ngl n_layer (the layers and the MTP block on the GPU, the output and its head matrix on the
 //    host) and -ngl n_layer - 1 (the first layer on the host too): the same;
 //  - two rows drafting 3 and 2 positions, ids only (all on the GPU: one recorded graph with a host
-//    node gathering the embeddings), twice (capture, then replay): the CPU's drafts.
+//    node gathering the embeddings), twice (capture, then replay): the CPU's drafts;
+//  - the same two rows with a draft vocabulary of half the ids (ContextOptions::mtp_draft_vocab), on
+//    the recorded graph and op by op: the CPU's drafts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,7 +32,7 @@ struct MtpRun {
   std::unique_ptr<Model> m;
   std::unique_ptr<Context> cx;
   std::unique_ptr<Memory> mem;
-  MtpRun(const std::string& path, int ngl) {
+  MtpRun(const std::string& path, int ngl, int64_t draft_vocab = 0) {
     LoadOptions lo;
     lo.n_gpu_layers = ngl;
     lo.mtp = true;
@@ -41,6 +43,7 @@ struct MtpRun {
     co.n_batch = 128;
     co.n_threads = 2;
     co.mtp = true;
+    co.mtp_draft_vocab = draft_vocab;
     cx = std::make_unique<Context>(*m, co);
     MemoryOptions mo;
     mo.n_ctx = 256;
@@ -134,6 +137,23 @@ TEST_P(CudaMtp, DraftsEqualCpu) {
     EXPECT_EQ(gpu.draft2(), ref2) << GetParam() << " ngl " << ngl << ": two rows, ids only";
     EXPECT_EQ(gpu.draft2(), ref2) << GetParam() << " ngl " << ngl << ": the same again (a replay)";
   }
+  // A draft vocabulary of half the ids (--spec-draft-vocab): the recorded graph (-ngl all) and the
+  // op-by-op drafts with the head on the host (-ngl n_layer) draft the CPU's ids, all below it.
+  const int64_t vd = cpu.m->config().n_vocab / 2;
+  auto two_rows = [&](int ngl) {
+    MtpRun r(path, ngl, vd);
+    script(r, p);
+    Batch b;
+    b.add_run(std::span<const int32_t>(p).subspan(0, 20), 0, 1, false);
+    r.decode(b);
+    return r.draft2();
+  };
+  const auto ref_v = two_rows(0);
+  ASSERT_EQ(ref_v.size(), 2u);
+  for (const auto& ids : ref_v)
+    for (int32_t t : ids) EXPECT_LT(t, vd);
+  for (int ngl : {kGpuLayersAll, L})
+    EXPECT_EQ(two_rows(ngl), ref_v) << GetParam() << " ngl " << ngl << ": draft vocabulary " << vd;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaMtp, ::testing::Values("tiny-qwen35-mtp", "tiny-qwen35moe-mtp"));

@@ -9,6 +9,7 @@
 //  - after a verify run and Memory::seq_accept the stored hidden state is the last accepted token's
 //    (drafts equal those of a sequence that decoded the accepted tokens plainly);
 //  - snapshots carry the MTP layer (restore into another slot drafts the same);
+//  - a draft vocabulary (ContextOptions::mtp_draft_vocab) drafts the best of the head's first rows;
 //  - errors: a memory without the MTP layer, a model without an MTP block.
 #include <gtest/gtest.h>
 
@@ -44,12 +45,13 @@ std::unique_ptr<Memory> memory(const Model& m, int n_seq, bool mtp, int n_spec =
   return mem.ok() ? std::move(*mem) : nullptr;
 }
 
-std::unique_ptr<Context> context(const Model& m, bool mtp, bool embeddings = false) {
+std::unique_ptr<Context> context(const Model& m, bool mtp, bool embeddings = false, int64_t draft_vocab = 0) {
   ContextOptions co;
   co.n_batch = 64;
   co.n_threads = 2;
   co.mtp = mtp;
   co.embeddings = embeddings;
+  co.mtp_draft_vocab = draft_vocab;
   return std::make_unique<Context>(m, co);
 }
 
@@ -261,6 +263,53 @@ TEST_P(Mtp, DraftLogitsEqualScalarReference) {
   }
   EXPECT_GT(mx, 0.f);
   EXPECT_LE(diff, 1e-4f * (1.f + mx)) << "max |logit| " << mx;
+}
+
+// --spec-draft-vocab (ContextOptions::mtp_draft_vocab = Vd): a draft is the largest of the full
+// head's logits among ids [0, Vd). Vd is the full draft's own choice, so the restricted draft must
+// pick another id; every token of a longer restricted draft is below Vd.
+TEST_P(Mtp, DraftVocabChoosesAmongItsFirstRows) {
+  auto m = load(GetParam());
+  ASSERT_TRUE(m);
+  const ModelConfig& c = m->config();
+  const auto prompt = test::random_tokens(11, c.n_vocab, 9);
+  auto prefilled = [&](Context& cx) {
+    auto mem = memory(*m, 1, true);
+    Batch b;
+    b.add_run(prompt, 0, 0, false);
+    EXPECT_TRUE(cx.decode(b, *mem).ok());
+    return mem;
+  };
+  auto full = context(*m, true);
+  auto mem = prefilled(*full);
+  int32_t next = -1, vd = 0;
+  Vec row;
+  for (int32_t t : {77, 5, 123, 40, 9}) {  // a next token whose full draft is not among the first two ids
+    const Draft d = draft(*full, *mem, 0, t, 1);
+    ASSERT_EQ(d.last_logits.size(), size_t(c.n_vocab));
+    vd = int32_t(std::max_element(d.last_logits.begin(), d.last_logits.end()) - d.last_logits.begin());
+    if (vd >= 2) {
+      next = t, row = d.last_logits;
+      break;
+    }
+  }
+  ASSERT_GE(next, 0);
+  auto cut = context(*m, true, false, vd);
+  auto mem2 = prefilled(*cut);
+  std::vector<Context::MtpRow> rows{{0, next, 1}};
+  std::vector<std::vector<int32_t>> out;
+  ASSERT_TRUE(cut->mtp_draft(rows, 0.f, *mem2, out).ok());
+  ASSERT_EQ(out[0].size(), 1u);
+  const int32_t got = out[0][0];
+  ASSERT_GE(got, 0);
+  ASSERT_LT(got, vd);
+  const float best = *std::max_element(row.begin(), row.begin() + vd), mx = std::fabs(row[size_t(vd)]);
+  EXPECT_GE(row[size_t(got)], best - 1e-4f * (1.f + mx)) << "drafted " << got << " of the first " << vd << " ids";
+  rows[0].n_max = 4;
+  ASSERT_TRUE(cut->mtp_draft(rows, 0.f, *mem2, out).ok());
+  ASSERT_EQ(out[0].size(), 4u);
+  EXPECT_EQ(out[0][0], got);
+  for (int32_t t : out[0]) EXPECT_LT(t, vd);
 }
 
 // The catch-up does not depend on how the prompt was scheduled.

@@ -153,3 +153,25 @@ def test_draft_mtp_equals_plain_and_accepts(kiln_bin, fixture_dir):
         print(f"  {p!r} -> {c!r}")
     assert n > 0 and acc / n >= ACCEPT_FLOOR
     assert nb > 0 and accb / nb >= ACCEPT_FLOOR
+
+
+@pytest.mark.skipif(bool(AGAINST), reason="spawns kiln with its own flags")
+def test_draft_vocab_keeps_the_output(kiln_bin, fixture_dir):
+    """--spec-draft-vocab N: the drafts come from the head's first N rows; the target verifies as before,
+    so the text is the plain server's; the acceptance it costs is printed (docs/engine.md)."""
+    model = fixture_dir / "model.gguf"
+    with KilnServer(kiln_bin, model, ["-c", "2048", "-np", "1"]) as s:
+        plain = [complete(s.url, p)["content"] for p in PROMPTS]
+    rates = []
+    for vocab in (0, 512, 256):
+        args = ["-c", "2048", "-np", "1", "--spec-type", "draft-mtp", "--spec-draft-n-max", "3", "--spec-draft-p-min", "0",
+                "--spec-draft-vocab", str(vocab)]
+        with KilnServer(kiln_bin, model, args) as s:
+            got = [complete(s.url, p) for p in PROMPTS]
+        for p, want, r in zip(PROMPTS, plain, got):
+            assert r["content"] == want, (vocab, p)
+        n = sum(r["timings"]["draft_n"] for r in got)
+        acc = sum(r["timings"]["draft_n_accepted"] for r in got)
+        assert n > 0
+        rates.append(f"{vocab or 1024}: {acc}/{n} ({acc / n:.3f})")
+    print("draft vocabulary of the 1024-token fixture -> accepted/drafted: " + ", ".join(rates))

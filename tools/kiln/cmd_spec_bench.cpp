@@ -1,7 +1,7 @@
 // `kiln spec-bench` — speculative decoding's decode speed through the engine (what the server runs):
 //   kiln spec-bench -m FILE [--spec-type none|ngram-simple|draft-mtp|draft-simple] [--spec-draft-n-max N]
-//                   [--spec-draft-p-min P] [--spec-synth-len L] [-md FILE] [-np N] [-npp 64] [-ntg 64]
-//                   [-r 3] [-t N] [-c CTX] [-o md|jsonl]
+//                   [--spec-draft-p-min P] [--spec-draft-vocab N] [--spec-synth-len L] [-md FILE] [-np N]
+//                   [-npp 64] [-ntg 64] [-r 3] [-t N] [-c CTX] [-o md|jsonl]
 // Each repetition submits -np greedy requests of -npp random tokens (ignore_eos, -ntg tokens each)
 // at once and waits for them; the row reports the decode speed (generated tokens over the requests'
 // decode wall time, llama-server's predicted_per_second summed over concurrent requests, the median
@@ -28,11 +28,12 @@ int cmd_spec_bench(int argc, char** argv) {
   std::string model, type = "none", draft, out = "md";
   int n_max = 3, np = 1, npp = 64, ntg = 64, reps = 3, threads = 0;
   double p_min = 0.75, synth_len = -1;
-  int64_t ctx = 0;
+  int64_t ctx = 0, draft_vocab = 0;
   app.add_option("-m,--model", model, "GGUF model")->required();
   app.add_option("--spec-type", type, "none|ngram-simple|draft-mtp|draft-simple");
   app.add_option("--spec-draft-n-max", n_max, "most draft tokens per step");
   app.add_option("--spec-draft-p-min", p_min, "model drafters stop below this probability");
+  app.add_option("--spec-draft-vocab", draft_vocab, "draft-mtp: draft among the first N token ids (0: all)");
   app.add_option("--spec-synth-len", synth_len, "synthetic acceptance: mean accepted length (benchmarking)");
   app.add_option("--model-draft", draft, "-md: draft model (draft-simple)");
   app.add_option("--parallel", np, "-np: concurrent requests");
@@ -58,6 +59,7 @@ int cmd_spec_bench(int argc, char** argv) {
   eo.n_threads = threads;
   eo.cache_ram_bytes = 0;  // every repetition prefills its prompts
   eo.spec.type = *st;
+  eo.spec.draft_vocab = draft_vocab;
   eo.spec.n_max = n_max;
   eo.spec.p_min = float(p_min);
   eo.spec.synth_len = synth_len;
