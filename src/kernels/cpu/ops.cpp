@@ -4,10 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "core/fp16.h"
+#include "core/op_profile.h"
 #include "kernels/cpu/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ref.h"
@@ -73,6 +75,40 @@ size_t matmul_workspace(GgmlType wt, int64_t k, int64_t m, int n_threads) {
 }
 
 namespace {
+// KILN_CPU_PROFILE (core/op_profile.h): pool.parallel_for_dynamic(n, fn, grain, chunk), timed as
+// the phase label() with the threads' busy time when profiling, else just the call.
+template <class L, class F>
+void sweep(ThreadPool& pool, L&& label, int64_t n, F&& fn, int64_t grain, int64_t chunk) {
+  if (!op_profile::on()) {
+    pool.parallel_for_dynamic(n, fn, grain, chunk);
+    return;
+  }
+  std::vector<double> busy(size_t(pool.size()), 0.0);
+  const auto t0 = op_profile::Clock::now();
+  pool.parallel_for_dynamic(n, [&](int64_t j0, int64_t j1, int tid) {
+    const auto c0 = op_profile::Clock::now();
+    fn(j0, j1, tid);
+    busy[size_t(tid)] += op_profile::ms_since(c0);
+  }, grain, chunk);
+  double b = 0;
+  for (double v : busy) b += v;
+  op_profile::add(label(), op_profile::ms_since(t0), 0, b, pool.size());
+}
+// Times body() as the phase label() when profiling.
+template <class L, class B>
+void phase(L&& label, B&& body) {
+  if (!op_profile::on()) {
+    body();
+    return;
+  }
+  const auto t0 = op_profile::Clock::now();
+  body();
+  op_profile::add(label(), op_profile::ms_since(t0));
+}
+std::string mm_label(const char* what, const MatmulArgs& a) {
+  return std::string("  mm ") + what + " " + std::string(gguf::type_name(a.wt)) + " " + std::to_string(a.k) + "x" + std::to_string(a.n) +
+         " m" + std::to_string(a.m);
+}
 // X's columns through conv (an activation quantizer / F16-BF16 rounding) into out, stride bytes
 // apart; in parallel only when there are enough columns to be worth it.
 void convert_columns(const MatmulArgs& a, cpu::QuantizeActFn conv, uint8_t* out, size_t stride, ThreadPool& pool) {
@@ -111,7 +147,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       act = buf;
     }
     const bool rows4 = a.n % 4 == 0 && !a.expert;
-    pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int) {
+    sweep(pool, [&] { return mm_label("float", a); }, a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
         for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
@@ -143,7 +179,8 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
     const size_t ab = cpu::act_bytes(at, k);
-    convert_columns(a, qa, act, ab, pool);
+    phase([&] { return std::string("  mm quantize ") + std::string(gguf::type_name(at)) + " k" + std::to_string(k) + " m" + std::to_string(m); },
+          [&] { convert_columns(a, qa, act, ab, pool); });
     const cpu::TileMmFn tmm = vd == T.vec_dot_q8[wi] ? T.tile_mm[wi] : nullptr;
     if (tmm && tile_min_cols() > 0 && m >= tile_min_cols()) {
       // Tile path: each thread decodes 16 rows at a time once and multiplies them with every column.
@@ -154,9 +191,11 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
       auto sides = [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; ++t) sf(k, act + size_t(t) * ab, side + size_t(t) * sb);
       };
-      if (m < 2 * pool.size()) sides(0, m, 0);
-      else pool.parallel_for(m, sides);
-      pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int tid) {
+      phase([&] { return mm_label("side", a); }, [&] {
+        if (m < 2 * pool.size()) sides(0, m, 0);
+        else pool.parallel_for(m, sides);
+      });
+      sweep(pool, [&] { return mm_label("tile", a); }, a.n, [&](int64_t j0, int64_t j1, int tid) {
         cpu::TileMmArgs ta;
         ta.k = k;
         ta.w_stride = a.w_stride;
@@ -178,7 +217,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
     }
     // Chunks of whole 8-row groups where the 8-row kernel takes them (n % 8 == 0).
     const int64_t grain = r8 ? 8 : 4;
-    pool.parallel_for_dynamic(a.n, [&](int64_t j0, int64_t j1, int) {
+    sweep(pool, [&] { return mm_label(m == 1 ? "vec" : "cols", a); }, a.n, [&](int64_t j0, int64_t j1, int) {
       for (int64_t jb = j0; jb < j1; jb += kRowTile) {
         const int64_t je = std::min(j1, jb + kRowTile);
         for (int64_t t = 0; t < m; t += cpu::kMaxCols) {
