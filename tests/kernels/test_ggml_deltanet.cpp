@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -229,8 +230,10 @@ TEST(GgmlDeltaNet, GatedDeltaRuleBitExactAndAccurate) {
   Avx512Table T;
   REQUIRE_AVX512(T);
   ThreadPool pool(3);
-  for (int64_t S : {32, 128, 40}) {
-    const int64_t Hk = 2, Hv = 4, n_t = 7, kd = S * Hk, conv = 2 * kd + S * Hv;
+  // S = 64 / 128 / 256 take the fused row kernel (Table::ggml_delta_rows); n_t = 150 spans several
+  // of its 64-token blocks.
+  for (auto [S, n_t] : {std::pair<int64_t, int64_t>{32, 7}, {128, 7}, {40, 7}, {64, 150}, {128, 150}, {256, 70}}) {
+    const int64_t Hk = 2, Hv = 4, kd = S * Hk, conv = 2 * kd + S * Hv;
     auto mixed = randv(size_t(conv * n_t), uint32_t(S), -1.f, 1.f);
     // L2-normalised q, k as the model feeds them.
     for (int64_t t = 0; t < n_t; ++t)

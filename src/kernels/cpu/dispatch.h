@@ -98,6 +98,27 @@ inline size_t tile_side_bytes(gguf::GgmlType w, int64_t k) {
 // Decoded tile of 16 rows: at most 24 bytes per element of a row (Q6_K: 22.5).
 inline size_t tile_scratch_bytes(int64_t k) { return size_t(k) * 24 + 64; }
 
+// The gated delta rule's recurrence for state rows [j0, j1) of one head over n_t tokens (AVX-512
+// tables: Table::ggml_delta_rows, kernels/cpu/delta_avx512.cpp). Per token t and row j, in order:
+// row *= decay[t]; dj = (v_t[j] - ggml_dot_f32(row, k_t)) * beta[t]; row += dj * k_t (axpy);
+// out_t[j] = ggml_dot_f32(row, q_t) * qscale — the bits of kernels::gated_delta_rule's table path.
+// q, k, v, out point at the head's first element of token 0; the state row j at st + j*S.
+struct DeltaRowsArgs {
+  float* st = nullptr;
+  int64_t S = 0, j0 = 0, j1 = 0, n_t = 0;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  int64_t qk_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+  const float* decay = nullptr;  // [n_t] e^g
+  const float* beta = nullptr;   // [n_t]
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  float qscale = 1;
+};
+using DeltaRowsFn = void (*)(const DeltaRowsArgs& a);
+
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
   QuantizeActFn quantize_act[kNumTypes] = {};  // indexed by activation type
@@ -128,6 +149,8 @@ struct Table {
                    float* out) = nullptr;
   // ggml_vec_dot_f32's AVX-512 order (the gated delta rule's dots).
   float (*ggml_dot_f32)(const float* x, const float* y, int64_t n) = nullptr;
+  // The fused recurrence above for S = 64, 128, 256 (index 0, 1, 2); nullptr: none.
+  DeltaRowsFn ggml_delta_rows[3] = {};
   // ggml's ssm_conv for 16 channels: y[c] = fma chain over taps j < K of win[j*16 + c] * w[j*16 + c], from 0.
   void (*ggml_conv_taps16)(const float* win, const float* w, int K, float* y) = nullptr;
   // ggml's float mat-mul: by weight type (F32 F16 BF16). ggml_float_act rounds one X column of k
@@ -151,6 +174,7 @@ void fill_avx2(Table& t);
 void fill_avx512(Table& t);
 void fill_tile_avx512(Table& t);
 void fill_tile_avx2(Table& t);
+void fill_delta_avx512(Table& t);
 
 inline int type_index(gguf::GgmlType t) { return int(t); }
 

@@ -973,6 +973,51 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
   const float qscale = 1.0f / std::sqrt(float(S));
   // ggml's gated_delta_net: its rows are independent, so scale / dot / fma-update / dot per row is
   // its all-rows-per-phase order; the dots in ggml_vec_dot_f32's order where the table has it.
+  const int si = S == 64 ? 0 : S == 128 ? 1 : S == 256 ? 2 : -1;
+  if (const cpu::DeltaRowsFn rows = si >= 0 && T.ggml_delta_rows[si] && T.ggml_dot_f32 ? T.ggml_delta_rows[si] : nullptr) {
+    // Fused (AVX-512): the same per-row steps with each row in registers across a block of tokens.
+    // Rows are independent, so work items are (head, 32 rows), dynamically scheduled: the bits do
+    // not depend on the split.
+    constexpr int64_t kRowsPerItem = 32, kTokBlock = 64;
+    const int64_t rpi = std::min<int64_t>(kRowsPerItem, S);
+    // A range may span heads (KILN_DYNAMIC_ROWS=0 makes the schedule static): one head at a time.
+    auto head_rows = [&](int64_t h, int64_t j0, int64_t j1) {
+      const int64_t hk = h % a.Hk;
+      alignas(64) float decay[kTokBlock], beta[kTokBlock];
+      for (int64_t t0 = 0; t0 < a.n_t; t0 += kTokBlock) {
+        const int64_t L = std::min(kTokBlock, a.n_t - t0);
+        for (int64_t t = 0; t < L; ++t) {
+          decay[t] = std::exp(a.g[(t0 + t) * a.Hv + h]);
+          beta[t] = a.beta[(t0 + t) * a.Hv + h];
+        }
+        cpu::DeltaRowsArgs ra;
+        ra.st = a.state + h * S * S;
+        ra.S = S;
+        ra.j0 = j0;
+        ra.j1 = j1;
+        ra.n_t = L;
+        ra.q = a.q + t0 * a.qk_stride + hk * S;
+        ra.k = a.k + t0 * a.qk_stride + hk * S;
+        ra.qk_stride = a.qk_stride;
+        ra.v = a.v + t0 * a.v_stride + h * S;
+        ra.v_stride = a.v_stride;
+        ra.decay = decay;
+        ra.beta = beta;
+        ra.out = a.out + t0 * a.out_stride + h * S;
+        ra.out_stride = a.out_stride;
+        ra.qscale = qscale;
+        rows(ra);
+      }
+    };
+    pool.parallel_for_dynamic(a.Hv * S, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1;) {
+        const int64_t h = i / S, e = std::min(i1, (h + 1) * S);
+        head_rows(h, i - h * S, e - h * S);
+        i = e;
+      }
+    }, rpi, rpi);
+    return;
+  }
   auto dot = [&T](const float* x, const float* y, int64_t n) {
     return T.ggml_dot_f32 ? T.ggml_dot_f32(x, y, n) : T.dot_f32(x, y, n);
   };
