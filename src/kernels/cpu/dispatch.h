@@ -1,5 +1,5 @@
 // kernels/cpu/dispatch.h — the CPU kernel table: one set of function pointers per ISA level
-//   (generic -> AVX2 -> AVX-512), filled once; the ops in kernels/cpu/ops.cpp call through it.
+//   (generic -> AVX2 -> AVX-512), filled once; the ops in kernels/cpu/{matmul,attention,delta,ops}.cpp call through it.
 // Owns: the activation formats of the integer mat-vec paths (ggml's Q8_0/Q8_1/Q8_K) and the table layout.
 // Must not: be included outside src/kernels (it is an implementation detail of ops.h).
 // Threading: tables are immutable after construction; set_isa() swaps a pointer (tests only).
