@@ -233,6 +233,63 @@ void fold_state(const Table& T, AttnState& run, const AttnState& part, int ng, i
     run.m[g] = M;
   }
 }
+// The tiled order for a block of tokens (prefill): each 64-key tile's keys are widened and
+// transposed, and its values widened, once for every token and head of the block instead of once
+// per token; each (token, head) then runs attend_tiled's steps on them in the same order (scores,
+// mask, softmax update, acc += p*v key by key via Table::ggml_fa_pv), its keys in the same fixed
+// chunks of kAttnChunk folded in order: the bits of the token-by-token path.
+// st_run / st_part: per token of the block, the running and the chunk state.
+constexpr int64_t kAttnTokBlock = 16;
+void attend_tiled_block(const Table& T, CRows q, const int32_t* pos, int64_t t0, int64_t nt, int64_t h0, int ng,
+                        int64_t hk, const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq,
+                        int64_t D, float scale, AttnState* st_run, AttnState* st_part, float* kt, float* vt) {
+  alignas(64) float kr[512];
+  alignas(64) float p[kAttnBk];
+  alignas(64) float sc[kAttnBk];
+  int64_t maxn = 0;
+  for (int64_t i = 0; i < nt; ++i) maxn = std::max<int64_t>(maxn, int64_t(pos[t0 + i]) + 1);
+  for (int64_t jb = 0; jb < maxn; jb += kAttnChunk) {
+    const bool first = jb == 0;
+    for (int64_t i = 0; i < nt; ++i)
+      if (int64_t(pos[t0 + i]) + 1 > jb) attend_reset(first ? st_run[i] : st_part[i], ng, D);
+    const int64_t je_max = std::min(maxn, jb + kAttnChunk);
+    for (int64_t j0 = jb; j0 < je_max; j0 += kAttnBk) {
+      const int nbmax = int(std::min<int64_t>(kAttnBk, je_max - j0));
+      for (int jj = 0; jj < nbmax; ++jj) {
+        kdeq(kv_row(kv_k, j0 + jj, hk), kr, D);
+        for (int64_t d = 0; d < D; ++d) kt[d * kAttnBk + jj] = kr[d];
+        vdeq(kv_row(kv_v, j0 + jj, hk), vt + jj * D, D);
+      }
+      for (int64_t i = 0; i < nt; ++i) {
+        const int64_t n = int64_t(pos[t0 + i]) + 1;
+        if (n <= j0) continue;
+        const int nb = int(std::min<int64_t>(kAttnBk, std::min(n, jb + kAttnChunk) - j0));
+        AttnState& st = first ? st_run[i] : st_part[i];
+        for (int g = 0; g < ng; ++g) {
+          T.ggml_fa_scores(q.row(h0 + g, t0 + i), kt, D, sc);
+          float tmax = -INFINITY;
+          for (int jj = 0; jj < kAttnBk; ++jj) {
+            sc[jj] = jj < nb ? sc[jj] * scale : -INFINITY;
+            tmax = std::max(tmax, sc[jj]);
+          }
+          const float mnew = std::fmax(st.m[g], tmax);
+          if (mnew > st.m[g]) {
+            const float ms = std::exp(st.m[g] - mnew);
+            T.scale(st.acc[g], ms, D);
+            st.l[g] *= ms;
+          }
+          st.m[g] = mnew;
+          st.l[g] = float(double(st.l[g]) + T.ggml_softmax_exp(sc, mnew, p, kAttnBk));
+          T.ggml_fa_pv(p, vt, nb, D, st.acc[g]);
+        }
+      }
+    }
+    if (!first)
+      for (int64_t i = 0; i < nt; ++i)
+        if (int64_t(pos[t0 + i]) + 1 > jb) fold_state(T, st_run[i], st_part[i], ng, D, false);
+  }
+}
+
 }  // namespace
 
 bool attention_ggml_supported(GgmlType k, GgmlType v, int64_t head_dim) {
@@ -328,6 +385,27 @@ void attention(CRows q, const int32_t* pos, const KvView& kv_k, const KvView& kv
   const int64_t max_chunks = (max_n + kAttnChunk - 1) / kAttnChunk;
   const int64_t n_slots = ws ? int64_t(kMaxSplitsPerThread) * pool.size() : 0;
   const bool spread = ws && pool.size() > 1 && n_items < pool.size() && max_chunks >= 2 && n_slots >= 2 * n_items;
+  if (!spread && order == FaOrder::Tiled && T.ggml_fa_pv && q.n2 >= 2) {
+    // Prefill: items of kAttnTokBlock tokens share each tile's widened keys and values.
+    const int64_t n_tb = (q.n2 + kAttnTokBlock - 1) / kAttnTokBlock;
+    pool.parallel_for_dynamic(n_tb * p.n_head_kv * n_gchunks, [&](int64_t i0, int64_t i1, int) {
+      // Per-thread scratch, grown once (as attention_ggml's): the block's states, the key tile
+      // transposed [D][64] and the value tile [64][D].
+      thread_local std::vector<AttnState> states;
+      thread_local std::vector<float> tiles;
+      if (states.size() < size_t(2 * kAttnTokBlock)) states.resize(size_t(2 * kAttnTokBlock));
+      if (tiles.size() < size_t(2 * kAttnBk * D)) tiles.resize(size_t(2 * kAttnBk * D));
+      for (int64_t it = i0; it < i1; ++it) {
+        const int64_t gc = it % n_gchunks, hk = (it / n_gchunks) % p.n_head_kv, tb = it / (n_gchunks * p.n_head_kv);
+        const int64_t h0 = hk * group + gc * kAttnG, t0 = tb * kAttnTokBlock, nt = std::min(kAttnTokBlock, q.n2 - t0);
+        const int ng = int(std::min<int64_t>(kAttnG, hk * group + group - h0));
+        attend_tiled_block(T, q, pos, t0, nt, h0, ng, hk, kv_k, kv_v, kdeq, vdeq, D, p.scale, states.data(),
+                           states.data() + kAttnTokBlock, tiles.data(), tiles.data() + kAttnBk * D);
+        for (int64_t i = 0; i < nt; ++i) write_out(states[size_t(i)], t0 + i, h0, ng);
+      }
+    }, 1, 1);
+    return;
+  }
   if (!spread) {
     pool.parallel_for(n_items, [&](int64_t i0, int64_t i1, int) {
       AttnState run, part;

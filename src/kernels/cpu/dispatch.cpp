@@ -31,6 +31,7 @@ struct Tables {
       fill_avx512(x);
       fill_tile_avx512(x);
       fill_delta_avx512(x);
+      fill_attention_avx512(x);
     });
 #endif
   }

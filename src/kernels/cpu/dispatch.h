@@ -160,6 +160,9 @@ struct Table {
   // ggml's flash attention (AVX-512 tables only): the 64 scores of one query against a key tile stored
   // transposed, kt[d*64 + j]: s[j] = one FMA chain over d of q[d]*kt[d*64+j] (simd_gemm's order).
   void (*ggml_fa_scores)(const float* q, const float* kt, int64_t D, float* s) = nullptr;
+  // The tiled order's acc += p[j] * v_j for j < nb (v_j = v + j*D, D % 16 == 0): Table::axpy's bits
+  // key by key, the accumulator kept in registers (kernels/cpu/attention_avx512.cpp).
+  void (*ggml_fa_pv)(const float* p, const float* v, int nb, int64_t D, float* acc) = nullptr;
   // F16 accumulators (x86 tables): y = f16(fma(f32(x), a, f32(y))); y = f16(f32(y) * a). n % 16 == 0.
   void (*mad_f16)(uint16_t* y, const uint16_t* x, float a, int64_t n) = nullptr;
   void (*scale_f16)(uint16_t* y, float a, int64_t n) = nullptr;
@@ -175,6 +178,7 @@ void fill_avx512(Table& t);
 void fill_tile_avx512(Table& t);
 void fill_tile_avx2(Table& t);
 void fill_delta_avx512(Table& t);
+void fill_attention_avx512(Table& t);
 
 inline int type_index(gguf::GgmlType t) { return int(t); }
 
