@@ -188,9 +188,10 @@ TEST(GgmlDeltaNet, ConvSiluBitExact) {
   Avx512Table T;
   REQUIRE_AVX512(T);
   ThreadPool pool(2);
-  const int K = 4;
-  for (int64_t C : {16, 40, 256}) {
-    const int64_t n_t = 9;
+  // C % 16 == 0 blocks take the fused conv + silu kernel (Table::ggml_conv_silu16), K 2..4, in
+  // tiles of 16 tokens over up to 32 blocks (n_t 37, C 1040: several of each).
+  for (auto [C, K] : {std::pair<int64_t, int>{16, 4}, {40, 4}, {256, 4}, {48, 2}, {32, 3}, {1040, 4}}) {
+    const int64_t n_t = 37;
     const auto x = randv(size_t(C * n_t), uint32_t(C), -2.f, 2.f), w = randv(size_t(C * K), uint32_t(C + 1));
     const auto st0 = randv(size_t(C * (K - 1)), uint32_t(C + 2));
     std::vector<float> st = st0, st_e = st0, y(x.size()), ye(x.size());

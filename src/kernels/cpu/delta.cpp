@@ -26,9 +26,36 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
   const int K = d_conv;
   const Table& T = cpu::table();
   const auto taps16 = T.ggml_conv_taps16;  // AVX-512: ggml's ssm_conv (an fma per tap from 0)
-  pool.parallel_for((C + kCB - 1) / kCB, [&](int64_t b0, int64_t b1, int) {
+  // ... and fused with silu when that is the table's silu_ggml512 (whose 16-lane step it repeats).
+  const auto conv16 = taps16 && T.ggml_conv_silu16 ? T.ggml_conv_silu16 : nullptr;
+  // Channel blocks are independent: a dynamic schedule (a thread kept off its core leaves its
+  // blocks to the others) cannot change a result.
+  const int64_t n_blk = (C + kCB - 1) / kCB;
+  // AVX-512, whole blocks: the same steps through Table::ggml_conv_silu16 (window in registers), in
+  // tiles of kTT tokens over up to kMB blocks, so that x and y stream row by row (one block over all
+  // tokens would walk a 4*C-byte stride through memory).
+  constexpr int kMB = 32, kTT = 16;
+  const int64_t n_full = conv16 ? C / kCB : 0;
+  pool.parallel_for_dynamic(n_blk, [&](int64_t b0, int64_t b1, int) {
     alignas(64) float win[8][kCB] = {}, wt[8][kCB] = {}, acc[kCB];
-    for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t bb = b0; bb < std::min(b1, n_full); bb += kMB) {
+      const int64_t be = std::min({b1, n_full, bb + kMB});
+      alignas(64) float wins[kMB][7][kCB], wts[kMB][8][kCB];
+      for (int64_t b = bb; b < be; ++b)
+        for (int c = 0; c < kCB; ++c) {
+          const int64_t ch = b * kCB + c;
+          for (int j = 0; j < K; ++j) wts[b - bb][j][c] = w[ch * K + j];
+          for (int j = 0; j < K - 1; ++j) wins[b - bb][j][c] = state[ch * (K - 1) + j];
+        }
+      for (int64_t t0 = 0; t0 < n_t; t0 += kTT)
+        for (int64_t b = bb; b < be; ++b)
+          conv16(x + t0 * x_stride + b * kCB, x_stride, &wts[b - bb][0][0], &wins[b - bb][0][0], y + t0 * y_stride + b * kCB,
+                 y_stride, std::min<int64_t>(kTT, n_t - t0), K);
+      for (int64_t b = bb; b < be; ++b)
+        for (int c = 0; c < kCB; ++c)
+          for (int j = 0; j < K - 1; ++j) state[(b * kCB + c) * (K - 1) + j] = wins[b - bb][j][c];
+    }
+    for (int64_t b = std::max(b0, n_full); b < b1; ++b) {
       const int64_t c0 = b * kCB;
       const int nc = int(std::min<int64_t>(kCB, C - c0));
       for (int c = 0; c < nc; ++c) {
@@ -56,7 +83,7 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
       for (int c = 0; c < nc; ++c)
         for (int j = 0; j < K - 1; ++j) state[(c0 + c) * (K - 1) + j] = win[j][c];
     }
-  });
+  }, 1, std::max<int64_t>(1, n_blk / (8 * pool.size())));
 }
 
 void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {

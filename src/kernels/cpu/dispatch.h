@@ -153,6 +153,11 @@ struct Table {
   DeltaRowsFn ggml_delta_rows[3] = {};
   // ggml's ssm_conv for 16 channels: y[c] = fma chain over taps j < K of win[j*16 + c] * w[j*16 + c], from 0.
   void (*ggml_conv_taps16)(const float* win, const float* w, int K, float* y) = nullptr;
+  // ggml_conv_taps16 and the table's silu (ggml's: lane-wise on whole 16s) for 16 channels over n_t
+  // tokens, the window in registers: x_t / y_t at x + t*xs / y + t*ys (y may be x), w: K rows of 16
+  // taps, win: the K-1 oldest inputs, rows of 16 (updated). The bits of the per-token calls.
+  void (*ggml_conv_silu16)(const float* x, int64_t xs, const float* w, float* win, float* y, int64_t ys, int64_t n_t,
+                           int K) = nullptr;
   // ggml's float mat-mul: by weight type (F32 F16 BF16). ggml_float_act rounds one X column of k
   // floats to F16 / BF16 (nullptr for F32: X is used as it is).
   FloatMmFn ggml_float_mm[kNumTypes] = {};
