@@ -259,23 +259,23 @@ class CpuStream final : public Stream {
     K::softmax(rows_of(x, "softmax x"), scale, pool_);
   }
   // Unary / binary / scale: one kernel call per row of ne0 floats (the kernels' vector tails fall
-  // where the caller's rows end), on the calling thread.
+  // where the caller's rows end); rows split across the pool when there are enough elements (a row's
+  // result does not depend on the thread that computes it).
   void unary(Unary op, const Tensor& x, const Tensor& y) override {
     auto pf = prof([&] { return fmt::format("unary{} {}", int(op), shape(x)); });
     check_same_shape(x, y, "unary");
     const K::Rows xr = rows_of(x, "unary x"), yr = rows_of(y, "unary y");
-    for (int64_t i2 = 0; i2 < xr.n2; ++i2)
-      for (int64_t i1 = 0; i1 < xr.n1; ++i1) {
-        const float* a = xr.row(i1, i2);
-        float* o = yr.row(i1, i2);
-        switch (op) {
-          case Unary::Silu: K::silu(a, o, xr.ne0); break;
-          case Unary::Sigmoid: K::sigmoid(a, o, xr.ne0); break;
-          case Unary::Softplus: K::softplus(a, o, xr.ne0); break;
-          case Unary::Gelu: K::gelu(a, o, xr.ne0); break;
-          case Unary::GeluErf: K::gelu_erf(a, o, xr.ne0); break;
-        }
+    for_each_row(xr, [&](int64_t i1, int64_t i2) {
+      const float* a = xr.row(i1, i2);
+      float* o = yr.row(i1, i2);
+      switch (op) {
+        case Unary::Silu: K::silu(a, o, xr.ne0); break;
+        case Unary::Sigmoid: K::sigmoid(a, o, xr.ne0); break;
+        case Unary::Softplus: K::softplus(a, o, xr.ne0); break;
+        case Unary::Gelu: K::gelu(a, o, xr.ne0); break;
+        case Unary::GeluErf: K::gelu_erf(a, o, xr.ne0); break;
       }
+    });
   }
   // b: same shape (a row of b per row of a), one row [ne0] (the same row for every row of a), or
   // [1, n1, n2] (a scalar per row, computed as if repeated across the row: the kernel runs over
@@ -304,25 +304,23 @@ class CpuStream final : public Stream {
       }
     };
     constexpr int64_t kFill = 256;
-    alignas(64) float fill[kFill];
-    for (int64_t i2 = 0; i2 < ar.n2; ++i2)
-      for (int64_t i1 = 0; i1 < ar.n1; ++i1) {
-        const float* pa = ar.row(i1, i2);
-        float* o = yr.row(i1, i2);
-        if (mode != Scalar) {
-          run(pa, mode == Same ? br.row(i1, i2) : br.p, o, n);
-          continue;
-        }
-        std::fill_n(fill, std::min(n, kFill), *br.row(i1, i2));
-        for (int64_t c = 0; c < n; c += kFill) run(pa + c, fill, o + c, std::min(kFill, n - c));
+    for_each_row(ar, [&](int64_t i1, int64_t i2) {
+      const float* pa = ar.row(i1, i2);
+      float* o = yr.row(i1, i2);
+      if (mode != Scalar) {
+        run(pa, mode == Same ? br.row(i1, i2) : br.p, o, n);
+        return;
       }
+      alignas(64) float fill[kFill];
+      std::fill_n(fill, std::min(n, kFill), *br.row(i1, i2));
+      for (int64_t c = 0; c < n; c += kFill) run(pa + c, fill, o + c, std::min(kFill, n - c));
+    });
   }
   void scale(const Tensor& x, float s, const Tensor& y) override {
     auto pf = prof([&] { return "scale " + shape(x); });
     check_same_shape(x, y, "scale");
     const K::Rows xr = rows_of(x, "scale x"), yr = rows_of(y, "scale y");
-    for (int64_t i2 = 0; i2 < xr.n2; ++i2)
-      for (int64_t i1 = 0; i1 < xr.n1; ++i1) K::scale(xr.row(i1, i2), s, yr.row(i1, i2), xr.ne0);
+    for_each_row(xr, [&](int64_t i1, int64_t i2) { K::scale(xr.row(i1, i2), s, yr.row(i1, i2), xr.ne0); });
   }
   void hadamard(const Tensor& x, int64_t n) override {
     auto pf = prof([&] { return "hadamard " + shape(x); });
@@ -587,6 +585,22 @@ class CpuStream final : public Stream {
     return std::optional<ProfScope>(std::in_place, label(), bytes, &prof_depth_);
   }
   int prof_depth_ = 0;
+  // fn(i1, i2) for every row of r: in parallel (dynamic chunks of whole rows) from kParRowsMin
+  // elements, else on the calling thread (a decode step's small rows: a pool wake-up costs more).
+  template <class F>
+  void for_each_row(const K::Rows& r, F&& fn) {
+    constexpr int64_t kParRowsMin = 64 * 1024;
+    const int64_t nr = r.n1 * r.n2;
+    if (pool_.size() < 2 || nr < 2 || nr * r.ne0 < kParRowsMin) {
+      for (int64_t i2 = 0; i2 < r.n2; ++i2)
+        for (int64_t i1 = 0; i1 < r.n1; ++i1) fn(i1, i2);
+      return;
+    }
+    const int64_t chunk = std::max<int64_t>(1, nr / (4 * pool_.size()));
+    pool_.parallel_for_dynamic(nr, [&](int64_t a, int64_t b, int) {
+      for (int64_t i = a; i < b; ++i) fn(i % r.n1, i / r.n1);
+    }, 1, chunk);
+  }
 
   void* ensure(size_t bytes, bool planned = false) {
     if (bytes > ws_size_) {
