@@ -36,7 +36,7 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
   // tokens would walk a 4*C-byte stride through memory).
   constexpr int kMB = 32, kTT = 16;
   const int64_t n_full = conv16 ? C / kCB : 0;
-  pool.parallel_for_dynamic(n_blk, [&](int64_t b0, int64_t b1, int) {
+  auto blocks = [&](int64_t b0, int64_t b1, int) {
     alignas(64) float win[8][kCB] = {}, wt[8][kCB] = {}, acc[kCB];
     for (int64_t bb = b0; bb < std::min(b1, n_full); bb += kMB) {
       const int64_t be = std::min({b1, n_full, bb + kMB});
@@ -83,7 +83,11 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
       for (int c = 0; c < nc; ++c)
         for (int j = 0; j < K - 1; ++j) state[(c0 + c) * (K - 1) + j] = win[j][c];
     }
-  }, 1, std::max<int64_t>(1, n_blk / (8 * pool.size())));
+  };
+  // A decode step's few channels x one token (microseconds) run on the calling thread: waking the
+  // pool would cost about as much.
+  if (C * n_t < 16 * 1024) blocks(0, n_blk, 0);
+  else pool.parallel_for_dynamic(n_blk, blocks, 1, std::max<int64_t>(1, n_blk / (4 * pool.size())));
 }
 
 void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
