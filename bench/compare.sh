@@ -8,7 +8,9 @@
 #   env: BUILD (build dir, default build), THREADS (default nproc), ROUNDS (3), REPS (3 per round),
 #        P (512), N (128), UB (512), OUT (results dir, default .cache/bench/results-<date>),
 #        KILN_B (optional: an environment assignment, e.g. KILN_B=KILN_DYNAMIC_ROWS=0, for a second
-#        kiln run "kilnb" of the same binary in the rotation; the report adds its column)
+#        kiln run "kilnb" of the same binary in the rotation; the report adds its column),
+#        KILN_B_BIN (optional: another kiln binary for "kilnb", e.g. a build of the base commit for
+#        before/after in the same rotation; KILN_B's assignment applies to it when both are set)
 #
 # Standard set, generated into .cache/bench (reused when present): tiny-{llama,qwen3,qwen35,
 # qwen35moe} Q8_0, qwen35-0.8b Q4_K and IQ4_XS, llama-1b Q4_0 and Q8_0; plus SmolLM2-135M
@@ -24,6 +26,9 @@ N=${N:-128}
 UB=${UB:-512}
 PY=.venv/bin/python
 KILN=$B/bin/kiln
+KILNB=${KILN_B_BIN:-$KILN}
+KILN_B=${KILN_B:-}
+[ -n "${KILN_B_BIN:-}" ] && [ -z "$KILN_B" ] && KILN_B=KILN_B_BIN_RUN=1  # a harmless assignment: kilnb on
 OUT=${OUT:-.cache/bench/results-$(date -u +%Y%m%d-%H%M%S)}
 mkdir -p .cache/bench "$OUT"
 
@@ -47,7 +52,7 @@ if [ ${#files[@]} -eq 0 ]; then
 fi
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)
-echo "commit $(git rev-parse --short HEAD)  cpu: $cpu  nproc: $(nproc)  threads: $T  rounds: $ROUNDS x $REPS reps${KILN_B:+  kilnb: $KILN_B}" | tee "$OUT/info.txt"
+echo "commit $(git rev-parse --short HEAD)  cpu: $cpu  nproc: $(nproc)  threads: $T  rounds: $ROUNDS x $REPS reps${KILN_B:+  kilnb: $KILN_B}${KILN_B_BIN:+ $KILN_B_BIN}" | tee "$OUT/info.txt"
 
 if [ -x "$B/bench/kernels_bench" ]; then
   echo "memory bandwidth (BM_MemRead/$T)"
@@ -71,7 +76,7 @@ for f in "${files[@]}"; do
         "$KILN" bench -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl > "$OUT/kiln-$stem-$r.jsonl" \
           || echo "kiln failed on $f" >&2
       elif [ "$eng" = kilnb ]; then
-        env "$KILN_B" "$KILN" bench -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl \
+        env "$KILN_B" "$KILNB" bench -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl \
           > "$OUT/kilnb-$stem-$r.jsonl" || echo "kiln ($KILN_B) failed on $f" >&2
       else
         "$PY" bench/llamacpp_bench.py -m "$f" -p "$P" -n "$N" -ub "$UB" -t "$T" -r "$REPS" -o jsonl \

@@ -12,12 +12,15 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda_sizes.h"
 #include "core/cpu_features.h"
+#include "core/op_profile.h"
 #include "core/thread_pool.h"
 #include "kernels/cuda/workspace.h"
 
@@ -136,6 +139,25 @@ class CpuSizes final : public WorkspaceSizes {
   int n_;
 };
 
+// ---- KILN_CPU_PROFILE (core/op_profile.h): each op's host time, the outermost op only (a fused op's
+// parts are inside its row) ----
+std::string shape(const Tensor& t) { return fmt::format("[{} {} {}]", t.ne[0], t.ne[1], t.ne[2]); }
+struct ProfScope {
+  std::string label;
+  double bytes = 0;
+  int* depth = nullptr;  // the stream's nesting count; nullptr: not timed
+  op_profile::Clock::time_point t0{};
+  ProfScope() = default;
+  ProfScope(std::string l, double b, int* d) : label(std::move(l)), bytes(b), depth(d), t0(op_profile::Clock::now()) { ++*d; }
+  ProfScope(const ProfScope&) = delete;
+  ProfScope& operator=(const ProfScope&) = delete;
+  ~ProfScope() {
+    if (!depth) return;
+    --*depth;
+    op_profile::add("op " + label, op_profile::ms_since(t0), bytes);
+  }
+};
+
 class CpuStream final : public Stream {
  public:
   CpuStream(Device& dev, ThreadPool& pool) : dev_(dev), pool_(pool), sizes_(pool.size()) {}
@@ -151,6 +173,7 @@ class CpuStream final : public Stream {
     std::memcpy(dst, src.host(), bytes);
   }
   void copy(const Tensor& dst, const Tensor& src) override {
+    auto pf = prof([&] { return "copy " + shape(src); });
     KILN_CHECK(dst.type == src.type, "copy: type mismatch");
     check_same_shape(dst, src, "copy");
     const size_t rb = src.row_bytes();
@@ -182,6 +205,7 @@ class CpuStream final : public Stream {
   int workspace_grows() const override { return grows_; }
 
   void matmul(const Tensor& w, const Tensor& x, const Tensor& y) override {
+    auto pf = prof([&] { return fmt::format("matmul {} {}x{} m{}", gguf::type_name(w.type), w.ne[0], w.ne[1], x.ne[1]); }, double(w.nb[1]) * double(w.ne[1]));
     check_f32(x, "matmul x");
     check_f32(y, "matmul y");
     KILN_CHECK(w.ne[2] == 1 && w.ne[3] == 1 && x.ne[2] == 1 && x.ne[3] == 1 && y.ne[2] == 1 && y.ne[3] == 1,
@@ -202,6 +226,7 @@ class CpuStream final : public Stream {
     K::matmul(a, ensure(matmul_workspace(w.type, a.k, a.n, a.m)), pool_);
   }
   void get_rows(const Tensor& table, const Tensor& ids, const Tensor& out) override {
+    auto pf = prof([&] { return fmt::format("get_rows {} {}", gguf::type_name(table.type), shape(out)); });
     check_f32(out, "get_rows out");
     check_i32(ids, out.ne[1], "get_rows ids");
     KILN_CHECK(out.ne[0] == table.ne[0], "get_rows: row length {} vs {}", out.ne[0], table.ne[0]);
@@ -209,46 +234,55 @@ class CpuStream final : public Stream {
                 fmut(out), int64_t(out.nb[1] / 4), pool_);
   }
   void rms_norm(const Tensor& x, const Tensor* w, const Tensor& y, float eps) override {
+    auto pf = prof([&] { return "rms_norm " + shape(x); });
     check_same_shape(x, y, "rms_norm");
     if (w) KILN_CHECK(w->type == GgmlType::F32 && w->n_elements() == x.ne[0], "rms_norm: weight must be F32 [{}]", x.ne[0]);
     K::rms_norm(rows_of(x, "rms_norm x"), w ? fptr(*w) : nullptr, rows_of(y, "rms_norm y"), eps, pool_);
   }
   void l2_norm(const Tensor& x, const Tensor& y, float eps) override {
+    auto pf = prof([&] { return "l2_norm " + shape(x); });
     check_same_shape(x, y, "l2_norm");
     K::l2_norm(rows_of(x, "l2_norm x"), rows_of(y, "l2_norm y"), eps, pool_);
   }
   void rope(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
+    auto pf = prof([&] { return "rope " + shape(x); });
     check_i32(pos, x.ne[2], "rope pos");
     K::rope(rows_of(x, "rope x"), pos.host_as<const int32_t>(), p, pool_);
   }
   void rope_multi(const Tensor& x, const Tensor& pos, const RopeParams& p) override {
+    auto pf = prof([&] { return "rope_multi " + shape(x); });
     check_i32(pos, x.ne[2] * 4, "rope_multi pos");
     K::rope_multi(rows_of(x, "rope_multi x"), pos.host_as<const int32_t>(), p, pool_);
   }
-  void softmax(const Tensor& x, float scale) override { K::softmax(rows_of(x, "softmax x"), scale, pool_); }
+  void softmax(const Tensor& x, float scale) override {
+    auto pf = prof([&] { return "softmax " + shape(x); });
+    K::softmax(rows_of(x, "softmax x"), scale, pool_);
+  }
   // Unary / binary / scale: one kernel call per row of ne0 floats (the kernels' vector tails fall
-  // where the caller's rows end), on the calling thread.
+  // where the caller's rows end); rows split across the pool when there are enough elements (a row's
+  // result does not depend on the thread that computes it).
   void unary(Unary op, const Tensor& x, const Tensor& y) override {
+    auto pf = prof([&] { return fmt::format("unary{} {}", int(op), shape(x)); });
     check_same_shape(x, y, "unary");
     const K::Rows xr = rows_of(x, "unary x"), yr = rows_of(y, "unary y");
-    for (int64_t i2 = 0; i2 < xr.n2; ++i2)
-      for (int64_t i1 = 0; i1 < xr.n1; ++i1) {
-        const float* a = xr.row(i1, i2);
-        float* o = yr.row(i1, i2);
-        switch (op) {
-          case Unary::Silu: K::silu(a, o, xr.ne0); break;
-          case Unary::Sigmoid: K::sigmoid(a, o, xr.ne0); break;
-          case Unary::Softplus: K::softplus(a, o, xr.ne0); break;
-          case Unary::Gelu: K::gelu(a, o, xr.ne0); break;
-          case Unary::GeluErf: K::gelu_erf(a, o, xr.ne0); break;
-        }
+    for_each_row(xr, [&](int64_t i1, int64_t i2) {
+      const float* a = xr.row(i1, i2);
+      float* o = yr.row(i1, i2);
+      switch (op) {
+        case Unary::Silu: K::silu(a, o, xr.ne0); break;
+        case Unary::Sigmoid: K::sigmoid(a, o, xr.ne0); break;
+        case Unary::Softplus: K::softplus(a, o, xr.ne0); break;
+        case Unary::Gelu: K::gelu(a, o, xr.ne0); break;
+        case Unary::GeluErf: K::gelu_erf(a, o, xr.ne0); break;
       }
+    });
   }
   // b: same shape (a row of b per row of a), one row [ne0] (the same row for every row of a), or
   // [1, n1, n2] (a scalar per row, computed as if repeated across the row: the kernel runs over
   // chunks of a stack row filled with it; chunks of 256 keep every vector tail where one call over
   // the whole row puts it).
   void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& y) override {
+    auto pf = prof([&] { return fmt::format("binary{} {}", int(op), shape(a)); });
     check_same_shape(a, y, "binary");
     const K::Rows ar = rows_of(a, "binary a"), br = rows_of(b, "binary b"), yr = rows_of(y, "binary y");
     const int64_t n = ar.ne0;
@@ -270,27 +304,30 @@ class CpuStream final : public Stream {
       }
     };
     constexpr int64_t kFill = 256;
-    alignas(64) float fill[kFill];
-    for (int64_t i2 = 0; i2 < ar.n2; ++i2)
-      for (int64_t i1 = 0; i1 < ar.n1; ++i1) {
-        const float* pa = ar.row(i1, i2);
-        float* o = yr.row(i1, i2);
-        if (mode != Scalar) {
-          run(pa, mode == Same ? br.row(i1, i2) : br.p, o, n);
-          continue;
-        }
-        std::fill_n(fill, std::min(n, kFill), *br.row(i1, i2));
-        for (int64_t c = 0; c < n; c += kFill) run(pa + c, fill, o + c, std::min(kFill, n - c));
+    for_each_row(ar, [&](int64_t i1, int64_t i2) {
+      const float* pa = ar.row(i1, i2);
+      float* o = yr.row(i1, i2);
+      if (mode != Scalar) {
+        run(pa, mode == Same ? br.row(i1, i2) : br.p, o, n);
+        return;
       }
+      alignas(64) float fill[kFill];
+      std::fill_n(fill, std::min(n, kFill), *br.row(i1, i2));
+      for (int64_t c = 0; c < n; c += kFill) run(pa + c, fill, o + c, std::min(kFill, n - c));
+    });
   }
   void scale(const Tensor& x, float s, const Tensor& y) override {
+    auto pf = prof([&] { return "scale " + shape(x); });
     check_same_shape(x, y, "scale");
     const K::Rows xr = rows_of(x, "scale x"), yr = rows_of(y, "scale y");
-    for (int64_t i2 = 0; i2 < xr.n2; ++i2)
-      for (int64_t i1 = 0; i1 < xr.n1; ++i1) K::scale(xr.row(i1, i2), s, yr.row(i1, i2), xr.ne0);
+    for_each_row(xr, [&](int64_t i1, int64_t i2) { K::scale(xr.row(i1, i2), s, yr.row(i1, i2), xr.ne0); });
   }
-  void hadamard(const Tensor& x, int64_t n) override { K::hadamard(rows_of(x, "hadamard x"), n, pool_); }
+  void hadamard(const Tensor& x, int64_t n) override {
+    auto pf = prof([&] { return "hadamard " + shape(x); });
+    K::hadamard(rows_of(x, "hadamard x"), n, pool_);
+  }
   void fill_zero(const Tensor& dst) override {
+    auto pf = prof([&] { return "fill_zero " + shape(dst); });
     const size_t rb = dst.row_bytes();
     auto* d = static_cast<char*>(dst.host());
     for (int64_t i3 = 0; i3 < dst.ne[3]; ++i3)
@@ -302,6 +339,7 @@ class CpuStream final : public Stream {
   // routed to it, in (t, j) order, gathered into m contiguous columns; one kernels::matmul (expert
   // orders) over them; the m outputs scattered back. Workspace: [matmul ws | slot list | X | Y].
   void matmul_id(const Tensor& w, const Tensor& x, const Tensor& ids, const Tensor& y) override {
+    auto pf = prof([&] { return fmt::format("matmul_id {} {}x{}x{} slots{}", gguf::type_name(w.type), w.ne[0], w.ne[1], w.ne[2], ids.ne[0] * ids.ne[1]); });
     check_f32(x, "matmul_id x");
     check_f32(y, "matmul_id y");
     const int64_t k = w.ne[0], n = w.ne[1], X = w.ne[2], Kx = ids.ne[0], T = ids.ne[1];
@@ -352,6 +390,7 @@ class CpuStream final : public Stream {
     }
   }
   void top_logits(const Tensor& logits, int k, const Tensor& ids, const Tensor& vals) override {
+    auto pf = prof([&] { return "top_logits " + shape(logits); });
     check_f32(logits, "top_logits logits");
     KILN_CHECK(logits.is_contiguous() && logits.ne[2] == 1 && logits.ne[3] == 1, "top_logits: contiguous logits [V, n]");
     check_i32(ids, int64_t(k) * logits.ne[1], "top_logits ids");
@@ -368,6 +407,7 @@ class CpuStream final : public Stream {
   }
   void topk_route(const Tensor& logits, int k, bool renorm, float w_scale, const Tensor& ids,
                   const Tensor& weights) override {
+    auto pf = prof([&] { return "topk_route " + shape(logits); });
     check_f32(logits, "topk_route logits");
     KILN_CHECK(logits.is_contiguous(), "topk_route: contiguous logits");
     check_i32(ids, int64_t(k) * logits.ne[1], "topk_route ids");
@@ -377,6 +417,7 @@ class CpuStream final : public Stream {
   // ---- sequence ops: the CPU reads seq/pos from host memory, splits the batch into runs
   // (consecutive tokens of one slot) and calls the kernel once per run. ----
   void kv_store(const Tensor& x, const Tensor& seq, const Tensor& pos, const Tensor& cache) override {
+    auto pf = prof([&] { return fmt::format("kv_store {} {}", gguf::type_name(cache.type), shape(x)); });
     const K::Rows xr = rows_of(x, "kv_store x");
     const int64_t T = xr.n2;
     KILN_CHECK(cache.ne[0] == xr.ne0 && cache.ne[1] == xr.n1, "kv_store: rows [{}, {}] into a cache of [{}, {}]", xr.ne0,
@@ -392,6 +433,7 @@ class CpuStream final : public Stream {
   // by ggml's rule — tinyBLAS sums for a run of >= 2 tokens, vec_dot sums for one.
   void attention(const Tensor& q, const Tensor& seq, const Tensor& pos, const Tensor& k, const Tensor& v,
                  const AttnSpec& p, const Tensor& out) override {
+    auto pf = prof([&] { return fmt::format("attention {} {}{}", gguf::type_name(k.type), shape(q), p.flash ? " fa" : ""); });
     const K::Rows qr = rows_of(q, "attention q"), orow = rows_of(out, "attention out");
     const int64_t T = qr.n2;
     KILN_CHECK(qr.ne0 == p.head_dim && qr.n1 == p.n_head && orow.ne0 == p.head_dim && orow.n1 == p.n_head &&
@@ -429,6 +471,7 @@ class CpuStream final : public Stream {
   // each kept token.
   void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y,
                    const Tensor& keep) override {
+    auto pf = prof([&] { return "conv1d_silu " + shape(x); });
     const K::Rows xr = rows_of(x, "conv1d_silu x"), yr = rows_of(y, "conv1d_silu y");
     check_f32(w, "conv1d_silu w");
     check_f32(state, "conv1d_silu state");
@@ -455,6 +498,7 @@ class CpuStream final : public Stream {
   // Runs of at least `chunk` tokens (chunk > 0) take the chunked form with chunks of kDeltaChunk.
   void gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
                    const Tensor& seq, const Tensor& state, const Tensor& out, int chunk, const Tensor& keep) override {
+    auto pf = prof([&] { return fmt::format("gated_delta {} chunk{}", shape(v), chunk); });
     const K::Rows qr = rows_of(q, "gated_delta q"), kr = rows_of(k, "gated_delta k"), vr = rows_of(v, "gated_delta v"),
                   orow = rows_of(out, "gated_delta out");
     check_f32(g, "gated_delta g");
@@ -511,6 +555,7 @@ class CpuStream final : public Stream {
     for (int i = 0; i < n; ++i) matmul(w[i], x, y[i]);
   }
   void delta_gates(const Tensor& beta, const Tensor& g, const Tensor& dt_bias, const Tensor& a) override {
+    auto pf = prof([&] { return "delta_gates " + shape(g); });
     check_same_shape(beta, g, "delta_gates beta/g");
     unary(Unary::Sigmoid, beta, beta);
     binary(Binary::Add, g, dt_bias, g);
@@ -518,18 +563,45 @@ class CpuStream final : public Stream {
     binary(Binary::Mul, g, a, g);
   }
   void rms_norm_gated(const Tensor& x, const Tensor& w, const Tensor& z, float eps) override {
+    auto pf = prof([&] { return "rms_norm_gated " + shape(x); });
     check_same_shape(x, z, "rms_norm_gated x/z");
     rms_norm(x, &w, x, eps);
     unary(Unary::Silu, z, z);
     binary(Binary::Mul, x, z, x);
   }
   void add_rms_norm(const Tensor& x, const Tensor& t, const Tensor* w, const Tensor& y, float eps) override {
+    auto pf = prof([&] { return "add_rms_norm " + shape(x); });
     check_same_shape(x, t, "add_rms_norm x/t");
     binary(Binary::Add, x, t, x);
     rms_norm(x, w, y, eps);
   }
 
  private:
+  // Times the caller's scope as label() with `bytes` of weights read, unless profiling is off or an
+  // enclosing op is timed already.
+  template <class F>
+  std::optional<ProfScope> prof(F&& label, double bytes = 0) {
+    if (!op_profile::on() || prof_depth_ > 0) return std::nullopt;
+    return std::optional<ProfScope>(std::in_place, label(), bytes, &prof_depth_);
+  }
+  int prof_depth_ = 0;
+  // fn(i1, i2) for every row of r: in parallel (dynamic chunks of whole rows) from kParRowsMin
+  // elements, else on the calling thread (a decode step's small rows: a pool wake-up costs more).
+  template <class F>
+  void for_each_row(const K::Rows& r, F&& fn) {
+    constexpr int64_t kParRowsMin = 64 * 1024;
+    const int64_t nr = r.n1 * r.n2;
+    if (pool_.size() < 2 || nr < 2 || nr * r.ne0 < kParRowsMin) {
+      for (int64_t i2 = 0; i2 < r.n2; ++i2)
+        for (int64_t i1 = 0; i1 < r.n1; ++i1) fn(i1, i2);
+      return;
+    }
+    const int64_t chunk = std::max<int64_t>(1, nr / (4 * pool_.size()));
+    pool_.parallel_for_dynamic(nr, [&](int64_t a, int64_t b, int) {
+      for (int64_t i = a; i < b; ++i) fn(i % r.n1, i / r.n1);
+    }, 1, chunk);
+  }
+
   void* ensure(size_t bytes, bool planned = false) {
     if (bytes > ws_size_) {
       if (ws_ || !planned) ++grows_;  // a first use without a reserve also counts

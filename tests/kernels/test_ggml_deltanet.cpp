@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -187,9 +188,10 @@ TEST(GgmlDeltaNet, ConvSiluBitExact) {
   Avx512Table T;
   REQUIRE_AVX512(T);
   ThreadPool pool(2);
-  const int K = 4;
-  for (int64_t C : {16, 40, 256}) {
-    const int64_t n_t = 9;
+  // C % 16 == 0 blocks take the fused conv + silu kernel (Table::ggml_conv_silu16), K 2..4, in
+  // tiles of 16 tokens over up to 32 blocks (n_t 37, C 1040: several of each).
+  for (auto [C, K] : {std::pair<int64_t, int>{16, 4}, {40, 4}, {256, 4}, {48, 2}, {32, 3}, {1040, 4}}) {
+    const int64_t n_t = 37;
     const auto x = randv(size_t(C * n_t), uint32_t(C), -2.f, 2.f), w = randv(size_t(C * K), uint32_t(C + 1));
     const auto st0 = randv(size_t(C * (K - 1)), uint32_t(C + 2));
     std::vector<float> st = st0, st_e = st0, y(x.size()), ye(x.size());
@@ -229,8 +231,10 @@ TEST(GgmlDeltaNet, GatedDeltaRuleBitExactAndAccurate) {
   Avx512Table T;
   REQUIRE_AVX512(T);
   ThreadPool pool(3);
-  for (int64_t S : {32, 128, 40}) {
-    const int64_t Hk = 2, Hv = 4, n_t = 7, kd = S * Hk, conv = 2 * kd + S * Hv;
+  // S = 64 / 128 / 256 take the fused row kernel (Table::ggml_delta_rows); n_t = 150 spans several
+  // of its 64-token blocks.
+  for (auto [S, n_t] : {std::pair<int64_t, int64_t>{32, 7}, {128, 7}, {40, 7}, {64, 150}, {128, 150}, {256, 70}}) {
+    const int64_t Hk = 2, Hv = 4, kd = S * Hk, conv = 2 * kd + S * Hv;
     auto mixed = randv(size_t(conv * n_t), uint32_t(S), -1.f, 1.f);
     // L2-normalised q, k as the model feeds them.
     for (int64_t t = 0; t < n_t; ++t)

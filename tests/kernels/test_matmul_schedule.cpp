@@ -24,7 +24,7 @@ TEST(MatmulSchedule, DynamicRowsMatchOneThreadBitExact) {
   for (GgmlType t : kMatmulTypes) {
     const int64_t k = 256;
     // 2 rows past a multiple of 16 / 8 rows past / 5 past a multiple of 8 (not of 4): with k = 256,
-    // 1 column, 2 threads these are 10-40 chunks (kernels/cpu/ops.cpp chunk_rows).
+    // 1 column, 2 threads these are 10-40 chunks (kernels/cpu/matmul.cpp chunk_rows).
     for (int64_t n : {1042, 2056, 2053}) {
       const auto f = randv(size_t(k * n), uint32_t(n) + uint32_t(t) * 131u);
       const auto w = weight_rows(t, f.data(), k, n);

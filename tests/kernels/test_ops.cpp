@@ -3,6 +3,7 @@
 // Tolerances are NMSE (sum (a-b)^2 / sum b^2): float-only ops differ from the double-accumulating
 // references by rounding only, so 1e-9 (values are ~1e-14 in practice).
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "kernel_test_util.h"
@@ -402,28 +403,31 @@ TEST(Ops, AttentionFirstTokenReturnsItsValue) {
 
 TEST(Ops, Conv1dSiluStateCarriesAcrossCalls) {
   ThreadPool pool(3);
-  const int64_t C = 50, T = 7, xs = 53;
-  const int K = 4;
-  const auto x = randv(size_t(xs * T), 51), w = randv(size_t(K * C), 52), st0 = randv(size_t((K - 1) * C), 53);
-  std::vector<float> st_ref = st0, y_ref(size_t(xs * T), 0.f);
-  ref::conv1d_silu(x.data(), xs, w.data(), st_ref.data(), y_ref.data(), xs, C, T, K);
-  // One call, separate output.
-  std::vector<float> st = st0, y(size_t(xs * T), 0.f);
-  conv1d_silu(x.data(), xs, w.data(), st.data(), y.data(), xs, C, T, K, pool);
-  EXPECT_LE(nmse(y, y_ref), kTol);
-  EXPECT_EQ(st, st_ref);
-  // Two calls (3 + 4 tokens), in place.
-  std::vector<float> st2 = st0, xy = x;
-  conv1d_silu(xy.data(), xs, w.data(), st2.data(), xy.data(), xs, C, 3, K, pool);
-  conv1d_silu(xy.data() + 3 * xs, xs, w.data(), st2.data(), xy.data() + 3 * xs, xs, C, 4, K, pool);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(xy[size_t(t * xs + c)], y_ref[size_t(t * xs + c)], 1e-5);
-  EXPECT_EQ(st2, st_ref);
-  // Independent spot check: channel 0, token 0 = silu(w . [state, x0]).
-  double s = 0;
-  for (int j = 0; j < K - 1; ++j) s += double(w[size_t(j)]) * st0[size_t(j)];
-  s += double(w[K - 1]) * x[0];
-  EXPECT_NEAR(y[0], s / (1 + std::exp(-s)), 1e-6);
+  // C = 50: three whole 16-channel blocks (the AVX-512 fused kernel) and a partial one; C = 1040, T = 40:
+  // several of the fused path's 16-token x 32-block tiles.
+  for (auto [C, T, xs] : {std::array<int64_t, 3>{50, 7, 53}, {1040, 40, 1043}}) {
+    const int K = 4;
+    const auto x = randv(size_t(xs * T), 51), w = randv(size_t(K * C), 52), st0 = randv(size_t((K - 1) * C), 53);
+    std::vector<float> st_ref = st0, y_ref(size_t(xs * T), 0.f);
+    ref::conv1d_silu(x.data(), xs, w.data(), st_ref.data(), y_ref.data(), xs, C, T, K);
+    // One call, separate output.
+    std::vector<float> st = st0, y(size_t(xs * T), 0.f);
+    conv1d_silu(x.data(), xs, w.data(), st.data(), y.data(), xs, C, T, K, pool);
+    EXPECT_LE(nmse(y, y_ref), kTol);
+    EXPECT_EQ(st, st_ref);
+    // Two calls (3 + T - 3 tokens), in place.
+    std::vector<float> st2 = st0, xy = x;
+    conv1d_silu(xy.data(), xs, w.data(), st2.data(), xy.data(), xs, C, 3, K, pool);
+    conv1d_silu(xy.data() + 3 * xs, xs, w.data(), st2.data(), xy.data() + 3 * xs, xs, C, T - 3, K, pool);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(xy[size_t(t * xs + c)], y_ref[size_t(t * xs + c)], 1e-5);
+    EXPECT_EQ(st2, st_ref);
+    // Independent spot check: channel 0, token 0 = silu(w . [state, x0]).
+    double s = 0;
+    for (int j = 0; j < K - 1; ++j) s += double(w[size_t(j)]) * st0[size_t(j)];
+    s += double(w[K - 1]) * x[0];
+    EXPECT_NEAR(y[0], s / (1 + std::exp(-s)), 1e-6);
+  }
 }
 
 namespace {
@@ -465,15 +469,19 @@ DeltaData make_delta(int64_t S, int64_t Hk, int64_t Hv, int64_t T, uint32_t seed
 TEST(Ops, GatedDeltaRecurrentEveryIsa) {
   IsaGuard g;
   ThreadPool pool(3);
-  const auto d = make_delta(64, 2, 6, 9, 61);  // Hv = 3 * Hk: v-head h uses q/k head h % Hk
-  std::vector<float> st_ref = d.state0, out_ref(size_t(d.S * d.Hv * d.T));
-  ref::gated_delta_rule(d.args(st_ref.data(), out_ref.data()));
-  for (CpuIsa isa : isas()) {
-    ASSERT_TRUE(set_isa(isa));
-    std::vector<float> st = d.state0, out(out_ref.size());
-    gated_delta_rule(d.args(st.data(), out.data()), pool);
-    EXPECT_LE(nmse(out, out_ref), 1e-9) << isa_name(isa);
-    EXPECT_LE(nmse(st, st_ref), 1e-9) << isa_name(isa);
+  // Hv = 3 * Hk: v-head h uses q/k head h % Hk. S = 64 / 128 / 256 take the AVX-512 table's fused row
+  // kernel (Table::ggml_delta_rows; 150 tokens: several of its 64-token blocks), S = 40 the loop.
+  for (auto [S, Hk, Hv, T] : {std::array<int64_t, 4>{64, 2, 6, 9}, {128, 2, 4, 150}, {256, 1, 2, 70}, {40, 1, 3, 5}}) {
+    const auto d = make_delta(S, Hk, Hv, T, 61);
+    std::vector<float> st_ref = d.state0, out_ref(size_t(d.S * d.Hv * d.T));
+    ref::gated_delta_rule(d.args(st_ref.data(), out_ref.data()));
+    for (CpuIsa isa : isas()) {
+      ASSERT_TRUE(set_isa(isa));
+      std::vector<float> st = d.state0, out(out_ref.size());
+      gated_delta_rule(d.args(st.data(), out.data()), pool);
+      EXPECT_LE(nmse(out, out_ref), 1e-9) << isa_name(isa) << " S " << S;
+      EXPECT_LE(nmse(st, st_ref), 1e-9) << isa_name(isa) << " S " << S;
+    }
   }
 }
 

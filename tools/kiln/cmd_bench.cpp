@@ -30,6 +30,7 @@
 #include <random>
 #include <thread>
 
+#include "core/op_profile.h"
 #include "model_cli.h"
 #include "subcommand.h"
 
@@ -485,6 +486,7 @@ int cmd_bench(int argc, char** argv) {
                       if (auto st = run.gen(1); !st) return fail(st.error());
                   }
                   backend::cuda_profile_report();  // KILN_CUDA_PROFILE: forget the warm-up's op times
+                  op_profile::report("");           // KILN_CPU_PROFILE: likewise
                   for (int i = 0; i < reps; ++i) {
                     if (auto st = depth(); !st) return fail(st.error());  // ends with logits read: the device is idle
                     const auto t0 = Clock::now();
@@ -495,6 +497,9 @@ int cmd_bench(int argc, char** argv) {
                   }
                   if (const std::string prof = backend::cuda_profile_report(); !prof.empty())
                     std::fprintf(stderr, "%s %s, %d reps: %s\n", mf.desc.c_str(), r.name().c_str(), reps, prof.c_str());
+                  if (const std::string prof = op_profile::report("CPU op times (KILN_CPU_PROFILE)"); !prof.empty())
+                    std::fprintf(stderr, "%s %s, %d reps, %d threads: %s\n", mf.desc.c_str(), r.name().c_str(), reps,
+                                 r.n_threads, prof.c_str());
                   if (md) print_md_row(r);
                   else if (output == "jsonl") std::printf("%s\n", r.to_json().dump().c_str());
                   else json_rows.push_back(r.to_json());

@@ -30,6 +30,8 @@ struct Tables {
     add(CpuIsa::Avx512, [](Table& x) {
       fill_avx512(x);
       fill_tile_avx512(x);
+      fill_delta_avx512(x);
+      fill_attention_avx512(x);
     });
 #endif
   }

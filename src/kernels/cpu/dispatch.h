@@ -1,5 +1,5 @@
 // kernels/cpu/dispatch.h — the CPU kernel table: one set of function pointers per ISA level
-//   (generic -> AVX2 -> AVX-512), filled once; the ops in kernels/cpu/ops.cpp call through it.
+//   (generic -> AVX2 -> AVX-512), filled once; the ops in kernels/cpu/{matmul,attention,delta,ops}.cpp call through it.
 // Owns: the activation formats of the integer mat-vec paths (ggml's Q8_0/Q8_1/Q8_K) and the table layout.
 // Must not: be included outside src/kernels (it is an implementation detail of ops.h).
 // Threading: tables are immutable after construction; set_isa() swaps a pointer (tests only).
@@ -98,6 +98,27 @@ inline size_t tile_side_bytes(gguf::GgmlType w, int64_t k) {
 // Decoded tile of 16 rows: at most 24 bytes per element of a row (Q6_K: 22.5).
 inline size_t tile_scratch_bytes(int64_t k) { return size_t(k) * 24 + 64; }
 
+// The gated delta rule's recurrence for state rows [j0, j1) of one head over n_t tokens (AVX-512
+// tables: Table::ggml_delta_rows, kernels/cpu/delta_avx512.cpp). Per token t and row j, in order:
+// row *= decay[t]; dj = (v_t[j] - ggml_dot_f32(row, k_t)) * beta[t]; row += dj * k_t (axpy);
+// out_t[j] = ggml_dot_f32(row, q_t) * qscale — the bits of kernels::gated_delta_rule's table path.
+// q, k, v, out point at the head's first element of token 0; the state row j at st + j*S.
+struct DeltaRowsArgs {
+  float* st = nullptr;
+  int64_t S = 0, j0 = 0, j1 = 0, n_t = 0;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  int64_t qk_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+  const float* decay = nullptr;  // [n_t] e^g
+  const float* beta = nullptr;   // [n_t]
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  float qscale = 1;
+};
+using DeltaRowsFn = void (*)(const DeltaRowsArgs& a);
+
 struct Table {
   CpuIsa isa = CpuIsa::Scalar;
   QuantizeActFn quantize_act[kNumTypes] = {};  // indexed by activation type
@@ -128,8 +149,15 @@ struct Table {
                    float* out) = nullptr;
   // ggml_vec_dot_f32's AVX-512 order (the gated delta rule's dots).
   float (*ggml_dot_f32)(const float* x, const float* y, int64_t n) = nullptr;
+  // The fused recurrence above for S = 64, 128, 256 (index 0, 1, 2); nullptr: none.
+  DeltaRowsFn ggml_delta_rows[3] = {};
   // ggml's ssm_conv for 16 channels: y[c] = fma chain over taps j < K of win[j*16 + c] * w[j*16 + c], from 0.
   void (*ggml_conv_taps16)(const float* win, const float* w, int K, float* y) = nullptr;
+  // ggml_conv_taps16 and the table's silu (ggml's: lane-wise on whole 16s) for 16 channels over n_t
+  // tokens, the window in registers: x_t / y_t at x + t*xs / y + t*ys (y may be x), w: K rows of 16
+  // taps, win: the K-1 oldest inputs, rows of 16 (updated). The bits of the per-token calls.
+  void (*ggml_conv_silu16)(const float* x, int64_t xs, const float* w, float* win, float* y, int64_t ys, int64_t n_t,
+                           int K) = nullptr;
   // ggml's float mat-mul: by weight type (F32 F16 BF16). ggml_float_act rounds one X column of k
   // floats to F16 / BF16 (nullptr for F32: X is used as it is).
   FloatMmFn ggml_float_mm[kNumTypes] = {};
@@ -137,6 +165,9 @@ struct Table {
   // ggml's flash attention (AVX-512 tables only): the 64 scores of one query against a key tile stored
   // transposed, kt[d*64 + j]: s[j] = one FMA chain over d of q[d]*kt[d*64+j] (simd_gemm's order).
   void (*ggml_fa_scores)(const float* q, const float* kt, int64_t D, float* s) = nullptr;
+  // The tiled order's acc += p[j] * v_j for j < nb (v_j = v + j*D, D % 16 == 0): Table::axpy's bits
+  // key by key, the accumulator kept in registers (kernels/cpu/attention_avx512.cpp).
+  void (*ggml_fa_pv)(const float* p, const float* v, int nb, int64_t D, float* acc) = nullptr;
   // F16 accumulators (x86 tables): y = f16(fma(f32(x), a, f32(y))); y = f16(f32(y) * a). n % 16 == 0.
   void (*mad_f16)(uint16_t* y, const uint16_t* x, float a, int64_t n) = nullptr;
   void (*scale_f16)(uint16_t* y, float a, int64_t n) = nullptr;
@@ -151,6 +182,8 @@ void fill_avx2(Table& t);
 void fill_avx512(Table& t);
 void fill_tile_avx512(Table& t);
 void fill_tile_avx2(Table& t);
+void fill_delta_avx512(Table& t);
+void fill_attention_avx512(Table& t);
 
 inline int type_index(gguf::GgmlType t) { return int(t); }
 
