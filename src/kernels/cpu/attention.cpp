@@ -106,6 +106,25 @@ void attend_streaming(const Table& T, CRows q, int64_t t, int64_t h0, int ng, in
 }
 
 static_assert(kAttnBk == 64, "the tiled order is ggml's 64-key tile");
+// One 64-key tile's scores sc of q head g folded into the running softmax (ggml's tiled order): keys
+// at and past nb masked (probability 0), the new maximum, acc and l rescaled when it grew, the tile's
+// probabilities into p (the caller adds p · V) and their sum into l.
+inline void tile_softmax(const Table& T, AttnState& st, int g, float* sc, int nb, float scale, float* p, int64_t D) {
+  float tmax = -INFINITY;
+  for (int jj = 0; jj < kAttnBk; ++jj) {
+    sc[jj] = jj < nb ? sc[jj] * scale : -INFINITY;
+    tmax = std::max(tmax, sc[jj]);
+  }
+  const float mnew = std::fmax(st.m[g], tmax);
+  if (mnew > st.m[g]) {
+    const float ms = std::exp(st.m[g] - mnew);
+    T.scale(st.acc[g], ms, D);
+    st.l[g] *= ms;
+  }
+  st.m[g] = mnew;
+  st.l[g] = float(double(st.l[g]) + T.ggml_softmax_exp(sc, mnew, p, kAttnBk));
+}
+
 void attend_tiled(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_t hk, int64_t j_begin, int64_t j_end,
                   const KvView& kv_k, const KvView& kv_v, cpu::ToF32Fn kdeq, cpu::ToF32Fn vdeq, int64_t D, float scale,
                   AttnState& st) {
@@ -122,19 +141,7 @@ void attend_tiled(const Table& T, CRows q, int64_t t, int64_t h0, int ng, int64_
     for (int g = 0; g < ng; ++g) {
       alignas(64) float sc[kAttnBk];
       T.ggml_fa_scores(q.row(h0 + g, t), kt, D, sc);
-      float tmax = -INFINITY;
-      for (int jj = 0; jj < kAttnBk; ++jj) {
-        sc[jj] = jj < nb ? sc[jj] * scale : -INFINITY;  // keys past the query: masked, probability 0
-        tmax = std::max(tmax, sc[jj]);
-      }
-      const float mnew = std::fmax(st.m[g], tmax);
-      if (mnew > st.m[g]) {
-        const float ms = std::exp(st.m[g] - mnew);
-        T.scale(st.acc[g], ms, D);
-        st.l[g] *= ms;
-      }
-      st.m[g] = mnew;
-      st.l[g] = float(double(st.l[g]) + T.ggml_softmax_exp(sc, mnew, p[g], kAttnBk));
+      tile_softmax(T, st, g, sc, nb, scale, p[g], D);
     }
     for (int jj = 0; jj < nb; ++jj) {
       vdeq(kv_row(kv_v, j0 + jj, hk), vr, D);
@@ -267,19 +274,7 @@ void attend_tiled_block(const Table& T, CRows q, const int32_t* pos, int64_t t0,
         AttnState& st = first ? st_run[i] : st_part[i];
         for (int g = 0; g < ng; ++g) {
           T.ggml_fa_scores(q.row(h0 + g, t0 + i), kt, D, sc);
-          float tmax = -INFINITY;
-          for (int jj = 0; jj < kAttnBk; ++jj) {
-            sc[jj] = jj < nb ? sc[jj] * scale : -INFINITY;
-            tmax = std::max(tmax, sc[jj]);
-          }
-          const float mnew = std::fmax(st.m[g], tmax);
-          if (mnew > st.m[g]) {
-            const float ms = std::exp(st.m[g] - mnew);
-            T.scale(st.acc[g], ms, D);
-            st.l[g] *= ms;
-          }
-          st.m[g] = mnew;
-          st.l[g] = float(double(st.l[g]) + T.ggml_softmax_exp(sc, mnew, p, kAttnBk));
+          tile_softmax(T, st, g, sc, nb, scale, p, D);
           T.ggml_fa_pv(p, vt, nb, D, st.acc[g]);
         }
       }
