@@ -17,13 +17,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <map>
 #include <mutex>
 
 #include "backend/cuda_sizes.h"
 #include "core/log.h"
+#include "core/op_profile.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/invariant.h"
 #endif
@@ -187,18 +185,13 @@ void check_same_shape(const Tensor& a, const Tensor& b, const char* what) {
 
 // ---- KILN_CUDA_PROFILE (backend.h: cuda_profile_report) ----
 bool profiling() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_PROFILE");
-    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
-  }();
+  static const bool on = op_profile::env_on("KILN_CUDA_PROFILE");
   return on;
 }
-struct ProfRow {
-  int64_t calls = 0;
-  double ms = 0, bytes = 0;
-};
-std::mutex g_prof_mu;
-std::map<std::string, ProfRow> g_prof;  // label -> totals over every stream
+op_profile::Table& prof_table() {  // label -> totals over every stream
+  static auto* t = new op_profile::Table();  // never destroyed, like the devices
+  return *t;
+}
 constexpr int64_t kProfHoldUs = 20000;  // device-side hold at the start of each step (host enqueues meanwhile)
 
 class CudaStream final : public Stream {
@@ -757,12 +750,10 @@ class CudaStream final : public Stream {
     return {this, i};
   }
   void prof_collect() {
-    std::lock_guard<std::mutex> lock(g_prof_mu);
     for (const Timed& t : timed_) {
       float ms = 0;
       KILN_CUDA_CALL(cudaEventElapsedTime(&ms, t.a, t.b));
-      ProfRow& r = g_prof[t.label];
-      ++r.calls, r.ms += ms, r.bytes += t.bytes;
+      prof_table().add(t.label, ms, t.bytes);
     }
     timed_.clear();
   }
@@ -934,24 +925,7 @@ int cuda_device_count() { return probe().count; }
 std::string cuda_unavailable_reason() { return probe().reason; }
 
 std::string cuda_profile_report() {
-  if (!profiling()) return "";
-  std::vector<std::pair<std::string, ProfRow>> rows;
-  {
-    std::lock_guard<std::mutex> lock(g_prof_mu);
-    rows.assign(g_prof.begin(), g_prof.end());
-    g_prof.clear();
-  }
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-  double total = 0;
-  for (const auto& r : rows) total += r.second.ms;
-  std::string out = fmt::format("CUDA op times (KILN_CUDA_PROFILE; op by op, no graphs): {:.3f} ms in all\n", total);
-  out += "| op | calls | total ms | % | us/call | weight GB/s |\n| --- | --- | --- | --- | --- | --- |\n";
-  for (const auto& [label, r] : rows) {
-    const double us = 1e3 * r.ms / double(r.calls);
-    const std::string bw = r.bytes > 0 && r.ms > 0 ? fmt::format("{:.0f}", r.bytes / (r.ms * 1e6)) : "";
-    out += fmt::format("| {} | {} | {:.3f} | {:.1f} | {:.1f} | {} |\n", label, r.calls, r.ms, 100 * r.ms / total, us, bw);
-  }
-  return out;
+  return profiling() ? prof_table().report("CUDA op times (KILN_CUDA_PROFILE; op by op, no graphs)") : "";
 }
 
 Device& cuda_device(int i) {

@@ -4,54 +4,37 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 namespace kiln::op_profile {
-namespace {
-struct Row {
-  int64_t calls = 0;
-  double ms = 0, bytes = 0, busy = 0;
-};
-std::mutex g_mu;
-std::map<std::string, Row>& table() {
-  static auto* t = new std::map<std::string, Row>();  // never destroyed: ops may run during exit
-  return *t;
-}
-}  // namespace
 
-bool on() {
-  static const bool v = [] {
-    const char* e = std::getenv("KILN_CPU_PROFILE");
-    return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
-  }();
-  return v;
+bool env_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
 }
 
-void add(const std::string& label, double ms, double bytes, double busy_ms, int n_threads) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  Row& r = table()[label];
+void Table::add(const std::string& label, double ms, double bytes, double busy_ms, int n_threads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Row& r = rows_[label];
   ++r.calls, r.ms += ms, r.bytes += bytes, r.busy += busy_ms / std::max(1, n_threads);
 }
 
-std::string report(const std::string& title) {
-  if (!on()) return "";
+std::string Table::report(const std::string& title, const std::string& total_prefix) {
   std::vector<std::pair<std::string, Row>> rows;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
-    rows.assign(table().begin(), table().end());
-    table().clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    rows.assign(rows_.begin(), rows_.end());
+    rows_.clear();
   }
   if (rows.empty()) return "";
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-  double total = 0;  // the ops only: phases are inside them
+  double total = 0;
   for (const auto& r : rows)
-    if (r.first.rfind("op ", 0) == 0) total += r.second.ms;
-  std::string out = fmt::format("{}: {:.3f} ms in ops\n", title, total);
+    if (r.first.rfind(total_prefix, 0) == 0) total += r.second.ms;
+  std::string out = fmt::format("{}: {:.3f} ms in {}\n", title, total, total_prefix.empty() ? "all" : "ops");
   out += "| op | calls | total ms | % | us/call | weight GB/s | busy % |\n| --- | --- | --- | --- | --- | --- | --- |\n";
   for (const auto& [label, r] : rows) {
     const double us = 1e3 * r.ms / double(r.calls);
@@ -62,5 +45,23 @@ std::string report(const std::string& title) {
   }
   return out;
 }
+
+namespace {
+Table& cpu_table() {
+  static auto* t = new Table();  // never destroyed: ops may run during exit
+  return *t;
+}
+}  // namespace
+
+bool on() {
+  static const bool v = env_on("KILN_CPU_PROFILE");
+  return v;
+}
+
+void add(const std::string& label, double ms, double bytes, double busy_ms, int n_threads) {
+  cpu_table().add(label, ms, bytes, busy_ms, n_threads);
+}
+
+std::string report(const std::string& title) { return on() ? cpu_table().report(title, "op ") : ""; }
 
 }  // namespace kiln::op_profile

@@ -1,6 +1,7 @@
 // core/op_profile (KILN_CPU_PROFILE): rows aggregate per label, the report sorts them by total time,
 // its "ms in ops" line sums only the "op ..." rows (matmul's phases are inside them), weight GB/s and
-// busy % come from the bytes and the threads' summed time, and a report clears the table.
+// busy % come from the bytes and the threads' summed time, and a report clears the table. The same
+// Table type holds KILN_CUDA_PROFILE's rows, where every row counts in the total.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -30,6 +31,20 @@ TEST(OpProfile, AggregatesSortsAndClears) {
   // The phase: 2 ms summed over 2 threads in 1.5 ms of wall time = 67 % busy.
   EXPECT_NE(r.find("|   mm phase | 1 | 1.500 | 16.7 | 1500.0 |  | 67 |"), std::string::npos) << r;
   EXPECT_EQ(op_profile::report("again"), "");  // taken and cleared
+}
+
+TEST(OpProfile, TableWithoutPrefixTotalsEveryRow) {
+  op_profile::Table t;
+  EXPECT_EQ(t.report("empty"), "");
+  t.add("matmul Q4_K 4096x4096 m1", 0.010, 9.4e6);
+  t.add("rms_norm [4096 1 1]", 0.004);
+  t.add("matmul Q4_K 4096x4096 m1", 0.010, 9.4e6);
+  const std::string r = t.report("CUDA op times");
+  EXPECT_EQ(r.rfind("CUDA op times: 0.024 ms in all\n", 0), 0u) << r;
+  // 2 calls, 0.02 ms (83.3 % of 0.024), 10 us a call, 18.8e6 bytes in 0.02 ms = 940 GB/s.
+  EXPECT_NE(r.find("| matmul Q4_K 4096x4096 m1 | 2 | 0.020 | 83.3 | 10.0 | 940.0 |  |"), std::string::npos) << r;
+  EXPECT_LT(r.find("matmul"), r.find("rms_norm"));
+  EXPECT_EQ(t.report("again"), "");
 }
 
 }  // namespace
