@@ -242,7 +242,6 @@ void Context::Impl::mtp_draft_graph(std::span<const Context::MtpRow> rows, const
                                  opt.mtp_draft_vocab);  // [E, Vd]
   Dev& h = devs[0];
   Dev& g = devs[1];
-  const Tensor lg = head.ne[1] == c.n_vocab ? g.logits : dense_view(g.logits, head.ne[1], n);  // [Vd, n]
   std::vector<int32_t> ids(static_cast<size_t>(n)), seq(ids), src0(ids), ident(ids), pos(static_cast<size_t>(k * n));
   for (int64_t a = 0; a < n; ++a) {
     const MtpRow& r = rows[size_t(act[size_t(a)])];
@@ -253,6 +252,7 @@ void Context::Impl::mtp_draft_graph(std::span<const Context::MtpRow> rows, const
     for (int j = 0; j < k; ++j) pos[size_t(j * n + a)] = int32_t(mem.seq_pos(r.seq) + j);
   }
   for (Dev& d : devs) bind(d, n, n);
+  const Tensor lg = head.ne[1] == c.n_vocab ? g.logits : dense_view(g.logits, head.ne[1], n);  // [Vd, n], as bound
   h.st->upload(h.tok, ids.data(), size_t(n) * 4);
   h.st->get_rows(table, h.tok, h.emb);
   g.st->upload(g.emb, h.emb.host(), size_t(E * n) * sizeof(float));
