@@ -410,7 +410,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
     for (int64_t t = 0; t < T; ++t)
       if (b.embd[size_t(t)]) std::memcpy(x + t * c.n_embd, b.embd[size_t(t)], size_t(c.n_embd) * 4);
   }
-  const bool mtp = opt_.mtp;
+  const bool mtp = opt_.mtp && !s.mtp_catchup_off;
   Impl::Dev& md = s.devs[size_t(s.mtp_dev)];
   if (mtp) {  // the MTP block's embeddings and per-token indices, on its device
     const LayerWeights& L = model_.mtp[0];

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/op_profile.h"
 #include "model/blocks.h"
 #include "model/scratch.h"
 
@@ -62,6 +63,9 @@ struct Context::Impl {
   std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out = T, mrope) -> step
   uint64_t graph_mem = 0;  // Memory::id of the Memory the graphs write (an address can be reused)
   bool graphs_unsupported = false;
+  // KILN_MTP_NO_CATCHUP=1 (measurement only: drafts then see stale MTP rows): decodes skip the catch-up,
+  // to weigh what it costs a step against the rest of speculation's overhead.
+  bool mtp_catchup_off = op_profile::env_on("KILN_MTP_NO_CATCHUP");
   int64_t n_kv_reserved = 0;
 
   // Per-batch host state.
