@@ -265,6 +265,8 @@ void Engine::Impl::cache_insert(const Active& a, bool end_of_turn) {
   const SlotState& st = slots[size_t(a.slot)];
   if (st.tokens.empty()) return;
   const int s = a.slot;
+  const int one[] = {s};
+  mtp_flush(one);  // the cached rows must be complete
   const PrefixCache::StateSource rec{[&](float* out) { runner->read_rec(s, out); },
                                      [&](int i) { runner->save_rec(s, i); }};
   cache->insert(st.tokens, [&](int64_t p0, int64_t n, uint8_t* out) { runner->read_kv(s, p0, n, out); },
@@ -436,6 +438,7 @@ void Engine::Impl::step() {
     return;
   }
 
+  mtp_schedule();
   Status st = runner->decode(batch);
   {
     std::lock_guard<std::mutex> lk(pub_mu);
@@ -540,6 +543,8 @@ Result<Engine::SlotActionResult> Engine::Impl::slot_action(SlotAction action, in
     runner->seq_clear(s);
     st.tokens.clear();
   } else if (action == SlotAction::Save) {
+    const int one[] = {s};
+    mtp_flush(one);  // the saved rows must be complete
     SlotFile f;
     f.fp = fp;
     f.tokens = st.tokens;

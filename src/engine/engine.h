@@ -297,6 +297,8 @@ struct Metrics {
   int64_t max_tokens_seen = 0;       // largest n_past of any slot (llama-server n_tokens_max)
   uint64_t draft_tokens = 0;         // speculative decoding: draft tokens verified (n_draft_total)
   uint64_t draft_tokens_accepted = 0;  // of which accepted (n_draft_accepted_total)
+  uint64_t mtp_deferred_steps = 0;     // draft-mtp: decode steps that deferred the MTP catch-up
+  uint64_t mtp_flushes = 0;            // and the batched passes that caught up
 };
 
 struct SlotInfo {

@@ -99,6 +99,7 @@ struct Active {
   // speculative decoding (engine_spec.cpp)
   SpecState spec;
   std::vector<int32_t> draft;  // this step's draft (fed after next_token, verified after the decode)
+  bool mtp_idle = false;       // draft-mtp: no draft this step for a pause or images (its catch-up may wait)
   struct PendingAccept {       // the rollback of the verify run in progress (applied once: settle())
     bool on = false;
     int64_t n_pos = 0;
@@ -196,6 +197,10 @@ struct Engine::Impl {
   void finish_draft(Active& a);
   void verify(Active& a);
   void settle(Active& a);
+  // draft-mtp's deferred catch-up (model::Batch::mtp_defer): whether this step's batch may defer it,
+  // flushing first where a slot's pending rows must not wait (mtp_schedule), and the flush of slots.
+  void mtp_schedule();
+  void mtp_flush(std::span<const int> slots);
   bool is_eog(int32_t t) const { return std::binary_search(eog.begin(), eog.end(), t); }
   void drop_finished() {
     for (auto& a : active)

@@ -42,6 +42,7 @@ void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
     if (!a.prompt_done) continue;
     --generating;
     // Requests with images do not draft (their positions are M-RoPE streams the drafters do not follow).
+    a.mtp_idle = !a.req.images.empty();
     const int64_t k = a.req.images.empty() ? draft_len(a, budget - 1 - generating) : 0;
     if (so.type == SpecType::NgramSimple && k > 0) {
       std::vector<int32_t>& h = slots[size_t(a.slot)].tokens;
@@ -59,6 +60,11 @@ void Engine::Impl::make_drafts(int64_t budget, int64_t generating) {
     budget -= 1 + (so.type == SpecType::NgramSimple ? int64_t(a.draft.size()) : k);
   }
   if (who.empty()) return;
+  if (so.type == SpecType::DraftMtp) {  // the drafter reads every earlier position's MTP row
+    std::vector<int> ss;
+    for (const auto& r : rows) ss.push_back(r.seq);
+    mtp_flush(ss);
+  }
   std::vector<std::vector<int32_t>> out;
   const auto t0 = std::chrono::steady_clock::now();
   // Synthetic acceptance measures the verification at a given acceptance: the drafters draft their
@@ -87,6 +93,7 @@ int64_t Engine::Impl::draft_len(Active& a, int64_t cap) {
   if (!so.on() || a.req.embed) return 0;
   if (a.spec.pause > 0) {
     --a.spec.pause;
+    a.mtp_idle = true;
     return 0;
   }
   int64_t k = std::min<int64_t>(synth.empty() ? a.spec.k : so.n_max, cap);
@@ -164,6 +171,48 @@ void Engine::Impl::verify(Active& a) {
   }
   settle(a);
   a.spec.update(k, accepted, eng.opt_.spec.n_max, synth.empty());
+}
+
+// A step may defer the MTP catch-up (model::Batch::mtp_defer) when every token in it is the decode
+// token of a request that drafts nothing this step for a pause or its images: at zero acceptance the
+// paused steps then cost what plain decoding costs, and the rows are caught up in one pass before the
+// next draft. Any other step (prompt tokens, drafts) first catches up the slots it feeds, since a
+// decode's catch-up only extends complete rows; a slot whose pending rows would outgrow the Memory's
+// ring is caught up before it defers more.
+void Engine::Impl::mtp_schedule() {
+  if (eng.opt_.spec.type != SpecType::DraftMtp || !runner->has_mtp()) return;
+  bool defer = true;
+  for (const auto& a : active)
+    if (a->step_n > 0 && (!a->prompt_done || !a->draft.empty() || !a->mtp_idle)) defer = false;
+  std::vector<int> ss;
+  for (const auto& a : active)
+    if (a->step_n > 0) {
+      const int64_t n = runner->mtp_pending(a->slot);
+      if (n > 0 && (!defer || n + a->step_n >= model::Memory::kMtpRing)) ss.push_back(a->slot);
+    }
+  mtp_flush(ss);
+  batch.mtp_defer = defer;
+  if (defer) {
+    std::lock_guard<std::mutex> lk(pub_mu);
+    metrics.mtp_deferred_steps++;
+  }
+}
+
+void Engine::Impl::mtp_flush(std::span<const int> ss) {
+  std::vector<int32_t> fs;
+  std::vector<std::span<const int32_t>> toks;
+  for (const int s : ss)
+    if (runner->mtp_pending(s) > 0) {
+      fs.push_back(s);
+      toks.emplace_back(slots[size_t(s)].tokens);
+    }
+  if (fs.empty()) return;
+  if (Status st = runner->mtp_flush(fs, toks); !st.ok()) {  // then the drafts fail too: plain decoding goes on
+    KILN_LOG_ERROR("draft-mtp catch-up: {}", st.error().message);
+    return;
+  }
+  std::lock_guard<std::mutex> lk(pub_mu);
+  metrics.mtp_flushes++;
 }
 
 void Engine::Impl::settle(Active& a) {

@@ -51,6 +51,13 @@ class Runner {
                            std::vector<std::vector<int32_t>>& out) {
     return err("--spec-type draft-mtp: the runner has no MTP drafter");
   }
+  // The MTP rows deferred decodes (model::Batch::mtp_defer) left a slot (0: none; at most
+  // model::Memory::kMtpRing - 1), and their catch-up for slots whose tokens (at least seq_pos) are given
+  // (model::Context::mtp_flush).
+  virtual int64_t mtp_pending(int slot) const { return 0; }
+  virtual Status mtp_flush(std::span<const int32_t> slots, std::span<const std::span<const int32_t>> tokens) {
+    return err("--spec-type draft-mtp: the runner has no MTP drafter");
+  }
 
   // KV payload of n positions: kv_bytes_per_pos() * n bytes, layout private to the runner
   // (for ModelRunner: per attention layer, K rows then V rows). 0 when there are no attention layers.
@@ -125,6 +132,12 @@ class ModelRunner final : public Runner {
   Status draft_mtp(std::span<const model::Context::MtpRow> rows, float p_min,
                    std::vector<std::vector<int32_t>>& out) override {
     return ctx_->mtp_draft(rows, p_min, *mem_, out);
+  }
+  int64_t mtp_pending(int slot) const override {
+    return mem_->has_mtp() ? mem_->seq_pos(slot) - mem_->mtp_done(slot) : 0;
+  }
+  Status mtp_flush(std::span<const int32_t> slots, std::span<const std::span<const int32_t>> tokens) override {
+    return ctx_->mtp_flush(slots, tokens, *mem_);
   }
   size_t kv_bytes_per_pos() const override;
   void read_kv(int slot, int64_t pos0, int64_t n, uint8_t* out) const override;

@@ -172,6 +172,7 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
     d.hshift = i32(p.hshift, T);
     d.hdst = i32(p.hdst, T);
     d.hzero = i32(p.hzero, T);
+    d.hring = i32(p.hring, T);
     d.dids = p.dids == Plan::kNone ? Tensor{} : A.tensor(p.dids, gguf::GgmlType::I32, {1, std::max<int64_t>(n_out, 1), 1, 1});
     d.dprob = p.dprob == Plan::kNone ? Tensor{} : A.tensor(p.dprob, gguf::GgmlType::F32, {1, std::max<int64_t>(n_out, 1), 1, 1});
   }
@@ -367,6 +368,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
       return err("layer {} runs on {} but its memory is on {} (create the Memory from the Model)", il, ld.name(),
                  md.name());
   }
+  s.mtp_defer = false;
   if (opt_.mtp) KILN_TRY(s.mtp_prepare(b, mem));
   // Attention workspaces for this memory's context length (once per longer n_ctx).
   s.reserve_attention(mem);
@@ -410,7 +412,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
     for (int64_t t = 0; t < T; ++t)
       if (b.embd[size_t(t)]) std::memcpy(x + t * c.n_embd, b.embd[size_t(t)], size_t(c.n_embd) * 4);
   }
-  const bool mtp = opt_.mtp && !s.mtp_catchup_off;
+  const bool mtp = opt_.mtp;
   Impl::Dev& md = s.devs[size_t(s.mtp_dev)];
   if (mtp) {  // the MTP block's embeddings and per-token indices, on its device
     const LayerWeights& L = model_.mtp[0];
@@ -420,6 +422,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
     md.st->upload(md.hshift, s.hshift.data(), size_t(T) * 4);
     md.st->upload(md.hdst, s.hdst.data(), size_t(T) * 4);
     md.st->upload(md.hzero, s.hzero.data(), size_t(T) * 4);
+    md.st->upload(md.hring, s.hring.data(), size_t(T) * 4);
   }
 
   if (s.graph_step) {
@@ -442,7 +445,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
     if (s.graphs_unsupported || T > kGraphMaxTokens || n_out != T) {
       step();
     } else {
-      auto it = s.graphs.find({T, n_out, mrope});
+      auto it = s.graphs.find({T, n_out, mrope, s.mtp_defer});
       if (it == s.graphs.end()) {
         auto gr = g.st->capture(step);
         if (!gr) {
@@ -450,7 +453,7 @@ Status Context::decode(const Batch& b, Memory& mem) {
           KILN_LOG_INFO("{}: no graph capture; the step runs op by op", g.dev->name());
           step();
         } else {
-          it = s.graphs.emplace(std::tuple{T, n_out, mrope}, std::move(gr)).first;
+          it = s.graphs.emplace(std::tuple{T, n_out, mrope, s.mtp_defer}, std::move(gr)).first;
           KILN_LOG_DEBUG("{}: step graph recorded for {} tokens ({} held)", g.dev->name(), T, s.graphs.size());
         }
       }
@@ -491,7 +494,11 @@ Status Context::decode(const Batch& b, Memory& mem) {
   }
   if (n_out > 0 && opt_.embeddings) o.st->download(s.embd, o.hidden, size_t(c.n_embd * n_out) * sizeof(float));
   for (Impl::Dev& d : s.devs) d.st->synchronize();
-  for (const Run& r : s.runs) mem.set_seq_pos(r.seq, r.pos0 + r.n);
+  for (const Run& r : s.runs) {
+    // The MTP rows now computed: a run's own unless deferred, and only where the rows before it were.
+    const int64_t done = mem.mtp_done(r.seq);
+    mem.set_decoded(r.seq, r.pos0 + r.n, mtp && !s.mtp_defer && done >= r.pos0 ? r.pos0 + r.n : done);
+  }
   n_out_ = n_out;
   return {};
 }

@@ -46,7 +46,15 @@ struct Batch {
   // token (t, h, w) at mpos[3*i..]: image tokens at (p0, p0 + y, p0 + x), text after an image at
   // positions that advance by max(nx, ny) per image (llama.cpp's mtmd). `pos` stays the KV row.
   std::vector<int32_t> mpos;
-  void clear() { token.clear(); pos.clear(); seq.clear(); output.clear(); keep.clear(); embd.clear(); mpos.clear(); }
+  // ContextOptions::mtp: skip the MTP block's catch-up rows of this batch's tokens (their trunk hidden
+  // states still go to the Memory's ring); they stay pending (Memory::mtp_done) until mtp_flush(), which
+  // must come before a sequence has Memory::kMtpRing positions pending, before it drafts and before its
+  // rows are read out (snapshots, the prefix cache). The engine sets it while every slot's drafting is paused.
+  bool mtp_defer = false;
+  void clear() {
+    token.clear(); pos.clear(); seq.clear(); output.clear(); keep.clear(); embd.clear(); mpos.clear();
+    mtp_defer = false;
+  }
   void add(int32_t tok, int32_t p, int32_t s, bool out, bool kp = false) {
     token.push_back(tok); pos.push_back(p); seq.push_back(s); output.push_back(out ? 1 : 0); keep.push_back(kp ? 1 : 0);
   }
@@ -145,6 +153,12 @@ class Context {
   };
   Status mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem, std::vector<std::vector<int32_t>>& out,
                    bool keep_logits = false);
+  // The MTP rows that deferred decodes (Batch::mtp_defer) left pending, for each sequence in seqs, in
+  // one batched pass of the block per n_batch tokens: positions [Memory::mtp_done, seq_pos), each token
+  // paired with the previous one's hidden state from the Memory's ring. tokens[i]: sequence seqs[i]'s
+  // tokens, at least up to its seq_pos (the ids of the pending positions are read there). Afterwards
+  // every sequence's MTP rows are exactly those an undeferred decode writes.
+  Status mtp_flush(std::span<const int32_t> seqs, std::span<const std::span<const int32_t>> tokens, Memory& mem);
 
   struct Impl;
 

@@ -8,7 +8,6 @@
 #include <tuple>
 #include <vector>
 
-#include "core/op_profile.h"
 #include "model/blocks.h"
 #include "model/scratch.h"
 
@@ -45,7 +44,7 @@ struct Context::Impl {
     Tensor top_ids, top_vals;     // I32 / F32 [n_top, n_out] (ContextOptions::n_top)
     // MTP (model/mtp.cpp): the step's token embeddings, the trunk's normed hidden states, each
     // token's previous hidden state (+ a scratch column), the eh_proj input, and I32 [T] indices.
-    Tensor emb, hall, hprev, cat, hsrc, hshift, hdst, hzero;
+    Tensor emb, hall, hprev, cat, hsrc, hshift, hdst, hzero, hring;
     Tensor dids, dprob;  // draft steps: I32 [1, n_out] argmax and F32 [1, n_out] its probability
   };
 
@@ -60,12 +59,10 @@ struct Context::Impl {
   int out_dev = 0;
   int mtp_dev = 0;  // ContextOptions::mtp: where the MTP blocks run (Model::mtp_device)
   bool graph_step = false;  // every layer, its experts and the output on devs[1]
-  std::map<std::tuple<int64_t, int64_t, bool>, std::unique_ptr<backend::Graph>> graphs;  // (T, n_out = T, mrope) -> step
+  // (T, n_out = T, mrope, Batch::mtp_defer) -> step
+  std::map<std::tuple<int64_t, int64_t, bool, bool>, std::unique_ptr<backend::Graph>> graphs;
   uint64_t graph_mem = 0;  // Memory::id of the Memory the graphs write (an address can be reused)
   bool graphs_unsupported = false;
-  // KILN_MTP_NO_CATCHUP=1 (measurement only: drafts then see stale MTP rows): decodes skip the catch-up,
-  // to weigh what it costs a step against the rest of speculation's overhead.
-  bool mtp_catchup_off = op_profile::env_on("KILN_MTP_NO_CATCHUP");
   int64_t n_kv_reserved = 0;
 
   // Per-batch host state.
@@ -89,7 +86,8 @@ struct Context::Impl {
   float* top_vals = nullptr;
   bool top_valid = false, rows_on_host = true;
   std::vector<uint8_t> fetched;  // [n_out_max]
-  std::vector<int32_t> hsrc, hshift, hdst, hzero;  // MTP: per token (mtp.cpp)
+  std::vector<int32_t> hsrc, hshift, hdst, hzero, hring;  // MTP: per token (mtp.cpp)
+  bool mtp_defer = false;                                 // this decode's Batch::mtp_defer
   // MTP drafts as one graph (mtp.cpp, graph_step only): every position of n rows recorded once per
   // (n, k); between positions a host node gathers the drafted tokens' embeddings (the table stays
   // on the host). Page-locked: the drafted ids and probabilities [k, n], the gathered rows [E, n].
@@ -129,7 +127,7 @@ struct Context::Impl {
   // device after the trunk (x there: the residual stream).
   Status mtp_prepare(const Batch& b, const Memory& mem);
   void reserve_attention(const Memory& mem);  // attention workspaces for mem's context length
-  void mtp_catchup(Dev& d, Memory& mem, int64_t T);
+  void mtp_catchup(Dev& d, Memory& mem, int64_t T);  // the block skipped with mtp_defer (the ring still written)
   // Greedy drafts of k positions for the rows `act` of `rows` as one recorded graph (mtp_draft's path
   // when the whole step is on one GPU and nothing but the drafted ids is wanted).
   void mtp_draft_graph(std::span<const Context::MtpRow> rows, const std::vector<int>& act, int k, float p_min,

@@ -300,8 +300,15 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
         fmt::format("blk.{}.* ({} block(s)), with the last layer{}", c.n_layer, c.n_nextn,
                     g && !p.output_on_gpu ? "; its head matrix with the output on the host" : ""),
         host, dev);
-    const uint64_t kv = uint64_t(c.n_nextn) * lay->attn_layer_bytes;
-    add("MTP KV", fmt::format("{} attention layer(s) x {} slot(s) x {} positions", c.n_nextn, p.n_parallel, p.n_ctx_slot),
+    // Its KV, and the trunk's hidden states it pairs tokens with: one per recurrent state slot, a scratch
+    // column, and each slot's ring for the deferred catch-up (Memory::layout's mtp_h_bytes).
+    MemoryOptions mm = mo;
+    mm.mtp = true;
+    auto ml = Memory::layout(c, mm);
+    KILN_TRY(ml);
+    const uint64_t kv = uint64_t(c.n_nextn) * lay->attn_layer_bytes + ml->mtp_h_bytes;
+    add("MTP KV", fmt::format("{} attention layer(s) x {} slot(s) x {} positions + hidden states ({} per slot for "
+                              "the deferred catch-up)", c.n_nextn, p.n_parallel, p.n_ctx_slot, Memory::kMtpRing),
         g ? 0 : kv, g ? kv : 0);
     // The block's [2E, step] input where it runs, the draft rows' logits with the output, and with
     // both on the GPU the recorded drafts' page-locked rows (model/scratch.h kDraftGraphMax).

@@ -64,7 +64,7 @@ Result<MemoryLayout> Memory::layout(const ModelConfig& cfg, const MemoryOptions&
   for (int64_t il = 0; il < cfg.n_layer; ++il) ++(cfg.is_recurrent(il) ? l.n_rec : l.n_attn);
   if (opt.mtp) {
     ++l.n_attn;
-    l.mtp_h_bytes = size_t(cfg.n_embd) * (rec_slots + 1) * sizeof(float);
+    l.mtp_h_bytes = size_t(cfg.n_embd) * (rec_slots + 1 + size_t(opt.n_seq) * kMtpRing) * sizeof(float);
   }
   l.kv_bytes_per_pos = size_t(l.n_attn) * (l.k_row + l.v_row) * size_t(Hkv);
   return l;
@@ -129,12 +129,14 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   if (opt.mtp) {
     const Layer& L = m->layers_[size_t(cfg.n_layer)];
     m->mtp_buf_ = L.dev->alloc(lay->mtp_h_bytes);
-    m->mtp_h_ = Tensor::make(m->mtp_buf_.get(), 0, GgmlType::F32, {cfg.n_embd, NR + 1, 1, 1});
+    m->mtp_h_ = Tensor::make(m->mtp_buf_.get(), 0, GgmlType::F32, {cfg.n_embd, NR + 1 + N * kMtpRing, 1, 1});
+    m->mtp_scratch_ = int(NR);
     m->total_bytes_ += lay->mtp_h_bytes;
     L.st->fill_zero(m->mtp_h_);
   }
   m->sync();
   m->pos_.assign(size_t(opt.n_seq), 0);
+  m->mtp_done_.assign(size_t(opt.n_seq), 0);
   m->rec_phys_.resize(size_t(N));
   for (int64_t s = 0; s < N; ++s)
     for (int64_t i = 0; i < per_seq; ++i) m->rec_phys_[size_t(s)].push_back(int(s * per_seq + i));
@@ -171,6 +173,19 @@ Tensor Memory::kv_rows(const Tensor& cache, int seq, int64_t p0, int64_t n) {
   return Tensor::make(cache.buf, cache.offset + size_t(seq) * cache.nb[3] + size_t(p0) * cache.nb[2], cache.type,
                       {cache.ne[0], cache.ne[1], n, 1});
 }
+Tensor Memory::mtp_ring(int seq) const {
+  return Tensor::make(mtp_h_.buf, mtp_h_.offset + size_t(mtp_ring_col(seq, 0)) * mtp_h_.nb[1], GgmlType::F32,
+                      {mtp_h_.ne[0], kMtpRing, 1, 1});
+}
+void Memory::set_seq_pos(int seq, int64_t n) {
+  (void)seq_pos(seq);
+  pos_[size_t(seq)] = n;
+  mtp_done_[size_t(seq)] = n;
+  if (opt_.mtp && n > 0) {  // a later flush pairs position n with the hidden state of n - 1
+    layers_.back().st->copy(mtp_col(mtp_ring_col(seq, n - 1)), mtp_col(rec_slot(seq)));
+    sync();
+  }
+}
 Tensor Memory::mtp_col(int slot) const {
   return Tensor::make(mtp_h_.buf, mtp_h_.offset + size_t(slot) * mtp_h_.nb[1], GgmlType::F32, {mtp_h_.ne[0], 1, 1, 1});
 }
@@ -202,12 +217,14 @@ Status Memory::seq_accept(int seq, int64_t n_pos, int kept) {
     std::swap(ph[0], ph[size_t(kept) + 1]);
   }
   pos_[size_t(seq)] = n_pos;
+  mtp_done_[size_t(seq)] = std::min(mtp_done_[size_t(seq)], n_pos);
   return {};
 }
 
 void Memory::seq_clear(int seq) {
   KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
   pos_[size_t(seq)] = 0;
+  mtp_done_[size_t(seq)] = 0;
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
     L.st->fill_zero(slot(L.a, rec_slot(seq)));
@@ -228,6 +245,7 @@ Status Memory::seq_keep(int seq, int64_t n_pos) {
     return err("seq_keep: a recurrent state cannot be rolled back from {} to {} positions (restore a snapshot)", cur,
                n_pos);
   pos_[size_t(seq)] = n_pos;
+  mtp_done_[size_t(seq)] = std::min(mtp_done_[size_t(seq)], n_pos);
   return {};
 }
 
@@ -246,9 +264,14 @@ void Memory::seq_copy(int src, int dst) {
     L.st->copy(slot(L.a, rec_slot(dst)), slot(L.a, rec_slot(src)));
     L.st->copy(slot(L.b, rec_slot(dst)), slot(L.b, rec_slot(src)));
   }
-  if (opt_.mtp) layers_.back().st->copy(mtp_col(rec_slot(dst)), mtp_col(rec_slot(src)));
+  if (opt_.mtp) {
+    backend::Stream& st = *layers_.back().st;
+    st.copy(mtp_col(rec_slot(dst)), mtp_col(rec_slot(src)));
+    st.copy(mtp_ring(dst), mtp_ring(src));  // the rows src has not caught up yet are dst's to catch up
+  }
   sync();
   pos_[size_t(dst)] = n;
+  mtp_done_[size_t(dst)] = mtp_done_[size_t(src)];
 }
 
 void Memory::read_kv(int seq, int64_t pos0, int64_t n, uint8_t* out) const {
@@ -329,6 +352,8 @@ void Memory::write_rec(int seq, const float* in) {
 }
 
 Snapshot Memory::snapshot(int seq) const {
+  KILN_CHECK(!opt_.mtp || mtp_done(seq) == seq_pos(seq), "snapshot of sequence {}: MTP rows [{}, {}) not caught up "
+             "(Context::mtp_flush first)", seq, mtp_done(seq), seq_pos(seq));
   Snapshot s;
   s.n_pos = seq_pos(seq);
   s.kv.resize(size_t(s.n_pos) * kv_bytes_per_pos());
@@ -345,7 +370,7 @@ Status Memory::restore(int seq, const Snapshot& s) {
     return err("restore: snapshot of {} positions does not match this memory's layout", s.n_pos);
   write_kv(seq, 0, s.kv.data(), s.n_pos, 0, s.n_pos);
   write_rec(seq, s.rec.data());
-  pos_[size_t(seq)] = s.n_pos;
+  set_seq_pos(seq, s.n_pos);
   return {};
 }
 

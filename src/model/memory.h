@@ -23,6 +23,11 @@
 //   token, which the MTP pairs with the next token (mtp_h: [E, n_slots + 1], the last column a scratch
 //   column the forward pass writes rows it does not keep to). It moves with the recurrent state
 //   (read_rec/write_rec/snapshots: rec_floats() counts its E floats; seq_accept's slot swap).
+//   Deferred catch-up (Batch::mtp_defer): mtp_h also holds a ring of the last kMtpRing hidden states
+//   per sequence (columns mtp_ring_col(seq, pos)), written by every decode, so that the MTP rows of
+//   positions whose catch-up a decode skipped can be computed later in one pass (Context::mtp_flush);
+//   mtp_done(seq) is the first position without its MTP row (host bookkeeping: seq_clear / seq_keep /
+//   seq_accept / seq_copy / restore / set_seq_pos keep it; the ring moves with seq_copy).
 // Must not: know about tokens, requests or scheduling; run kernels other than copies.
 // Threading: one thread at a time (the one running Context::decode on it). Every method has
 //   synchronized its streams when it returns.
@@ -74,7 +79,8 @@ struct MemoryLayout {
   size_t kv_bytes_per_pos = 0;           // K + V payload of one position of one sequence, all attention layers
   size_t conv_floats = 0, ssm_floats = 0;  // one sequence's recurrent state per recurrent layer
   int64_t n_attn = 0, n_rec = 0;         // layers of each kind (n_attn counts the MTP layer)
-  size_t mtp_h_bytes = 0;                // MemoryOptions::mtp: the per-slot hidden states [E, n_slots + 1]
+  size_t mtp_h_bytes = 0;                // MemoryOptions::mtp: the per-slot hidden states, a scratch column and
+                                         // the deferred catch-up's rings [E, n_slots + 1 + n_seq * kMtpRing]
   size_t total() const { return size_t(n_attn) * attn_layer_bytes + size_t(n_rec) * rec_layer_bytes + mtp_h_bytes; }
 };
 
@@ -143,10 +149,19 @@ class Memory {
   // MTP: the hidden state per recurrent slot [E, n_slots + 1] F32 (column rec_slot(seq): the trunk's
   // normed hidden state of seq's last token; the last column is scratch), on layer_device(n_layer).
   const backend::Tensor& mtp_h() const { return mtp_h_; }
-  int mtp_h_scratch() const { return int(mtp_h_.ne[1] - 1); }
+  int mtp_h_scratch() const { return mtp_scratch_; }
+  // Deferred MTP catch-up: ring column of the hidden state of seq's token at pos (in mtp_h), and the
+  // first position whose MTP KV row is not computed yet (== seq_pos when nothing is deferred).
+  static constexpr int kMtpRing = 64;
+  int mtp_ring_col(int seq, int64_t pos) const { return mtp_scratch_ + 1 + seq * kMtpRing + int(pos % kMtpRing); }
+  int64_t mtp_done(int seq) const { return mtp_done_[size_t(seq)]; }
   // The device holding layer il's state (il = n_layer: the MTP layer).
   backend::Device& layer_device(int64_t il) const;
-  void set_seq_pos(int seq, int64_t n) { pos_[size_t(seq)] = n; }
+  // The caller wrote every row of [0, n) and the recurrent state (the prefix cache, a slot file): with
+  // MTP its rows count as complete and the stored hidden state also becomes the ring's column of n - 1.
+  void set_seq_pos(int seq, int64_t n);
+  // The forward pass: n positions, the MTP rows of [0, mtp_done) computed.
+  void set_decoded(int seq, int64_t n, int64_t mtp_done) { pos_[size_t(seq)] = n, mtp_done_[size_t(seq)] = mtp_done; }
 
   // ---- one sequence's state in pieces (engine::ModelRunner, the prefix cache) ----
   const std::vector<int64_t>& attn_layers() const { return attn_layers_; }  // trunk indices, ascending
@@ -178,6 +193,7 @@ class Memory {
   static backend::Tensor kv_rows(const backend::Tensor& cache, int seq, int64_t p0, int64_t n);
   static backend::Tensor slot(const backend::Tensor& state, int seq);  // contiguous view of one slot
   backend::Tensor mtp_col(int slot) const;                              // column of mtp_h_
+  backend::Tensor mtp_ring(int seq) const;                              // seq's ring columns of mtp_h_
   void sync() const;
   int cache_slot(int i) const;  // physical slot of spare slot i
   void copy_rec(int dst_phys, int src_phys);
@@ -195,7 +211,8 @@ class Memory {
   int64_t n_embd_ = 0;
   std::unique_ptr<backend::Buffer> mtp_buf_;  // MTP: mtp_h_ on layers_[n_layer]'s device
   backend::Tensor mtp_h_;
-  std::vector<int64_t> pos_;
+  int mtp_scratch_ = 0;                // mtp_h_'s scratch column (after the recurrent slots; the rings follow)
+  std::vector<int64_t> pos_, mtp_done_;
   std::vector<std::vector<int>> rec_phys_;  // [n_seq][1 + n_spec]: [0] the current slot, then the keep slots
 };
 

@@ -16,6 +16,11 @@
 //   the run's last hidden state is stored there (a speculative verify run's kept tokens: at their
 //   keep slots, so Memory::seq_accept's slot swap also picks the hidden state of the last accepted
 //   token). Prefix-cache snapshots and slot files carry it as part of the recurrent state.
+// Deferred catch-up (Batch::mtp_defer: the engine's steps while every slot's drafting is paused): the
+//   decode skips the block and only keeps each token's hidden state in the Memory's ring (written by
+//   every decode); mtp_flush later runs the block once over each sequence's pending positions
+//   [Memory::mtp_done, seq_pos), pairing token p with the ring's hidden state of p - 1 — the same rows
+//   as the per-step catch-up, at the cost of one batched pass instead of one per step.
 // Drafts: rows [sampled token, stored h] at the sequence's next position, then each drafted token
 //   with the block's own h', k times; the KV rows written past seq_pos are overwritten by the next
 //   decode's catch-up. Placement (Model::mtp_device): the block runs with the last trunk layer, so on
@@ -77,18 +82,26 @@ Status Context::Impl::mtp_prepare(const Batch& b, const Memory& mem) {
   if (!mem.has_mtp()) return err("the context runs the MTP block (ContextOptions::mtp) but the memory has no MTP layer "
                                  "(MemoryOptions::mtp)");
   const int64_t T = b.size();
+  mtp_defer = b.mtp_defer;
   hsrc.assign(size_t(T), 0);
   hshift.assign(size_t(T), int32_t(T));
   hdst.assign(size_t(T), mem.mtp_h_scratch());
   hzero.assign(size_t(T), 0);
-  for (const Run& r : runs)
+  hring.assign(size_t(T), 0);
+  for (const Run& r : runs) {
+    // A deferred run's positions join the pending ones; the ring holds the last kMtpRing hidden states.
+    if (mtp_defer && r.pos0 + r.n - mem.mtp_done(r.seq) >= Memory::kMtpRing)
+      return err("sequence {}: deferring the MTP catch-up of positions [{}, {}) exceeds the {}-position ring "
+                 "(Context::mtp_flush first)", r.seq, mem.mtp_done(r.seq), r.pos0 + r.n, Memory::kMtpRing);
     for (int64_t i = 0; i < r.n; ++i) {
       const size_t t = size_t(r.t0 + i);
+      hring[t] = mem.mtp_ring_col(r.seq, r.pos0 + i);
       hsrc[t] = mem.rec_slot(r.seq);
       if (i + 1 < r.n) hshift[t] = int32_t(t + 1);
       if (i + 1 == r.n) hdst[t] = mem.rec_slot(r.seq);
       else if (!keep.empty() && keep[t] >= 0) hdst[t] = keep[t];  // keep: empty without keep slots
     }
+  }
   return {};
 }
 
@@ -97,18 +110,77 @@ void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
   const int64_t E = c.n_embd;
   backend::Stream& st = *d.st;
   const LayerWeights& L = m.mtp[0];
-  // The trunk's hidden states after the output norm (llama.cpp's t_h_nextn), every token.
+  // The trunk's hidden states after the output norm (llama.cpp's t_h_nextn), every token, also into
+  // the sequences' rings (for a later mtp_flush).
   st.rms_norm(d.a.x, &m.mtp_output_norm.t, d.hall, c.rms_eps);
-  // Each token's previous hidden state: the stored one (run starts), then the run's own shifted by one.
   const Tensor& mh = mem.mtp_h();
-  st.get_rows(mh, d.hsrc, dense_view(d.hprev, E, T));
-  st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hshift, as_rows(d.hprev, E, T + 1));
-  Dev& e = experts_of(c.n_layer);
-  const Step xs{*e.st, e.a, c, opt, T};
-  const Step s{st, d.a, c, opt, T, &e != &d ? &xs : nullptr};
-  mtp_block(s, L, c.n_layer, mem, d.emb, d.hprev, d.cat, d.a.x);
+  st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hring, as_rows(mh, E, mh.ne[1]));
+  if (!mtp_defer) {
+    // Each token's previous hidden state: the stored one (run starts), then the run's own shifted by one.
+    st.get_rows(mh, d.hsrc, dense_view(d.hprev, E, T));
+    st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hshift, as_rows(d.hprev, E, T + 1));
+    Dev& e = experts_of(c.n_layer);
+    const Step xs{*e.st, e.a, c, opt, T};
+    const Step s{st, d.a, c, opt, T, &e != &d ? &xs : nullptr};
+    mtp_block(s, L, c.n_layer, mem, d.emb, d.hprev, d.cat, d.a.x);
+  }
   // Each run's last hidden state (and a verify run's kept ones) into the sequence's slots.
   st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hdst, as_rows(mh, E, mh.ne[1]));
+}
+
+Status Context::mtp_flush(std::span<const int32_t> seqs, std::span<const std::span<const int32_t>> tokens,
+                          Memory& mem) {
+  Impl& s = *impl_;
+  const ModelConfig& c = model_.config();
+  const int64_t E = c.n_embd;
+  if (!opt_.mtp || model_.mtp.empty()) return err("mtp_flush: the context was created without ContextOptions::mtp");
+  if (!mem.has_mtp()) return err("mtp_flush: the memory has no MTP layer (MemoryOptions::mtp)");
+  if (seqs.size() != tokens.size()) return err("mtp_flush: {} sequences but {} token lists", seqs.size(), tokens.size());
+  // Pending positions, each token with its sequence, position and the ring column of the hidden state before it.
+  std::vector<int32_t> ids, pos, seq, src;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int q = seqs[i];
+    if (q < 0 || q >= mem.n_seq()) return err("mtp_flush: sequence {} outside [0, {})", q, mem.n_seq());
+    const int64_t p0 = mem.mtp_done(q), p1 = mem.seq_pos(q);
+    if (p0 >= p1) continue;
+    if (p0 < 1 || p1 - p0 >= Memory::kMtpRing || int64_t(tokens[i].size()) < p1)
+      return err("mtp_flush: sequence {}: pending positions [{}, {}) with {} tokens (ring {})", q, p0, p1,
+                 tokens[i].size(), Memory::kMtpRing);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int32_t t = tokens[i][size_t(p)];
+      if (t < 0 || t >= c.n_vocab) return err("mtp_flush: token {} outside the vocabulary", t);
+      ids.push_back(t);
+      pos.push_back(int32_t(p));
+      seq.push_back(q);
+      src.push_back(mem.mtp_ring_col(q, p - 1));
+    }
+  }
+  if (ids.empty()) return {};
+  s.reserve_attention(mem);
+  const LayerWeights& L = model_.mtp[0];
+  const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t;
+  Impl::Dev& h = s.devs[0];
+  Impl::Dev& md = s.devs[size_t(s.mtp_dev)];
+  Impl::Dev& e = s.experts_of(c.n_layer);
+  for (size_t t0 = 0; t0 < ids.size(); t0 += size_t(opt_.n_batch)) {
+    const int64_t T = std::min<int64_t>(opt_.n_batch, int64_t(ids.size() - t0));
+    for (Impl::Dev& d : s.devs) s.bind(d, T, 0);
+    h.st->upload(h.tok, ids.data() + t0, size_t(T) * 4);
+    h.st->get_rows(table, h.tok, h.emb);
+    if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(E * T) * sizeof(float));
+    md.st->upload(md.a.pos, pos.data() + t0, size_t(T) * 4);
+    md.st->upload(md.a.seq, seq.data() + t0, size_t(T) * 4);
+    md.st->upload(md.hsrc, src.data() + t0, size_t(T) * 4);
+    md.st->get_rows(mem.mtp_h(), md.hsrc, dense_view(md.hprev, E, T));
+    const Step xs{*e.st, e.a, c, opt_, T};
+    const Step st{*md.st, md.a, c, opt_, T, &e != &md ? &xs : nullptr};
+    mtp_block(st, L, c.n_layer, mem, md.emb, md.hprev, md.cat, md.a.x);
+    for (Impl::Dev& d : s.devs) d.st->synchronize();
+  }
+  for (const int q : seqs) mem.set_decoded(q, mem.seq_pos(q), mem.seq_pos(q));
+  n_out_ = 0;  // the decode's rows are no longer this Context's (bind reused the scratch)
+  s.top_valid = false;
+  return {};
 }
 
 Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem,
@@ -126,6 +198,9 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
   for (const MtpRow& r : rows) {
     if (r.seq < 0 || r.seq >= mem.n_seq()) return err("mtp_draft: sequence {} outside [0, {})", r.seq, mem.n_seq());
     if (r.token < 0 || r.token >= V) return err("mtp_draft: token {} outside the vocabulary", r.token);
+    if (mem.mtp_done(r.seq) != mem.seq_pos(r.seq))
+      return err("mtp_draft: sequence {}: MTP rows [{}, {}) deferred (mtp_flush first)", r.seq, mem.mtp_done(r.seq),
+                 mem.seq_pos(r.seq));
     if (mem.seq_pos(r.seq) + r.n_max > mem.n_ctx())
       return err("mtp_draft: sequence {}: {} draft positions after {} exceed the context size {}", r.seq, r.n_max,
                  mem.seq_pos(r.seq), mem.n_ctx());

@@ -70,6 +70,7 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
     p.hshift = i32(B);
     p.hdst = i32(B);
     p.hzero = i32(B);
+    p.hring = i32(B);
     if (role.mtp_block && !role.output)                  // [E, n_out_max] the drafts' h'
       p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});
     p.dids = i32(n_out_max);

@@ -33,7 +33,7 @@ struct ScratchPlan {
   // MTP (ContextOptions::mtp, on the MTP block's device): embeddings [E, B], normed hidden states [E, B],
   // previous hidden states [E, B + 1], the eh_proj input [2E, B], I32 [B] indices.
   size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hsrc = kNone, hshift = kNone, hdst = kNone,
-         hzero = kNone;
+         hzero = kNone, hring = kNone;
   size_t dids = kNone, dprob = kNone;  // MTP drafts: each row's argmax and its probability [n_out_max]
 };
 

@@ -396,6 +396,9 @@ std::string metrics_text(const engine::Metrics& m, uint64_t http_requests, uint6
   metric("llamacpp:n_draft_total", "counter", "Speculative decoding: draft tokens verified.", double(m.draft_tokens));
   metric("llamacpp:n_draft_accepted_total", "counter", "Speculative decoding: draft tokens accepted.",
          double(m.draft_tokens_accepted));
+  metric("kiln:mtp_deferred_steps_total", "counter", "draft-mtp: decode steps whose MTP catch-up waited for a batched pass.",
+         double(m.mtp_deferred_steps));
+  metric("kiln:mtp_flushes_total", "counter", "draft-mtp: batched MTP catch-up passes.", double(m.mtp_flushes));
   metric("kiln:requests_submitted_total", "counter", "Generation requests submitted to the engine.", double(m.requests_submitted));
   metric("kiln:requests_finished_total", "counter", "Generation requests finished (any reason).", double(m.requests_finished));
   metric("kiln:requests_cancelled_total", "counter", "Generation requests cancelled (client gone).", double(m.requests_cancelled));

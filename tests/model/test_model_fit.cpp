@@ -220,17 +220,20 @@ TEST(ModelFit, WeightsFollowTheLayerCount) {
   // --spec-type draft-mtp: blk.32.* with the last layer, and one more attention layer of KV: on the GPU
   // whenever a layer is (with the output on the host, plus the GPU copy of output_norm), else on the host.
   o.spec_mtp = true;
+  // Its KV (one slot x 4096 positions x 4 heads x 256 x F16, K and V) and its hidden states: [4096] F32 per
+  // recurrent state slot (1), a scratch column and the slot's deferred catch-up ring (Memory::kMtpRing).
+  const uint64_t mtp_kv = 2 * (4 * 512 * 4096u) + 4096u * 4 * (1 + 1 + Memory::kMtpRing);
   for (int ngl : {33, 32, 1}) {
     auto p = plan_memory(m.shape, nullptr, o, ngl, card(80 * kGiB));
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(part(*p, "MTP head")->gpu, block_packed[size_t(L)] + (ngl > L ? 0 : (out_norm + 255) / 256 * 256)) << ngl;
     EXPECT_EQ(part(*p, "MTP head")->host, 0u) << ngl;
-    EXPECT_EQ(part(*p, "MTP KV")->gpu, 2 * (4 * 512 * 4096u)) << ngl;
+    EXPECT_EQ(part(*p, "MTP KV")->gpu, mtp_kv) << ngl;
   }
   auto p = plan_memory(m.shape, nullptr, o, 0, card(80 * kGiB));
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(part(*p, "MTP head")->host, block_file[size_t(L)]);
-  EXPECT_EQ(part(*p, "MTP KV")->host, 2 * (4 * 512 * 4096u));
+  EXPECT_EQ(part(*p, "MTP KV")->host, mtp_kv);
   EXPECT_EQ(part(*p, "MTP KV")->gpu, 0u);
   // A model without an MTP block cannot draft with one.
   Meta plain = meta_model("qwen35-0.8b", gen::Mix::Uniform, 0);

@@ -9,6 +9,8 @@
 //  - after a verify run and Memory::seq_accept the stored hidden state is the last accepted token's
 //    (drafts equal those of a sequence that decoded the accepted tokens plainly);
 //  - snapshots carry the MTP layer (restore into another slot drafts the same);
+//  - deferred catch-up (Batch::mtp_defer, Context::mtp_flush) leaves the same rows and drafts as the
+//    per-step one, also after a restore and for a copied sequence; the ring's bound is enforced;
 //  - a draft vocabulary (ContextOptions::mtp_draft_vocab) drafts the best of the head's first rows;
 //  - errors: a memory without the MTP layer, a model without an MTP block.
 #include <gtest/gtest.h>
@@ -379,6 +381,89 @@ TEST_P(Mtp, AcceptAndSnapshotCarryTheHiddenState) {
     ASSERT_TRUE(mem->restore(2, snap).ok());
     EXPECT_EQ(draft(*cx, *mem, 2, 40, 3).last_logits, a.last_logits) << "restored, accepted " << n;
   }
+}
+
+// Deferred catch-up (Batch::mtp_defer + Context::mtp_flush): decodes that skip the block, then one
+// batched pass, leave the very MTP rows (KV bytes, drafts, logits) of decodes that ran it every step —
+// after a prompt, after a snapshot restored into another slot (the ring's column before the restore
+// point comes from the stored hidden state), and for a copy of a sequence with rows still pending.
+TEST_P(Mtp, DeferredCatchUpEqualsPerStep) {
+  auto m = load(GetParam());
+  ASSERT_TRUE(m);
+  const auto prompt = test::random_tokens(20, m->config().n_vocab, 7);
+  const auto gen = test::random_tokens(12, m->config().n_vocab, 8);
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  auto cx = context(*m, true);
+  auto step = [&](Memory& mem, int seq, int64_t i0, int64_t i1, bool defer) {
+    for (int64_t p = i0; p < i1; ++p) {
+      Batch b;
+      b.add(all[size_t(p)], int32_t(p), seq, true);
+      b.mtp_defer = defer;
+      ASSERT_TRUE(cx->decode(b, mem).ok()) << "position " << p;
+    }
+  };
+  auto mem = memory(*m, 4, true, 3);
+  Batch b;
+  b.add_run(prompt, 0, 0, false);
+  b.add_run(prompt, 0, 1, false);
+  ASSERT_TRUE(cx->decode(b, *mem).ok());
+  const Snapshot snap = mem->snapshot(1);  // at the prompt's end, for slot 2 below
+  step(*mem, 0, 20, 32, false);            // slot 0: the catch-up every step
+  step(*mem, 1, 20, 26, false);            // slot 1: six steps with it, six without
+  step(*mem, 1, 26, 32, true);
+  EXPECT_EQ(mem->mtp_done(1), 26);
+  std::vector<std::vector<int32_t>> out;
+  const std::vector<Context::MtpRow> r1{{1, 40, 3}};
+  const Status early = cx->mtp_draft(r1, 0.f, *mem, out);  // rows pending: refused
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.error().message.find("mtp_flush"), std::string::npos) << early.error().message;
+  mem->seq_copy(1, 3);  // a copy with its rows still pending
+  ASSERT_TRUE(mem->restore(2, snap).ok());  // slot 2: restored at 20, then deferred to the end
+  step(*mem, 2, 20, 32, true);
+  const std::vector<int32_t> seqs{1, 2, 3};
+  const std::vector<std::span<const int32_t>> toks(3, std::span<const int32_t>(all));
+  ASSERT_TRUE(cx->mtp_flush(seqs, toks, *mem).ok());
+  const size_t n = 32 * mem->kv_bytes_per_pos();
+  std::vector<uint8_t> kv0(n), kv(n);
+  mem->read_kv(0, 0, 32, kv0.data());
+  const Draft want = draft(*cx, *mem, 0, 40, 3);
+  for (int seq : seqs) {
+    EXPECT_EQ(mem->mtp_done(seq), 32) << "slot " << seq;
+    mem->read_kv(seq, 0, 32, kv.data());
+    EXPECT_EQ(std::memcmp(kv.data(), kv0.data(), n), 0) << "slot " << seq << ": KV rows differ";
+    const Draft got = draft(*cx, *mem, seq, 40, 3);
+    EXPECT_EQ(got.tokens, want.tokens) << "slot " << seq;
+    EXPECT_EQ(got.last_logits, want.last_logits) << "slot " << seq;
+  }
+}
+
+// The ring bounds what a sequence may defer: Memory::kMtpRing - 1 positions, then a flush.
+TEST_P(Mtp, DeferringPastTheRingIsRefused) {
+  auto m = load(GetParam());
+  ASSERT_TRUE(m);
+  const auto toks = test::random_tokens(90, m->config().n_vocab, 9);
+  auto cx = context(*m, true);
+  auto mem = memory(*m, 1, true);
+  Batch b;
+  b.add_run(std::span<const int32_t>(toks).subspan(0, 10), 0, 0, false);
+  ASSERT_TRUE(cx->decode(b, *mem).ok());
+  for (int64_t p = 10; p < 10 + Memory::kMtpRing; ++p) {
+    b.clear();
+    b.add(toks[size_t(p)], int32_t(p), 0, true);
+    b.mtp_defer = true;
+    const Status s = cx->decode(b, *mem);
+    if (p < 10 + Memory::kMtpRing - 1) {
+      ASSERT_TRUE(s.ok()) << "position " << p << ": " << s.error().message;
+    } else {
+      ASSERT_FALSE(s.ok()) << "deferred " << p - 10 + 1 << " positions";
+      EXPECT_NE(s.error().message.find("ring"), std::string::npos) << s.error().message;
+    }
+  }
+  const std::vector<int32_t> seqs{0};
+  const std::vector<std::span<const int32_t>> t1{std::span<const int32_t>(toks)};
+  ASSERT_TRUE(cx->mtp_flush(seqs, t1, *mem).ok());
+  EXPECT_EQ(mem->mtp_done(0), mem->seq_pos(0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, Mtp, ::testing::Values("tiny-qwen35-mtp", "tiny-qwen35moe-mtp"),

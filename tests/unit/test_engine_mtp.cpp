@@ -2,7 +2,8 @@
 // tiny generated qwen35 / qwen35moe models with one MTP block: the output equals plain decoding's
 // (greedy alone; 4 slots drafting in the same steps next to a long prefill; a second turn served from
 // the prefix cache; seeded sampling at temperature 1), drafts are made and verified (p_min 0: a
-// random-weight MTP is never confident), and a model without an MTP block is refused by name.
+// random-weight MTP is never confident) and, once drafting pauses, steps defer the MTP catch-up and
+// batched passes catch up; a model without an MTP block is refused by name.
 #include <gtest/gtest.h>
 
 
@@ -34,8 +35,14 @@ TEST_P(EngineMtp, GreedyEqualsPlainAloneAndBatched) {
   const std::string preset = "tiny-" + GetParam() + "-mtp";
   const PromptFn p = [](uint32_t s) { return random_prompt(s); };
   const auto plain = greedy_outputs(*open(preset, 1, {}), 4, 32, p);
-  const auto [drafted, accepted] = expect_alone_equal(*open(preset, 1, mtp()), plain, 32, p);
+  auto alone = open(preset, 1, mtp());
+  const auto [drafted, accepted] = expect_alone_equal(*alone, plain, 32, p);
   EXPECT_GT(drafted, 0) << "no MTP draft was verified";
+  // A random MTP block is rejected: drafting pauses, the paused steps defer the catch-up (batched
+  // passes before the probes), and the output is still plain decoding's.
+  const Metrics mt = alone->metrics();
+  EXPECT_GT(mt.mtp_deferred_steps, 0u);
+  EXPECT_GT(mt.mtp_flushes, 0u);
   std::printf("[%s] draft-mtp alone: %lld drafted, %lld accepted\n", preset.c_str(), (long long)drafted,
               (long long)accepted);
   // 4 slots drafting in the same steps, a long prompt prefilling next to them
