@@ -11,7 +11,8 @@
 //  - two rows drafting 3 and 2 positions, ids only (all on the GPU: one recorded graph with a host
 //    node gathering the embeddings), twice (capture, then replay): the CPU's drafts;
 //  - the same two rows with a draft vocabulary of half the ids (ContextOptions::mtp_draft_vocab), on
-//    the recorded graph and op by op: the CPU's drafts.
+//    the recorded graph and op by op: the CPU's drafts;
+//  - deferred catch-up (Batch::mtp_defer in recorded steps, then Context::mtp_flush): the CPU's drafts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -154,6 +155,37 @@ TEST_P(CudaMtp, DraftsEqualCpu) {
     for (int32_t t : ids) EXPECT_LT(t, vd);
   for (int ngl : {kGpuLayersAll, L})
     EXPECT_EQ(two_rows(ngl), ref_v) << GetParam() << " ngl " << ngl << ": draft vocabulary " << vd;
+}
+
+// Deferred catch-up on the device (Batch::mtp_defer in the recorded decode steps, then one batched
+// Context::mtp_flush): a prompt, four decode steps with the catch-up, eight deferred, the flush and
+// a draft give the CPU's drafts (which equal the per-step catch-up's: test_model_mtp) and logits.
+TEST_P(CudaMtp, DeferredCatchUpEqualsCpu) {
+  if (backend::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: " << backend::cuda_unavailable_reason();
+  const std::string path = test::generated_model("kiln_test_cuda_mtp", GetParam(), gguf::GgmlType::F32, 5);
+  auto run = [&](int ngl) {
+    MtpRun r(path, ngl);
+    const auto t = test::random_tokens(42, r.m->config().n_vocab, 11);
+    Batch b;
+    b.add_run(std::span<const int32_t>(t).subspan(0, 30), 0, 0, false);
+    r.decode(b);
+    for (int p = 30; p < 42; ++p) {
+      b.clear();
+      b.add(t[size_t(p)], p, 0, true);
+      b.mtp_defer = p >= 34;
+      r.decode(b);
+    }
+    EXPECT_EQ(r.mem->mtp_done(0), 34) << "ngl " << ngl;
+    const int32_t seqs[] = {0};
+    const std::span<const int32_t> toks[] = {std::span<const int32_t>(t)};
+    const Status s = r.cx->mtp_flush(seqs, toks, *r.mem);
+    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+    return r.draft(0, 9, 3);
+  };
+  const auto ref = run(0);
+  ASSERT_EQ(ref.first.size(), 3u);
+  const int L = int(MtpRun(path, 0).m->config().n_layer);  // -ngl L: the flush on the GPU, the head on the host
+  for (int ngl : {kGpuLayersAll, L}) compare(ref, run(ngl), GetParam() + " deferred, ngl " + std::to_string(ngl));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaMtp, ::testing::Values("tiny-qwen35-mtp", "tiny-qwen35moe-mtp"));
