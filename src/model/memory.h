@@ -20,8 +20,8 @@
 // MTP (MemoryOptions::mtp, --spec-type draft-mtp): the model's MTP block is one more attention
 //   layer (index n_layer: its KV, read/written/snapshotted/copied with the trunk's) and each recurrent
 //   state slot also holds the trunk's hidden state (after the output norm) of the sequence's last
-//   token, which the MTP pairs with the next token (mtp_h: [E, n_slots + 1], the last column a scratch
-//   column the forward pass writes rows it does not keep to). It moves with the recurrent state
+//   token, which the MTP pairs with the next token (mtp_h: [E, n_slots + 1 + n_seq * kMtpRing]: a column
+//   per slot, then a scratch column the forward pass writes rows it does not keep to, then the rings). It moves with the recurrent state
 //   (read_rec/write_rec/snapshots: rec_floats() counts its E floats; seq_accept's slot swap).
 //   Deferred catch-up (Batch::mtp_defer): mtp_h also holds a ring of the last kMtpRing hidden states
 //   per sequence (columns mtp_ring_col(seq, pos)), written by every decode, so that the MTP rows of
@@ -146,8 +146,8 @@ class Memory {
   // [S, S, Hv, n_slots], F32; n_slots = n_seq * (1 + n_spec), sequence seq's state at rec_slot(seq).
   const backend::Tensor& conv_state(int64_t il) const;
   const backend::Tensor& ssm_state(int64_t il) const;
-  // MTP: the hidden state per recurrent slot [E, n_slots + 1] F32 (column rec_slot(seq): the trunk's
-  // normed hidden state of seq's last token; the last column is scratch), on layer_device(n_layer).
+  // MTP: the hidden states [E, n_slots + 1 + n_seq * kMtpRing] F32 (column rec_slot(seq): the trunk's
+  // normed hidden state of seq's last token; then the scratch column; then the rings), on layer_device(n_layer).
   const backend::Tensor& mtp_h() const { return mtp_h_; }
   int mtp_h_scratch() const { return mtp_scratch_; }
   // Deferred MTP catch-up: ring column of the hidden state of seq's token at pos (in mtp_h), and the
