@@ -128,6 +128,9 @@ struct Context::Impl {
   Status mtp_prepare(const Batch& b, const Memory& mem);
   void reserve_attention(const Memory& mem);  // attention workspaces for mem's context length
   void mtp_catchup(Dev& d, Memory& mem, int64_t T);  // the block skipped with mtp_defer (the ring still written)
+  // The block over T rows op by op (mtp.cpp: the drafts' positions, the deferred catch-up's flush).
+  void mtp_rows(Memory& mem, int64_t T, int64_t n_out, const int32_t* ids, const int32_t* pos, const int32_t* seq,
+                const int32_t* src, const Tensor& hs);
   // Greedy drafts of k positions for the rows `act` of `rows` as one recorded graph (mtp_draft's path
   // when the whole step is on one GPU and nothing but the drafted ids is wanted).
   void mtp_draft_graph(std::span<const Context::MtpRow> rows, const std::vector<int>& act, int k, float p_min,

@@ -128,11 +128,34 @@ void Context::Impl::mtp_catchup(Dev& d, Memory& mem, int64_t T) {
   st.kv_store(as_rows(d.hall, E, T), d.hzero, d.hdst, as_rows(mh, E, mh.ne[1]));
 }
 
+// The block over T rows, op by op on its device (the result in its x): row t is token ids[t] of sequence
+// seq[t] at position pos[t] with the hidden state in column src[t] of hs. Binds every device for T rows
+// and n_out outputs (the drafts read the head's rows afterwards).
+void Context::Impl::mtp_rows(Memory& mem, int64_t T, int64_t n_out, const int32_t* ids, const int32_t* pos,
+                             const int32_t* seq, const int32_t* src, const Tensor& hs) {
+  const int64_t E = c.n_embd;
+  const LayerWeights& L = m.mtp[0];
+  const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : m.token_embd.t;
+  Dev& h = devs[0];
+  Dev& md = devs[size_t(mtp_dev)];
+  Dev& e = experts_of(c.n_layer);
+  for (Dev& d : devs) bind(d, T, n_out);
+  h.st->upload(h.tok, ids, size_t(T) * 4);
+  h.st->get_rows(table, h.tok, h.emb);
+  if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(E * T) * sizeof(float));
+  md.st->upload(md.a.pos, pos, size_t(T) * 4);
+  md.st->upload(md.a.seq, seq, size_t(T) * 4);
+  md.st->upload(md.hsrc, src, size_t(T) * 4);
+  md.st->get_rows(hs, md.hsrc, dense_view(md.hprev, E, T));
+  const Step xs{*e.st, e.a, c, opt, T};
+  const Step st{*md.st, md.a, c, opt, T, &e != &md ? &xs : nullptr};
+  mtp_block(st, L, c.n_layer, mem, md.emb, md.hprev, md.cat, md.a.x);
+}
+
 Status Context::mtp_flush(std::span<const int32_t> seqs, std::span<const std::span<const int32_t>> tokens,
                           Memory& mem) {
   Impl& s = *impl_;
   const ModelConfig& c = model_.config();
-  const int64_t E = c.n_embd;
   if (!opt_.mtp || model_.mtp.empty()) return err("mtp_flush: the context was created without ContextOptions::mtp");
   if (!mem.has_mtp()) return err("mtp_flush: the memory has no MTP layer (MemoryOptions::mtp)");
   if (seqs.size() != tokens.size()) return err("mtp_flush: {} sequences but {} token lists", seqs.size(), tokens.size());
@@ -157,24 +180,9 @@ Status Context::mtp_flush(std::span<const int32_t> seqs, std::span<const std::sp
   }
   if (ids.empty()) return {};
   s.reserve_attention(mem);
-  const LayerWeights& L = model_.mtp[0];
-  const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t;
-  Impl::Dev& h = s.devs[0];
-  Impl::Dev& md = s.devs[size_t(s.mtp_dev)];
-  Impl::Dev& e = s.experts_of(c.n_layer);
   for (size_t t0 = 0; t0 < ids.size(); t0 += size_t(opt_.n_batch)) {
     const int64_t T = std::min<int64_t>(opt_.n_batch, int64_t(ids.size() - t0));
-    for (Impl::Dev& d : s.devs) s.bind(d, T, 0);
-    h.st->upload(h.tok, ids.data() + t0, size_t(T) * 4);
-    h.st->get_rows(table, h.tok, h.emb);
-    if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(E * T) * sizeof(float));
-    md.st->upload(md.a.pos, pos.data() + t0, size_t(T) * 4);
-    md.st->upload(md.a.seq, seq.data() + t0, size_t(T) * 4);
-    md.st->upload(md.hsrc, src.data() + t0, size_t(T) * 4);
-    md.st->get_rows(mem.mtp_h(), md.hsrc, dense_view(md.hprev, E, T));
-    const Step xs{*e.st, e.a, c, opt_, T};
-    const Step st{*md.st, md.a, c, opt_, T, &e != &md ? &xs : nullptr};
-    mtp_block(st, L, c.n_layer, mem, md.emb, md.hprev, md.cat, md.a.x);
+    s.mtp_rows(mem, T, 0, ids.data() + t0, pos.data() + t0, seq.data() + t0, src.data() + t0, mem.mtp_h());
     for (Impl::Dev& d : s.devs) d.st->synchronize();
   }
   for (const int q : seqs) mem.set_decoded(q, mem.seq_pos(q), mem.seq_pos(q));
@@ -207,12 +215,10 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
   }
   s.reserve_attention(mem);
   const LayerWeights& L = model_.mtp[0];
-  const Tensor& table = L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t;
   const Tensor& head_norm = L.nextn_shared_head_norm.present() ? L.nextn_shared_head_norm.t : model_.mtp_output_norm.t;
   const Tensor& head_all = L.nextn_shared_head_head.present() ? L.nextn_shared_head_head.t : model_.output.t;
   const Tensor head = keep_logits ? head_all : draft_head(head_all, opt_.mtp_draft_vocab);  // [E, Vd]
   const int64_t Vd = head.ne[1];
-  Impl::Dev& h = s.devs[0];
   Impl::Dev& md = s.devs[size_t(s.mtp_dev)];  // runs the block and the head norm
   Impl::Dev& o = s.devs[size_t(s.out_dev)];   // the head matrix, the argmax and the logits rows
   std::vector<int> act, prev;  // active rows (indices into `rows`), and the previous step's
@@ -247,18 +253,7 @@ Status Context::mtp_draft(std::span<const MtpRow> rows, float p_min, Memory& mem
                            : int32_t(std::find(prev.begin(), prev.end(), act[a]) - prev.begin()));
     }
     const Tensor prev_h = Tensor::make(md.hidden.buf, md.hidden.offset, gguf::GgmlType::F32, {E, std::max<int64_t>(T_prev, 1), 1, 1});
-    for (Impl::Dev& d : s.devs) s.bind(d, T, T);
-    h.st->upload(h.tok, ids.data(), size_t(T) * 4);
-    h.st->get_rows(table, h.tok, h.emb);
-    if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(E * T) * sizeof(float));
-    md.st->upload(md.a.pos, pos.data(), size_t(T) * 4);
-    md.st->upload(md.a.seq, seq.data(), size_t(T) * 4);
-    md.st->upload(md.hsrc, src.data(), size_t(T) * 4);
-    md.st->get_rows(j == 0 ? mem.mtp_h() : prev_h, md.hsrc, dense_view(md.hprev, E, T));
-    Impl::Dev& e = s.experts_of(c.n_layer);
-    const Step xs{*e.st, e.a, c, opt_, T};
-    const Step st{*md.st, md.a, c, opt_, T, &e != &md ? &xs : nullptr};
-    mtp_block(st, L, c.n_layer, mem, md.emb, md.hprev, md.cat, md.a.x);
+    s.mtp_rows(mem, T, T, ids.data(), pos.data(), seq.data(), src.data(), j == 0 ? mem.mtp_h() : prev_h);
     md.st->rms_norm(md.a.x, &head_norm, md.hidden, c.rms_eps);
     if (&md != &o) {  // the GPU's h' rows to the host, where the output is (md keeps them for the next step)
       md.st->download(o.hidden.host(), md.hidden, size_t(E * T) * sizeof(float));
