@@ -168,11 +168,12 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
     d.hall = act(p.hall, E);
     d.hprev = p.hprev == Plan::kNone ? Tensor{} : A.tensor(p.hprev, gguf::GgmlType::F32, {E, T + 1, 1, 1});
     d.cat = act(p.cat, 2 * E);
-    d.hsrc = i32(p.hsrc, T);
-    d.hshift = i32(p.hshift, T);
-    d.hdst = i32(p.hdst, T);
-    d.hzero = i32(p.hzero, T);
-    d.hring = i32(p.hring, T);
+    // The MTP indices of this step, [T] each, back to back in one region (one upload per step).
+    const auto idx = [&](int k) {
+      return p.hidx == Plan::kNone ? Tensor{} : A.tensor(p.hidx + size_t(k * T) * 4, gguf::GgmlType::I32, {T, 1, 1, 1});
+    };
+    d.hidx = p.hidx == Plan::kNone ? Tensor{} : A.tensor(p.hidx, gguf::GgmlType::I32, {5 * T, 1, 1, 1});
+    d.hsrc = idx(0), d.hshift = idx(1), d.hdst = idx(2), d.hzero = idx(3), d.hring = idx(4);
     d.dids = p.dids == Plan::kNone ? Tensor{} : A.tensor(p.dids, gguf::GgmlType::I32, {1, std::max<int64_t>(n_out, 1), 1, 1});
     d.dprob = p.dprob == Plan::kNone ? Tensor{} : A.tensor(p.dprob, gguf::GgmlType::F32, {1, std::max<int64_t>(n_out, 1), 1, 1});
   }
@@ -414,15 +415,13 @@ Status Context::decode(const Batch& b, Memory& mem) {
   }
   const bool mtp = opt_.mtp;
   Impl::Dev& md = s.devs[size_t(s.mtp_dev)];
-  if (mtp) {  // the MTP block's embeddings and per-token indices, on its device
+  if (mtp) {  // the MTP block's embeddings (not read by a deferred step) and per-token indices, on its device
     const LayerWeights& L = model_.mtp[0];
-    h.st->get_rows(L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t, h.tok, h.emb);
-    if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(c.n_embd * T) * sizeof(float));
-    md.st->upload(md.hsrc, s.hsrc.data(), size_t(T) * 4);
-    md.st->upload(md.hshift, s.hshift.data(), size_t(T) * 4);
-    md.st->upload(md.hdst, s.hdst.data(), size_t(T) * 4);
-    md.st->upload(md.hzero, s.hzero.data(), size_t(T) * 4);
-    md.st->upload(md.hring, s.hring.data(), size_t(T) * 4);
+    if (!s.mtp_defer) {
+      h.st->get_rows(L.nextn_embed_tokens.present() ? L.nextn_embed_tokens.t : model_.token_embd.t, h.tok, h.emb);
+      if (&md != &h) md.st->upload(md.emb, h.emb.host(), size_t(c.n_embd * T) * sizeof(float));
+    }
+    md.st->upload(md.hidx, s.hidx.data(), size_t(5 * T) * 4);
   }
 
   if (s.graph_step) {

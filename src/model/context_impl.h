@@ -44,7 +44,7 @@ struct Context::Impl {
     Tensor top_ids, top_vals;     // I32 / F32 [n_top, n_out] (ContextOptions::n_top)
     // MTP (model/mtp.cpp): the step's token embeddings, the trunk's normed hidden states, each
     // token's previous hidden state (+ a scratch column), the eh_proj input, and I32 [T] indices.
-    Tensor emb, hall, hprev, cat, hsrc, hshift, hdst, hzero, hring;
+    Tensor emb, hall, hprev, cat, hidx, hsrc, hshift, hdst, hzero, hring;  // hidx: the five [T] views' region
     Tensor dids, dprob;  // draft steps: I32 [1, n_out] argmax and F32 [1, n_out] its probability
   };
 
@@ -86,7 +86,8 @@ struct Context::Impl {
   float* top_vals = nullptr;
   bool top_valid = false, rows_on_host = true;
   std::vector<uint8_t> fetched;  // [n_out_max]
-  std::vector<int32_t> hsrc, hshift, hdst, hzero, hring;  // MTP: per token (mtp.cpp)
+  // MTP: per token (mtp.cpp), [5, T] as Dev::hidx lays them out: hsrc | hshift | hdst | hzero | hring.
+  std::vector<int32_t> hidx;
   bool mtp_defer = false;                                 // this decode's Batch::mtp_defer
   // MTP drafts as one graph (mtp.cpp, graph_step only): every position of n rows recorded once per
   // (n, k); between positions a host node gathers the drafted tokens' embeddings (the table stays

@@ -83,11 +83,10 @@ Status Context::Impl::mtp_prepare(const Batch& b, const Memory& mem) {
                                  "(MemoryOptions::mtp)");
   const int64_t T = b.size();
   mtp_defer = b.mtp_defer;
-  hsrc.assign(size_t(T), 0);
-  hshift.assign(size_t(T), int32_t(T));
-  hdst.assign(size_t(T), mem.mtp_h_scratch());
-  hzero.assign(size_t(T), 0);
-  hring.assign(size_t(T), 0);
+  hidx.assign(size_t(5 * T), 0);
+  int32_t *hsrc = hidx.data(), *hshift = hsrc + T, *hdst = hshift + T, *hring = hdst + 2 * T;  // hzero: [3T, 4T)
+  std::fill(hshift, hshift + T, int32_t(T));
+  std::fill(hdst, hdst + T, mem.mtp_h_scratch());
   for (const Run& r : runs) {
     // A deferred run's positions join the pending ones; the ring holds the last kMtpRing hidden states.
     if (mtp_defer && r.pos0 + r.n - mem.mtp_done(r.seq) >= Memory::kMtpRing)

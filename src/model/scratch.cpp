@@ -66,11 +66,7 @@ void plan_scratch(const ModelConfig& c, int64_t n_batch, int64_t n_out_max, cons
     p.hall = f32(E);                                     // [E, B]
     p.hprev = A.reserve_tensor(gguf::GgmlType::F32, {E, B + 1, 1, 1});  // [E, B + 1]
     p.cat = f32(2 * E);                                  // [2E, B]
-    p.hsrc = i32(B);
-    p.hshift = i32(B);
-    p.hdst = i32(B);
-    p.hzero = i32(B);
-    p.hring = i32(B);
+    p.hidx = i32(5 * B);  // [5, B]: hsrc | hshift | hdst | hzero | hring, each [T] back to back (one upload)
     if (role.mtp_block && !role.output)                  // [E, n_out_max] the drafts' h'
       p.hidden = A.reserve_tensor(gguf::GgmlType::F32, {E, n_out_max, 1, 1});
     p.dids = i32(n_out_max);

@@ -32,8 +32,7 @@ struct ScratchPlan {
   size_t top_ids = kNone, top_vals = kNone;  // I32 / F32 [n_top, n_out_max] (ScratchRole::n_top)
   // MTP (ContextOptions::mtp, on the MTP block's device): embeddings [E, B], normed hidden states [E, B],
   // previous hidden states [E, B + 1], the eh_proj input [2E, B], I32 [B] indices.
-  size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hsrc = kNone, hshift = kNone, hdst = kNone,
-         hzero = kNone, hring = kNone;
+  size_t emb = kNone, hall = kNone, hprev = kNone, cat = kNone, hidx = kNone;
   size_t dids = kNone, dprob = kNone;  // MTP drafts: each row's argmax and its probability [n_out_max]
 };
 
