@@ -27,6 +27,10 @@
 //   of 8-byte elements; mv_tensor_map) into a slot where they lie back to back; rows past n and bytes
 //   past the row end arrive as zeros. One instruction stream of ~30 on one lane instead of four lanes'
 //   copies serialized through an elect loop: +0.8 % / +1.5 % tg128 (9B / 27B, H100, run 78).
+//   O7 (TM launches of IQ4_XS, Q4_K, Q5_K): 7 resident CTAs per SM (28 warps) instead of 6, with a ring of
+//   3 stages (Q5_K: 2) so that 7 CTAs' rings fit the shared memory; the kernel is latency-bound (a warp
+//   issues every ~10 cycles, run 75's ncu), so more resident warps hide more of it: +4.0 % tg128 on the 9B
+//   (H100, run 94; KILN_CUDA_MV_OCC7=0 gives the 6-CTA instances). Same sums, bit-identical outputs.
 // Must not: allocate or synchronize, or read a byte outside the 16-byte vectors that hold the rows
 //   (the copy path reads none outside the rows at all).
 // Threading: kernels only.
@@ -34,6 +38,7 @@
 #include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda/bulk_copy.cuh"
@@ -45,7 +50,7 @@ namespace kiln::cuda::detail {
 
 // Step geometry of a block type for the int8 kernel. TM (tensor-map copies): the 4 rows' steps back to
 // back (rows 16-byte aligned), a slot a multiple of 128 bytes.
-template <GgmlType T, bool TM = false>
+template <GgmlType T, bool TM = false, bool O7 = false>
 struct MvqGeom {
   using D = q8::U<T>;
   static constexpr int kUPB = D::kQK / 32;                // units per block
@@ -56,7 +61,10 @@ struct MvqGeom {
   // Vectors per stage (+1: room for the word reads; TM: rounded up to 128 bytes).
   static constexpr int kSV = TM ? (kMvRowsPerCta * kVPR + 1 + 7) / 8 * 8 : kMvRowsPerCta * kVPR + 1;
   // Ring of steps per warp: as many (2..4) as fit the 46 KiB of static shared memory.
-  static constexpr int kStages = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
+  static constexpr int kStages4 = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
+  // O7 (the one-column tensor-map kernels of IQ4_XS / Q4_K / Q5_K): 7 resident CTAs per SM instead of 6 —
+  // 3 stages (2 where 3 do not fit 7 CTAs in 227 KiB) and launch bounds that keep the registers <= 72.
+  static constexpr int kStages = !O7 ? kStages4 : 7 * (kMvWarps * 3 * kSV * 16 + 1024) <= 227 * 1024 ? 3 : 2;
   static_assert(D::kBS / kUPB >= 16, "a unit must hold at least 16 bytes (interior-step vectors stay in the row)");
 };
 
@@ -96,16 +104,25 @@ struct MvTm<true> {
 
 // Resident CTAs per SM the kernel is built for (registers): the bulk kernel's ring fills 6 CTAs' worth
 // of shared memory (mvq_go asks for the largest carveout).
-template <int M, bool BULK>
-inline constexpr int kMvqCtasPerSm = BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
+template <int M, bool BULK, bool O7 = false>
+inline constexpr int kMvqCtasPerSm = O7 ? 7 : BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
+// The O7 instances for the one-column tensor-map launches (KILN_CUDA_MV_OCC7=0: the 6-CTA ones, for A/B runs).
+// Run 94 (H100, 9B IQ4_XS tg128, alternating): 338.1 / 341.6 -> 352.7 / 354.5 t/s (+4.0 %).
+inline bool mv_occ7() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_MV_OCC7");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  return on;
+}
 
-template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false, bool TM = false>
-__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK>)
+template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false, bool TM = false, bool O7 = false>
+__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK, O7>)
     matvec_q8_kernel(const MvArgs a, const __grid_constant__ MvTm<TM> tm) {
   static_assert(!TM || (BULK && MvqGeom<T, true>::kTmOk), "tensor-map copies: bulk, steps of whole 16-byte vectors");
   constexpr int R = kMvRowsPerCta;
   using D = q8::U<T>;
-  using G = MvqGeom<T, TM>;
+  using G = MvqGeom<T, TM, O7>;
   constexpr int S = G::kStages;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const uint8_t* w = static_cast<const uint8_t*>(a.w);
@@ -384,6 +401,7 @@ bool mvq_tmaps(const MvArgs& a, MvTm<true>& tm) {
 template <GgmlType T>
 void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   constexpr int kNat = q8::U<T>::kAlign;
+  constexpr bool kO7 = T == GgmlType::IQ4_XS || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
   const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
   MvTm<true> tm;
   bool use_tm = false;
@@ -399,6 +417,9 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
     }
     const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
     if constexpr (MvqGeom<T, true>::kTmOk) {
+      if constexpr (kO7) {
+        if (use_tm && mv_occ7()) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, true>);
+      }
       if (use_tm) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true>);
     }
     if constexpr (kNat > 2) {
@@ -411,6 +432,9 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   if constexpr (MvqGeom<T, true>::kTmOk) {
+    if constexpr (kO7) {
+      if (use_tm && mv_occ7()) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, true>);
+    }
     if (use_tm) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true>);
   }
   const uintptr_t bits = uintptr_t(a.w) | uintptr_t(a.w_stride) | uintptr_t(a.ids ? a.w_expert_stride : 0);
