@@ -60,11 +60,11 @@ struct MvqGeom {
   static constexpr int kLV = (kVPR + 7) / 8;               // vectors per lane (8 lanes per row)
   // Vectors per stage (+1: room for the word reads; TM: rounded up to 128 bytes).
   static constexpr int kSV = TM ? (kMvRowsPerCta * kVPR + 1 + 7) / 8 * 8 : kMvRowsPerCta * kVPR + 1;
-  // Ring of steps per warp: as many (2..4) as fit the 46 KiB of static shared memory.
-  static constexpr int kStages4 = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
+  // Ring of steps per warp (the 6-CTA kernels): as many (2..4) as fit the 46 KiB of static shared memory.
+  static constexpr int kStages6 = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
   // O7 (the one-column tensor-map kernels of IQ4_XS / Q4_K / Q5_K): 7 resident CTAs per SM instead of 6 —
   // 3 stages (2 where 3 do not fit 7 CTAs in 227 KiB) and launch bounds that keep the registers <= 72.
-  static constexpr int kStages = !O7 ? kStages4 : 7 * (kMvWarps * 3 * kSV * 16 + 1024) <= 227 * 1024 ? 3 : 2;
+  static constexpr int kStages = !O7 ? kStages6 : 7 * (kMvWarps * 3 * kSV * 16 + 1024) <= 227 * 1024 ? 3 : 2;
   static_assert(D::kBS / kUPB >= 16, "a unit must hold at least 16 bytes (interior-step vectors stay in the row)");
 };
 
