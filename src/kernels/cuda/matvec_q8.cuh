@@ -50,7 +50,7 @@ namespace kiln::cuda::detail {
 
 // Step geometry of a block type for the int8 kernel. TM (tensor-map copies): the 4 rows' steps back to
 // back (rows 16-byte aligned), a slot a multiple of 128 bytes.
-template <GgmlType T, bool TM = false, bool O7 = false>
+template <GgmlType T, bool TM = false, int CPS = 0>
 struct MvqGeom {
   using D = q8::U<T>;
   static constexpr int kUPB = D::kQK / 32;                // units per block
@@ -62,9 +62,10 @@ struct MvqGeom {
   static constexpr int kSV = TM ? (kMvRowsPerCta * kVPR + 1 + 7) / 8 * 8 : kMvRowsPerCta * kVPR + 1;
   // Ring of steps per warp (the 6-CTA kernels): as many (2..4) as fit the 46 KiB of static shared memory.
   static constexpr int kStages6 = kMvWarps * 4 * kSV * 16 <= 46 * 1024 ? 4 : kMvWarps * 3 * kSV * 16 <= 46 * 1024 ? 3 : 2;
-  // O7 (the one-column tensor-map kernels of IQ4_XS / Q4_K / Q5_K): 7 resident CTAs per SM instead of 6 —
-  // 3 stages (2 where 3 do not fit 7 CTAs in 227 KiB) and launch bounds that keep the registers <= 72.
-  static constexpr int kStages = !O7 ? kStages6 : 7 * (kMvWarps * 3 * kSV * 16 + 1024) <= 227 * 1024 ? 3 : 2;
+  // CPS > 6 resident CTAs per SM (the one-column tensor-map kernels of IQ4_XS / Q4_K / Q5_K run at 7): 3
+  // stages, 2 where 3 do not fit CPS CTAs in 227 KiB.
+  static constexpr int kStages =
+      CPS <= 6 ? kStages6 : CPS * (kMvWarps * 3 * kSV * 16 + 1024) <= 227 * 1024 ? 3 : 2;
   static_assert(D::kBS / kUPB >= 16, "a unit must hold at least 16 bytes (interior-step vectors stay in the row)");
 };
 
@@ -104,8 +105,9 @@ struct MvTm<true> {
 
 // Resident CTAs per SM the kernel is built for (registers): the bulk kernel's ring fills 6 CTAs' worth
 // of shared memory (mvq_go asks for the largest carveout).
-template <int M, bool BULK, bool O7 = false>
-inline constexpr int kMvqCtasPerSm = O7 ? 7 : BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
+// CPS > 0: an instance built for CPS resident CTAs (launch bounds; the ring as MvqGeom says).
+template <int M, bool BULK, int CPS = 0>
+inline constexpr int kMvqCtasPerSm = CPS > 0 ? CPS : BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
 // The O7 instances for the one-column tensor-map launches (KILN_CUDA_MV_OCC7=0: the 6-CTA ones, for A/B runs).
 // Run 94 (H100, 9B IQ4_XS tg128, alternating): 338.1 / 341.6 -> 352.7 / 354.5 t/s (+4.0 %).
 inline bool mv_occ7() {
@@ -115,14 +117,23 @@ inline bool mv_occ7() {
   }();
   return on;
 }
+// MEASUREMENT ONLY (prepared in session 17 for run 95): KILN_CUDA_MV_M4_CTAS5=1 runs the 3-4-column bulk
+// kernels (a verify step's, a 3-4-slot decode's) at 5 resident CTAs per SM instead of 4 (<= 102 registers).
+inline bool mv_m4_ctas5() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_MV_M4_CTAS5");
+    return e != nullptr && e[0] == '1';
+  }();
+  return on;
+}
 
-template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false, bool TM = false, bool O7 = false>
-__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK, O7>)
+template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false, bool TM = false, int CPS = 0>
+__global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK, CPS>)
     matvec_q8_kernel(const MvArgs a, const __grid_constant__ MvTm<TM> tm) {
   static_assert(!TM || (BULK && MvqGeom<T, true>::kTmOk), "tensor-map copies: bulk, steps of whole 16-byte vectors");
   constexpr int R = kMvRowsPerCta;
   using D = q8::U<T>;
-  using G = MvqGeom<T, TM, O7>;
+  using G = MvqGeom<T, TM, CPS>;
   constexpr int S = G::kStages;
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   const uint8_t* w = static_cast<const uint8_t*>(a.w);
@@ -365,7 +376,12 @@ template <GgmlType T, int A, bool BULK>
 void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
   if (a.m <= 1) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 1, A, false, BULK>);
   else if (a.m <= 2) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 2, A, false, BULK>);
-  else if (a.m <= 4) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 4, A, false, BULK>);
+  else if (a.m <= 4) {
+    if constexpr (BULK) {
+      if (mv_m4_ctas5()) return mvq_go(true, a, grid, s, matvec_q8_kernel<T, 4, A, false, true, false, 5>);
+    }
+    mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 4, A, false, BULK>);
+  }
   else mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 8, A, false, BULK>);
 }
 template <GgmlType T, int A>
@@ -418,7 +434,7 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
     const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
     if constexpr (MvqGeom<T, true>::kTmOk) {
       if constexpr (kO7) {
-        if (use_tm && mv_occ7()) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, true>);
+        if (use_tm && mv_occ7()) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 7>);
       }
       if (use_tm) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true>);
     }
@@ -433,7 +449,7 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   if constexpr (MvqGeom<T, true>::kTmOk) {
     if constexpr (kO7) {
-      if (use_tm && mv_occ7()) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, true>);
+      if (use_tm && mv_occ7()) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 7>);
     }
     if (use_tm) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true>);
   }
