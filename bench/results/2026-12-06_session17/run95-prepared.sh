@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device run 95 (prepared in session 17; carry .gpu-run/r95 with tests/fixtures and bench/results moved aside):
-# binaries of main at 3bec203 (the session's last CUDA change: the 7-CTA one-column mat-vec on by default, run 94
+# binaries of main at 3ca019e (the session's last CUDA change: the 7-CTA one-column mat-vec on by default, run 94
 # ran only test_cuda_matmul with it). (1) every GPU test binary; (2) tg128 with KILN_CUDA_MV_OCC7=0 / 1
 # alternating on the 9B IQ4_XS and the 27B Q4_K_M (Q4_K / Q5_K take the 7-CTA kernels too: not yet measured);
 # (3) KILN_CUDA_MV_M4_CTAS5=0 / 1 (the 3-4-column bulk kernels at 5 CTAs per SM, 96 registers; measurement
