@@ -169,11 +169,12 @@ void Context::Impl::bind(Dev& d, int64_t T, int64_t n_out) {
     d.hprev = p.hprev == Plan::kNone ? Tensor{} : A.tensor(p.hprev, gguf::GgmlType::F32, {E, T + 1, 1, 1});
     d.cat = act(p.cat, 2 * E);
     // The MTP indices of this step, [T] each, back to back in one region (one upload per step).
-    const auto idx = [&](int k) {
-      return p.hidx == Plan::kNone ? Tensor{} : A.tensor(p.hidx + size_t(k * T) * 4, gguf::GgmlType::I32, {T, 1, 1, 1});
-    };
-    d.hidx = p.hidx == Plan::kNone ? Tensor{} : A.tensor(p.hidx, gguf::GgmlType::I32, {5 * T, 1, 1, 1});
-    d.hsrc = idx(0), d.hshift = idx(1), d.hdst = idx(2), d.hzero = idx(3), d.hring = idx(4);
+    d.hidx = d.hsrc = d.hshift = d.hdst = d.hzero = d.hring = Tensor{};
+    if (p.hidx != Plan::kNone) {
+      d.hidx = A.tensor(p.hidx, gguf::GgmlType::I32, {5 * T, 1, 1, 1});
+      Tensor* v[] = {&d.hsrc, &d.hshift, &d.hdst, &d.hzero, &d.hring};
+      for (int k = 0; k < 5; ++k) *v[k] = A.tensor(p.hidx + size_t(k * T) * 4, gguf::GgmlType::I32, {T, 1, 1, 1});
+    }
     d.dids = p.dids == Plan::kNone ? Tensor{} : A.tensor(p.dids, gguf::GgmlType::I32, {1, std::max<int64_t>(n_out, 1), 1, 1});
     d.dprob = p.dprob == Plan::kNone ? Tensor{} : A.tensor(p.dprob, gguf::GgmlType::F32, {1, std::max<int64_t>(n_out, 1), 1, 1});
   }

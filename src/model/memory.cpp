@@ -178,7 +178,7 @@ Tensor Memory::mtp_ring(int seq) const {
                       {mtp_h_.ne[0], kMtpRing, 1, 1});
 }
 void Memory::set_seq_pos(int seq, int64_t n) {
-  (void)seq_pos(seq);
+  KILN_CHECK(seq >= 0 && seq < opt_.n_seq, "sequence {} out of range", seq);
   pos_[size_t(seq)] = n;
   mtp_done_[size_t(seq)] = n;
   if (opt_.mtp && n > 0) {  // a later flush pairs position n with the hidden state of n - 1

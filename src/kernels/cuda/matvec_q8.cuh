@@ -27,7 +27,7 @@
 //   of 8-byte elements; mv_tensor_map) into a slot where they lie back to back; rows past n and bytes
 //   past the row end arrive as zeros. One instruction stream of ~30 on one lane instead of four lanes'
 //   copies serialized through an elect loop: +0.8 % / +1.5 % tg128 (9B / 27B, H100, run 78).
-//   O7 (TM launches of IQ4_XS, Q4_K, Q5_K): 7 resident CTAs per SM (28 warps) instead of 6, with a ring of
+//   7 CTAs (TM launches of IQ4_XS, Q4_K, Q5_K; template argument CPS = 7): 7 resident CTAs per SM (28 warps) instead of 6, with a ring of
 //   3 stages (Q5_K: 2) so that 7 CTAs' rings fit the shared memory; the kernel is latency-bound (a warp
 //   issues every ~10 cycles, run 75's ncu), so more resident warps hide more of it: +4.0 % tg128 on the 9B
 //   (H100, run 94; KILN_CUDA_MV_OCC7=0 gives the 6-CTA instances). Same sums, bit-identical outputs.
@@ -108,7 +108,7 @@ struct MvTm<true> {
 // CPS > 0: an instance built for CPS resident CTAs (launch bounds; the ring as MvqGeom says).
 template <int M, bool BULK, int CPS = 0>
 inline constexpr int kMvqCtasPerSm = CPS > 0 ? CPS : BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
-// The O7 instances for the one-column tensor-map launches (KILN_CUDA_MV_OCC7=0: the 6-CTA ones, for A/B runs).
+// The 7-CTA instances for the one-column tensor-map launches (KILN_CUDA_MV_OCC7=0: the 6-CTA ones, for A/B runs).
 // Run 94 (H100, 9B IQ4_XS tg128, alternating): 338.1 / 341.6 -> 352.7 / 354.5 t/s (+4.0 %).
 inline bool mv_occ7() {
   static const bool on = [] {
@@ -417,7 +417,7 @@ bool mvq_tmaps(const MvArgs& a, MvTm<true>& tm) {
 template <GgmlType T>
 void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   constexpr int kNat = q8::U<T>::kAlign;
-  constexpr bool kO7 = T == GgmlType::IQ4_XS || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
+  constexpr bool k7Ctas = T == GgmlType::IQ4_XS || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
   const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
   MvTm<true> tm;
   bool use_tm = false;
@@ -433,7 +433,7 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
     }
     const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
     if constexpr (MvqGeom<T, true>::kTmOk) {
-      if constexpr (kO7) {
+      if constexpr (k7Ctas) {
         if (use_tm && mv_occ7()) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 7>);
       }
       if (use_tm) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true>);
@@ -448,7 +448,7 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   if constexpr (MvqGeom<T, true>::kTmOk) {
-    if constexpr (kO7) {
+    if constexpr (k7Ctas) {
       if (use_tm && mv_occ7()) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 7>);
     }
     if (use_tm) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true>);
