@@ -95,7 +95,7 @@ class WorkspaceSizes {
  public:
   virtual ~WorkspaceSizes() = default;
   virtual size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const = 0;
-  virtual size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const = 0;
+  virtual size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) const = 0;
   virtual size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const = 0;
   virtual size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const = 0;
   virtual size_t top_logits_workspace(int64_t n_vocab, int64_t n_rows, int k) const = 0;

@@ -126,7 +126,7 @@ class CpuSizes final : public WorkspaceSizes {
     K::AttnParams ap{p.head_dim, p.n_head, p.n_head_kv, p.scale};
     return K::attention_workspace(ap, n_);
   }
-  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
+  size_t gated_delta_workspace(int64_t S, int64_t, int chunk, int64_t n_tok) const override {
     return chunk > 0 ? K::gated_delta_chunked_workspace(S, kDeltaChunk, n_) : 0;
   }
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
@@ -194,8 +194,8 @@ class CpuStream final : public Stream {
   size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
     return sizes_.attention_workspace(p, n_tok, n_kv_max);
   }
-  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
-    return sizes_.gated_delta_workspace(S, chunk, n_tok);
+  size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) const override {
+    return sizes_.gated_delta_workspace(S, Hv, chunk, n_tok);
   }
   size_t matmul_id_workspace(GgmlType wt, int64_t k, int64_t n, int64_t n_slots) const override {
     return sizes_.matmul_id_workspace(wt, k, n, n_slots);
@@ -516,7 +516,7 @@ class CpuStream final : public Stream {
                "gated_delta: state must be [{}, {}, {}, n_seq] with contiguous slots", S, S, Hv);
     const int32_t* sq = seq_of(seq, T, state.ne[3]);
     const int32_t* kp = keep_of(keep, T, state.ne[3]);
-    void* ws = chunk > 0 ? ensure(gated_delta_workspace(S, chunk, T)) : nullptr;
+    void* ws = chunk > 0 ? ensure(gated_delta_workspace(S, Hv, chunk, T)) : nullptr;
     for_runs(sq, T, [&](int64_t t0, int64_t n) {
       K::DeltaArgs a;
       a.q = qr.row(0, t0);

@@ -337,8 +337,8 @@ class CudaStream final : public Stream {
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
     return sizes_.matmul_workspace(wt, k, n, m);
   }
-  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
-    return sizes_.gated_delta_workspace(S, chunk, n_tok);
+  size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) const override {
+    return sizes_.gated_delta_workspace(S, Hv, chunk, n_tok);
   }
   size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
     return sizes_.attention_workspace(p, n_tok, n_kv_max);

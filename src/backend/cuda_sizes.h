@@ -12,9 +12,6 @@ namespace kiln::backend {
 
 class CudaSizes final : public WorkspaceSizes {
  public:
-  // Gated-delta workspace planned for this many value heads (the most of any supported model).
-  static constexpr int64_t kGdnPlanHv = 128;
-
   static cuda::AttnArgs attn_args(const AttnSpec& p, int64_t n_kv_max) {
     cuda::AttnArgs a;
     a.head_dim = p.head_dim;
@@ -28,9 +25,8 @@ class CudaSizes final : public WorkspaceSizes {
   size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m) const override {
     return cuda::matmul_workspace(wt, k, n, m);
   }
-  size_t gated_delta_workspace(int64_t S, int chunk, int64_t n_tok) const override {
-    // Planned for kGdnPlanHv heads; a larger model grows (and is counted).
-    return cuda::gated_delta_workspace(S, kGdnPlanHv, chunk, n_tok);
+  size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) const override {
+    return cuda::gated_delta_workspace(S, Hv, chunk, n_tok);
   }
   size_t attention_workspace(const AttnSpec& p, int64_t n_tok, int64_t n_kv_max) const override {
     return cuda::attention_workspace(attn_args(p, n_kv_max), n_tok);

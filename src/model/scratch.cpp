@@ -103,7 +103,7 @@ size_t step_workspace(const backend::WorkspaceSizes& ws, const ModelConfig& c, s
   size_t w = 64;
   for (const MatShape& m : mats)
     w = std::max(w, m.expert ? ws.matmul_id_workspace(m.type, m.k, m.n, K * B) : ws.matmul_workspace(m.type, m.k, m.n, B));
-  if (n_rec > 0) w = std::max(w, ws.gated_delta_workspace(c.ssm_d_state, delta_chunk_min, B));
+  if (n_rec > 0) w = std::max(w, ws.gated_delta_workspace(c.ssm_d_state, c.ssm_dt_rank, delta_chunk_min, B));
   if (output) w = std::max(w, ws.matmul_workspace(output->type, output->k, output->n, n_out_max));
   if (output && n_top > 0) w = std::max(w, ws.top_logits_workspace(output->n, n_out_max, n_top));
   return w;

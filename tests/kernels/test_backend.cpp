@@ -544,7 +544,7 @@ TEST(Backend, GatedDeltaPerRunAndChunkThreshold) {
     std::memcpy(B.host(), bv.data(), gb);
     std::memcpy(St.host(), s0.data(), sb);
     std::memcpy(Sq.host(), seq.data(), size_t(T) * 4);
-    st->reserve_workspace(st->gated_delta_workspace(S, chunk, T));
+    st->reserve_workspace(st->gated_delta_workspace(S, Hv, chunk, T));
     const int grows = st->workspace_grows();
     st->gated_delta(Qt, Kt, Vt, G, B, Sq, St, O, chunk);
     EXPECT_EQ(st->workspace_grows(), grows);

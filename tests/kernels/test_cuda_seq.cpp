@@ -10,7 +10,8 @@
 //     and V) or 3e-2 (quantized K or V: the CPU rounds q to Q8_0 for quantized K, accumulates in F16
 //     for F16 V with quantized K, and its Q8_0 store rounds differently from the reference).
 //   conv1d_silu: y 1e-5 abs vs ref and CPU; the states bit-exact (they are copies).
-//   gated_delta: out and state 1e-4 rel vs ref and the CPU op.
+//   gated_delta: out and state 1e-4 rel vs ref and the CPU op (runs of >= 64 tokens: the chunked form;
+//   its device plan's chunk and run counts exact).
 // KILN_CUDA_BENCH=1: prints timings (decode attention 4K / 32K, 512-token prefill chunks at 0 / 7.5K / 31.5K,
 //   gated_delta).
 // Skips (GTEST_SKIP with the reason) when cudaGetDeviceCount fails or finds no device.
@@ -30,6 +31,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/workspace.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ref.h"
 #include "tensor/quant.h"
@@ -453,8 +455,11 @@ TEST_F(CudaSeq, GatedDeltaStateAcrossCalls) {
     std_.up(st_ref);
     const cuda::SeqMem smem{std_.p, GgmlType::F32, S, S, Hv, size_t(S) * 4, size_t(S * S) * 4, st_n * 4};
     std::vector<int> next(n_slot, 0);
+    // Runs of >= 64 tokens take the chunked form (S 32 / 64 / 128 on sm_80+): one full chunk and a
+    // partial one (70), three chunks (150), exactly one (64); the others the recurrence.
     for (const auto& spec : std::vector<std::vector<std::pair<int, int>>>{{{1, 33}, {0, 1}, {3, 70}, {2, 2}},
-                                                                          {{0, 1}, {1, 1}, {2, 1}, {3, 4}}}) {
+                                                                          {{0, 1}, {1, 1}, {2, 1}, {3, 4}},
+                                                                          {{0, 150}, {2, 64}, {1, 5}, {3, 63}}}) {
       const Batch b = make_batch(spec, next);
       const int T = b.T();
       std::vector<float> mixed = randv(size_t(conv * T), rng, -1, 1);
@@ -469,10 +474,24 @@ TEST_F(CudaSeq, GatedDeltaStateAcrossCalls) {
       DevBuf md(mixed.size() * 4), gd(g.size() * 4), bd(beta.size() * 4), sd(size_t(T) * 4), od(size_t(S * Hv * T) * 4);
       md.up(mixed), gd.up(g), bd.up(beta), sd.up(b.seq);
       float* m = md.as<float>();
-      cuda::gated_delta(L, cuda::Rows{m, S, Hk, T, S, conv}, cuda::Rows{m + kd, S, Hk, T, S, conv},
+      cuda::Launch Lw = L;
+      DevBuf ws(cuda::gated_delta_workspace(S, Hv, 64, T));
+      Lw.ws = ws.p, Lw.ws_bytes = ws.n;
+      cuda::gated_delta(Lw, cuda::Rows{m, S, Hk, T, S, conv}, cuda::Rows{m + kd, S, Hk, T, S, conv},
                         cuda::Rows{m + 2 * kd, S, Hv, T, S, conv}, gd.as<float>(), bd.as<float>(), sd.as<int32_t>(), smem,
                         cuda::Rows{od.as<float>(), S, Hv, T, S, S * Hv}, 64);
       sync();
+      int want_chunks = 0, want_runs = 0;
+      for (const auto& r : b.runs)
+        if (r.n >= 64) want_chunks += (r.n + 63) / 64, ++want_runs;
+      if (L.sm >= 80 && cuda::detail::gdn_chunk_s(S) && want_runs > 0) {  // the device plan found them
+        int32_t cnt[2] = {-1, -1};
+        ck(cudaMemcpy(cnt, static_cast<char*>(ws.p) + cuda::detail::gdn_chunk_layout(Hv, T).count, sizeof cnt,
+                      cudaMemcpyDeviceToHost),
+           "count");
+        EXPECT_EQ(cnt[0], want_chunks) << "chunks";
+        EXPECT_EQ(cnt[1], want_runs) << "chunked runs";
+      }
       std::vector<float> og(size_t(S * Hv * T)), sg(st_ref.size());
       od.down(og), std_.down(sg);
       std::vector<float> o_ref(og.size()), o_cpu(og.size());
@@ -596,7 +615,7 @@ TEST_F(CudaSeq, BenchTimings) {
       DevBuf std_(st_n * 4 * n_seq);
       std_.up(randv(st_n * n_seq, rng, -0.1f, 0.1f));
       const cuda::SeqMem sm{std_.p, GgmlType::F32, S, S, Hv, size_t(S) * 4, size_t(S * S) * 4, st_n * 4};
-      for (int64_t per : {int64_t(1), int64_t(512)}) {
+      for (int64_t per : {int64_t(1), int64_t(512), int64_t(2048)}) {
         if (per > 1 && n_seq > 1) continue;
         const int64_t T = n_seq * per;
         std::vector<int32_t> seq(static_cast<size_t>(T), 0);
@@ -608,15 +627,22 @@ TEST_F(CudaSeq, BenchTimings) {
         bd.up(randv(size_t(Hv * T), rng, 0.1f, 0.9f));
         sd.up(seq);
         float* m = md.as<float>();
-        const double us = time_us(stream_, per > 1 ? 10 : 200, [&] {
-          cuda::gated_delta(L, cuda::Rows{m, S, Hk, T, S, conv}, cuda::Rows{m + kd, S, Hk, T, S, conv},
-                            cuda::Rows{m + 2 * kd, S, Hv, T, S, conv}, gd.as<float>(), bd.as<float>(), sd.as<int32_t>(),
-                            sm, cuda::Rows{od.as<float>(), S, Hv, T, S, S * Hv}, 0);
-        });
-        const double floor_us = 2.0 * double(st_n * 4 * n_seq) / peak_bw * 1e6;
-        std::printf("[bench] gated_delta S=128 Hv=32 %lld slot(s) x %lld token(s): %7.1f us  (state-traffic floor %.2f us "
-                    "= %.0f%%)\n",
-                    (long long)n_seq, (long long)per, us, floor_us, 100.0 * floor_us / us);
+        DevBuf ws(cuda::gated_delta_workspace(S, Hv, 64, T));
+        cuda::Launch Lw = L;
+        Lw.ws = ws.p, Lw.ws_bytes = ws.n;
+        for (int chunk : {0, 64}) {
+          if (chunk > 0 && per < 64) continue;
+          const double us = time_us(stream_, per > 1 ? 10 : 200, [&] {
+            cuda::gated_delta(Lw, cuda::Rows{m, S, Hk, T, S, conv}, cuda::Rows{m + kd, S, Hk, T, S, conv},
+                              cuda::Rows{m + 2 * kd, S, Hv, T, S, conv}, gd.as<float>(), bd.as<float>(),
+                              sd.as<int32_t>(), sm, cuda::Rows{od.as<float>(), S, Hv, T, S, S * Hv}, chunk);
+          });
+          const double floor_us = 2.0 * double(st_n * 4 * n_seq) / peak_bw * 1e6;
+          std::printf("[bench] gated_delta S=128 Hv=32 %lld slot(s) x %4lld token(s) %s: %7.1f us  (state-traffic "
+                      "floor %.2f us = %.0f%%)\n",
+                      (long long)n_seq, (long long)per, chunk ? "chunked  " : "recurrent", us, floor_us,
+                      100.0 * floor_us / us);
+        }
       }
     }
   }

@@ -9,8 +9,8 @@
 //   k.q are one pass and one shuffle tree: kvm = e^g (M.k), out = (e^g (M.q) + d (k.q)) / sqrt(S),
 //   M = e^g M + k d (the same values as ops.h's order up to rounding). Runs are found on the device:
 //   grid.z splits the batch into token ranges and a block takes every run that starts in its range.
-//   chunk > 0 is accepted and taken as 0: every run takes the recurrence (the chunked tensor-core
-//   form is GPU part 2's work, issue #14).
+//   chunk > 0: runs of at least max(chunk, 64) tokens take the chunked form instead
+//   (deltanet_chunked.cuh; sm_80+, S 32 / 64 / 128, no keep slots, not --batch-invariant).
 // Must not: allocate, synchronize or read device memory on the host; argument errors are KILN_CHECK
 //   failures before any enqueue.
 // Threading: launchers only enqueue on L.stream.
@@ -23,7 +23,9 @@
 
 #include "core/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/deltanet_chunked.cuh"
 #include "kernels/cuda/deltanet_common.cuh"
+#include "kernels/cuda/invariant.h"
 
 namespace kiln::cuda {
 namespace {
@@ -170,6 +172,7 @@ __global__ void __launch_bounds__(kThreads) gdn_kernel(const GdnK a) {
   for (int ts = tb; ts < te; ++ts) {
     const int slot = a.seq[ts];
     if (ts > 0 && a.seq[ts - 1] == slot) continue;  // not the first token of a run
+    if (a.skip && a.skip[ts]) continue;              // a long run: the chunked kernels take it
     float* sp = reinterpret_cast<float*>(a.st + size_t(col_ok ? col : 0) * a.nb1 + size_t(h) * a.nb2 +
                                          size_t(slot) * a.nb3);
     float M[16] = {};
@@ -275,6 +278,20 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
   a.out = out.p, a.o_s1 = out.s1, a.o_s2 = out.s2;
   a.S = int(S), a.Hk = int(Hk), a.Hv = int(Hv), a.T = int(T);
   a.qscale = float(1.0 / std::sqrt(double(S)));
+  // Runs of at least max(chunk, 64) tokens: the chunked form (deltanet_chunked.cuh), planned on the
+  // device first; the recurrence below skips their tokens.
+  const detail::GdnChunkLayout cl = chunk > 0 && !keep && !batch_invariant() && detail::gdn_chunk_s(S) && L.sm >= 80
+                                        ? detail::gdn_chunk_layout(Hv, T)
+                                        : detail::GdnChunkLayout{};
+  GdnChunkK ck{};
+  if (cl.nr_max > 0) {
+    KILN_CHECK(L.ws && L.ws_bytes >= cl.bytes, "gated_delta (chunked): workspace of {} bytes needed, {} given",
+               cl.bytes, L.ws_bytes);
+    ck.p = gdn_plan_ptrs(L.ws, cl);
+    gdn_plan_kernel<<<1, kPlanThreads, 0, L.stream>>>(seq, int(T), std::max(chunk, kGC), ck.p);
+    KILN_DN_LAUNCHED("gated_delta (chunk plan)");
+    a.skip = ck.p.skip;
+  }
   const int64_t ranges = std::min<int64_t>(T, kMaxRanges);
   a.range = int((T + ranges - 1) / ranges);
   const bool vec = reinterpret_cast<uintptr_t>(state.p) % 16 == 0 && state.nb1 % 16 == 0 && state.nb2 % 16 == 0 &&
@@ -291,6 +308,19 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
     default: launch_gdn<16>(a, vec, grid, L.stream); break;
   }
   KILN_DN_LAUNCHED("gated_delta");
+  if (cl.nr_max > 0) {
+    ck.q = q.p, ck.k = k.p, ck.v = v.p, ck.g = g, ck.beta = beta, ck.out = out.p;
+    ck.q_s1 = q.s1, ck.q_s2 = q.s2, ck.k_s1 = k.s1, ck.k_s2 = k.s2, ck.v_s1 = v.s1, ck.v_s2 = v.s2;
+    ck.o_s1 = out.s1, ck.o_s2 = out.s2;
+    ck.st = a.st, ck.nb1 = state.nb1, ck.nb2 = state.nb2, ck.nb3 = state.nb3;
+    ck.Hk = int(Hk), ck.Hv = int(Hv), ck.qscale = a.qscale;
+    switch (S) {
+      case 32: gdn_chunked_launch<32>(ck, cl, L.stream); break;
+      case 64: gdn_chunked_launch<64>(ck, cl, L.stream); break;
+      default: gdn_chunked_launch<128>(ck, cl, L.stream); break;
+    }
+    KILN_DN_LAUNCHED("gated_delta (chunked)");
+  }
 }
 
 }  // namespace kiln::cuda

@@ -24,6 +24,7 @@ struct GdnK {
   const float* beta;  // [Hv, T]
   const int32_t* seq;
   const int32_t* keep;  // nullptr, or per token: the slot that also receives the state after it (-1: none)
+  const int32_t* skip = nullptr;  // nullptr, or per token: 1 = its run takes the chunked form (not this kernel)
   char* st;  // element (i, j, h) of slot s at st + j*nb1 + h*nb2 + s*nb3 + 4i
   size_t nb1, nb2, nb3;
   float* out;

@@ -170,6 +170,25 @@ size_t attn_part_bytes(int64_t head_dim, int64_t n_head, int64_t T, int n_split)
 
 size_t cublas_workspace_bytes(int sm) { return sm >= 90 ? (size_t(32) << 20) : (size_t(4) << 20); }
 
+GdnChunkLayout gdn_chunk_layout(int64_t Hv, int64_t n_tok) {
+  GdnChunkLayout l;
+  l.nr_max = n_tok / kGdnChunk;  // every chunked run has at least kGdnChunk tokens
+  if (l.nr_max == 0 || Hv <= 0) return l;
+  l.nc_max = ceil_div(n_tok, kGdnChunk) + l.nr_max;  // each run adds at most one partial chunk
+  size_t off = 0;
+  auto take = [&off](size_t bytes) {
+    const size_t o = off;
+    off += align256(bytes);
+    return o;
+  };
+  const size_t tok = size_t(n_tok) * sizeof(int32_t);
+  l.skip = take(tok), l.rs = take(tok), l.rl = take(tok);
+  l.chunks = take(size_t(l.nc_max) * 16), l.runs = take(size_t(l.nr_max) * 16), l.count = take(2 * sizeof(int32_t));
+  l.mats = take(size_t(l.nc_max) * size_t(Hv) * size_t(kGdnMatFloats) * sizeof(float));
+  l.bytes = off;
+  return l;
+}
+
 }  // namespace detail
 
 // ---- matmul_supported and the workspace functions of cuda_ops.h ----
@@ -201,7 +220,10 @@ size_t attention_workspace(const AttnArgs& a, int64_t n_tok) {
   return pl.part_splits() > 1 ? detail::attn_part_bytes(a.head_dim, a.n_head, n_tok, pl.part_splits()) : 0;
 }
 
-size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) { return 0; }
+size_t gated_delta_workspace(int64_t S, int64_t Hv, int chunk, int64_t n_tok) {
+  if (chunk <= 0 || batch_invariant() || !detail::gdn_chunk_s(S)) return 0;
+  return detail::gdn_chunk_layout(Hv, n_tok).bytes;
+}
 
 size_t top_logits_workspace(int64_t V, int64_t n, int k) {
   if (V <= 0 || n <= 0 || k <= 0) return 0;

@@ -103,6 +103,22 @@ AttnPlan attn_make_plan(int64_t head_dim, int64_t n_head, int64_t n_head_kv, int
 // Bytes of the split-KV partial results (outputs, then max / sum pairs).
 size_t attn_part_bytes(int64_t head_dim, int64_t n_head, int64_t T, int n_split);
 
+// The chunked gated delta rule (deltanet_chunked.cuh): runs of at least max(chunk, kGdnChunk) tokens,
+// cut into chunks of kGdnChunk tokens from the run's start, for state sizes S of gdn_chunk_s. The
+// plan is found on the device; its layout is sized for the worst case of n_tok tokens: per token
+// the chunked flag (skip, int32) and two scan scratch arrays (rs, rl); at most nc_max chunk entries
+// (int4 {t0, n}) and nr_max run entries (int4 {first chunk, chunks, slot}); the two counts; per
+// (chunk, value head) kGdnMatFloats floats: the chunk's (I + A)^-1 and output matrix [C][C] and its
+// cumulative log-decays [C].
+inline constexpr int64_t kGdnChunk = 64;
+inline constexpr int64_t kGdnMatFloats = 2 * kGdnChunk * kGdnChunk + kGdnChunk;
+inline bool gdn_chunk_s(int64_t S) { return S == 32 || S == 64 || S == 128; }
+struct GdnChunkLayout {
+  int64_t nc_max = 0, nr_max = 0;
+  size_t skip = 0, rs = 0, rl = 0, chunks = 0, runs = 0, count = 0, mats = 0, bytes = 0;
+};
+GdnChunkLayout gdn_chunk_layout(int64_t Hv, int64_t n_tok);
+
 // The cuBLAS workspace each CUDA stream allocates for its handle (so that cuBLAS never allocates
 // while a graph is captured; NVIDIA's advice: 32 MiB on Hopper and later, 4 MiB before). sm =
 // compute capability * 10 + minor.

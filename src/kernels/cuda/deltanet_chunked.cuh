@@ -1,0 +1,388 @@
+// kernels/cuda/deltanet_chunked.cuh — the chunked gated delta rule for long runs (prefill), included by
+//   deltanet.cu only: gated_delta takes it for runs of at least max(chunk, kGdnChunk) tokens and the
+//   token recurrence for the others.
+// Owns: three kernels on the workspace laid out by detail::gdn_chunk_layout (workspace.h).
+//   1. plan (one block): finds the runs on the device (block scans over seq), flags the tokens of the
+//      long runs (the recurrence skips them), writes the chunk table (chunks of C = 64 tokens from each
+//      long run's start, the last one partial) and the run table.
+//   2. prep, per (chunk, value head), all chunks at once (nothing here depends on the state): with the
+//      chunk's cumulative log-decays G_t (inclusive), A[t][s] = beta_t e^{G_t-G_s} k_t.k_s (s < t),
+//      its inverse Tm = (I + A)^-1 (forward substitution, a column per 4 threads) and the output
+//      matrix Bm[t][s] = e^{G_t-G_s} q_t.k_s / sqrt(S) (s <= t).
+//   3. pass, per (16 value columns, value head, run): the state columns M0 [S][16] in shared memory,
+//      the run's chunks in order:
+//        R = beta (V - e^G (K M0)),  D = Tm R                          (the chunk's deltas d_t)
+//        O = e^G (Q M0) / sqrt(S) + Bm D                               (the outputs)
+//        M0 = e^{G_L} M0 + sum_s e^{G_L-G_s} k_s d_s^T                 (the state after the chunk)
+//      which is the recurrence's algebra (src/kernels/cpu/delta.cpp's gated_delta_rule_chunked solves
+//      the same triangular system by substitution). All of it in F32 on CUDA cores; the sums run in
+//      a different order from the recurrence's, so the results agree to float rounding, not in bits.
+// Must not: allocate or synchronize; it is not taken with keep slots or --batch-invariant (the
+//   launcher's rule).
+// Threading: launchers only enqueue on L.stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/cuda/workspace.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kGC = int(detail::kGdnChunk);  // tokens per chunk
+constexpr int kGNC = 16;                     // value columns per pass block
+constexpr int kPlanThreads = 1024;
+constexpr int kPrepThreads = 256;
+constexpr int kPassThreads = 128;
+constexpr int kGCP = kGC + 1;  // padded row of a [C][C] matrix in shared memory
+
+struct GdnPlanP {
+  int32_t *skip, *rs, *rl, *count;
+  int4 *chunks, *runs;
+  float* mats;
+};
+
+GdnPlanP gdn_plan_ptrs(void* ws, const detail::GdnChunkLayout& l) {
+  char* b = static_cast<char*>(ws);
+  return GdnPlanP{reinterpret_cast<int32_t*>(b + l.skip),   reinterpret_cast<int32_t*>(b + l.rs),
+                  reinterpret_cast<int32_t*>(b + l.rl),     reinterpret_cast<int32_t*>(b + l.count),
+                  reinterpret_cast<int4*>(b + l.chunks),    reinterpret_cast<int4*>(b + l.runs),
+                  reinterpret_cast<float*>(b + l.mats)};
+}
+
+// Exclusive block-wide scan of one int per thread under op (identity e); *total = the whole block's.
+template <class Op>
+__device__ int gdn_block_scan(int v, int e, Op op, int* sh, int* total) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x = op(y, x);
+  }
+  if (lane == 31) sh[w] = x;
+  __syncthreads();
+  if (w == 0) {
+    int s = lane < nw ? sh[lane] : e;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s = op(y, s);
+    }
+    sh[lane] = s;  // inclusive over the warps; sh[31] = the block's total
+  }
+  __syncthreads();
+  int ex = __shfl_up_sync(0xffffffffu, x, 1);
+  if (lane == 0) ex = e;
+  const int r = op(w > 0 ? sh[w - 1] : e, ex);
+  *total = sh[31];
+  __syncthreads();  // sh is reused by the next scan
+  return r;
+}
+
+// One block: thread i owns tokens [i*per, (i+1)*per).
+__global__ void __launch_bounds__(kPlanThreads) gdn_plan_kernel(const int32_t* seq, int T, int cmin, GdnPlanP p) {
+  __shared__ int sh[32];
+  const int per = (T + kPlanThreads - 1) / kPlanThreads;
+  const int a = min(T, int(threadIdx.x) * per), b = min(T, a + per);
+  auto starts = [&](int t) { return t == 0 || seq[t] != seq[t - 1]; };
+  int last = -1, tot = 0;
+  for (int t = a; t < b; ++t)
+    if (starts(t)) last = t;
+  int cur = gdn_block_scan(last, -1, [](int x, int y) { return max(x, y); }, sh, &tot);
+  for (int t = a; t < b; ++t) {
+    if (starts(t)) cur = t;
+    p.rs[t] = cur;
+  }
+  for (int t = a; t < b; ++t)
+    if (t == T - 1 || seq[t + 1] != seq[t]) p.rl[p.rs[t]] = t - p.rs[t] + 1;
+  __syncthreads();  // every run length written
+  int nc = 0, nr = 0;
+  for (int t = a; t < b; ++t) {
+    const int s = p.rs[t];
+    const bool ch = p.rl[s] >= cmin;
+    p.skip[t] = ch;
+    nc += ch && (t - s) % kGC == 0;
+    nr += ch && t == s;
+  }
+  int n_chunks = 0, n_runs = 0;
+  int c = gdn_block_scan(nc, 0, [](int x, int y) { return x + y; }, sh, &n_chunks);
+  int r = gdn_block_scan(nr, 0, [](int x, int y) { return x + y; }, sh, &n_runs);
+  for (int t = a; t < b; ++t) {
+    const int s = p.rs[t], n = p.rl[s];
+    if (n < cmin || (t - s) % kGC != 0) continue;
+    if (t == s) p.runs[r++] = make_int4(c, (n + kGC - 1) / kGC, seq[t], 0);
+    p.chunks[c++] = make_int4(t, min(kGC, s + n - t), 0, 0);
+  }
+  if (threadIdx.x == 0) p.count[0] = n_chunks, p.count[1] = n_runs;
+}
+
+struct GdnChunkK {
+  const float *q, *k, *v, *g, *beta;
+  int64_t q_s1, q_s2, k_s1, k_s2, v_s1, v_s2, o_s1, o_s2;
+  float* out;
+  char* st;  // element (i, j, h) of slot s at st + j*nb1 + h*nb2 + s*nb3 + 4i
+  size_t nb1, nb2, nb3;
+  int Hk, Hv;
+  float qscale;
+  GdnPlanP p;
+};
+
+template <int S>
+constexpr size_t gdn_prep_smem() {
+  return size_t(2 * kGC * (S + 1) + 2 * kGC * kGCP + 2 * kGC) * sizeof(float);
+}
+template <int S>
+constexpr int gdn_pass_x() {  // floats of the region that holds Q, then Tm and Bm
+  return kGC * (S + 1) > 2 * kGC * kGCP ? kGC * (S + 1) : 2 * kGC * kGCP;
+}
+template <int S>
+constexpr size_t gdn_pass_smem() {
+  return size_t(S * kGNC + kGC * (S + 1) + gdn_pass_x<S>() + 4 * kGC * kGNC + 2 * kGC) * sizeof(float);
+}
+
+// The chunk's rows of q and k (zeros past its n tokens) into [C][S+1] (padded: the products below
+// read them down a column and along a row without bank conflicts).
+template <int S, int NT>
+__device__ __forceinline__ void gdn_stage_qk(const GdnChunkK& a, int t0, int n, int hk, float* sK, float* sQ) {
+  for (int idx = threadIdx.x; idx < kGC * S; idx += NT) {
+    const int t = idx / S, i = idx - t * S;
+    float kv = 0.0f, qv = 0.0f;
+    if (t < n) {
+      kv = a.k[int64_t(t0 + t) * a.k_s2 + int64_t(hk) * a.k_s1 + i];
+      qv = a.q[int64_t(t0 + t) * a.q_s2 + int64_t(hk) * a.q_s1 + i];
+    }
+    sK[t * (S + 1) + i] = kv, sQ[t * (S + 1) + i] = qv;
+  }
+}
+
+template <int S>
+__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK a) {
+  extern __shared__ float smf[];
+  constexpr int KP = S + 1;
+  const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  if (c >= a.p.count[0]) return;
+  const int4 ch = a.p.chunks[c];
+  const int t0 = ch.x, n = ch.y, hk = h % a.Hk;
+  float* sK = smf;             // [C][S+1]
+  float* sQ = sK + kGC * KP;   // [C][S+1]
+  float* sA = sQ + kGC * KP;   // [C][C+1]: A, strictly lower
+  float* sT = sA + kGC * kGCP;  // [C][C+1]: (I + A)^-1
+  float* sG = sT + kGC * kGCP;  // [C]: cumulative log-decay (inclusive)
+  float* sB = sG + kGC;         // [C]: beta
+  gdn_stage_qk<S, kPrepThreads>(a, t0, n, hk, sK, sQ);
+  if (tid < kGC) {
+    sB[tid] = tid < n ? a.beta[int64_t(t0 + tid) * a.Hv + h] : 0.0f;
+    sG[tid] = tid < n ? a.g[int64_t(t0 + tid) * a.Hv + h] : 0.0f;
+  }
+  __syncthreads();
+  if (tid < 32) {  // inclusive prefix sum of the 64 log-decays, two per lane
+    const float x0 = sG[2 * tid], x1 = sG[2 * tid + 1];
+    float s = x0 + x1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, s, o);
+      if (tid >= o) s += y;
+    }
+    sG[2 * tid] = s - x1, sG[2 * tid + 1] = s;
+  }
+  __syncthreads();
+  // k_t.k_s and q_t.k_s: rows t = tr..tr+3, columns s = tc + 16 cc
+  const int tr = (tid >> 4) * 4, tc = tid & 15;
+  float kk[4][4] = {}, qk[4][4] = {};
+  for (int i = 0; i < S; ++i) {
+    float kt[4], qt[4], ks[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) kt[r] = sK[(tr + r) * KP + i], qt[r] = sQ[(tr + r) * KP + i];
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) ks[cc] = sK[(tc + 16 * cc) * KP + i];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) kk[r][cc] = fmaf(kt[r], ks[cc], kk[r][cc]), qk[r][cc] = fmaf(qt[r], ks[cc], qk[r][cc]);
+  }
+  float* mt = a.p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
+  float* gBm = mt + kGC * kGC;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const int t = tr + r, s = tc + 16 * cc;
+      const bool in = s <= t && t < n;
+      const float dec = in ? expf(sG[t] - sG[s]) : 0.0f;
+      sA[t * kGCP + s] = in && s < t ? sB[t] * dec * kk[r][cc] : 0.0f;
+      gBm[t * kGC + s] = in ? a.qscale * dec * qk[r][cc] : 0.0f;
+    }
+  __syncthreads();
+  {  // (I + A) Tm = I by forward substitution: column j by 4 threads (terms s = j + part + 4m), row by row
+    const int j = tid >> 2, part = tid & 3;
+    for (int t = 0; t < kGC; ++t) {
+      float acc = 0.0f;
+      for (int s = j + part; s < t; s += 4) acc = fmaf(sA[t * kGCP + s], sT[s * kGCP + j], acc);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      if (part == 0) sT[t * kGCP + j] = (t == j ? 1.0f : 0.0f) - acc;
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kGC * kGC; idx += kPrepThreads) mt[idx] = sT[(idx / kGC) * kGCP + idx % kGC];
+  if (tid < kGC) mt[2 * kGC * kGC + tid] = sG[tid];
+}
+
+// Thread (tm = tid / 4, tn = tid % 4) of a pass block owns rows tm + 32 r and columns 4 tn .. 4 tn + 3 of
+// every [rows][16] product.
+template <int S>
+__global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK a) {
+  extern __shared__ float smf[];
+  constexpr int KP = S + 1, NC = kGNC;
+  const int run = blockIdx.z, h = blockIdx.y, col0 = blockIdx.x * NC, tid = threadIdx.x;
+  if (run >= a.p.count[1]) return;
+  const int4 rd = a.p.runs[run];
+  const int hk = h % a.Hk, tm = tid >> 2, c4 = (tid & 3) * 4;
+  float* sM = smf;                  // [S][16]: M0[:, col0 ..]
+  float* sK = sM + S * NC;          // [C][S+1]
+  float* sX = sK + kGC * KP;        // Q [C][S+1], then Tm and Bm [C][C+1]
+  float* sR = sX + gdn_pass_x<S>();  // [C][16]: v, then R
+  float* sO = sR + kGC * NC;        // [C][16]: e^G (Q M0) / sqrt(S)
+  float* sD = sO + kGC * NC;        // [C][16]: D
+  float* sDt = sD + kGC * NC;       // [C][16]: e^{G_L-G_s} D
+  float* sG = sDt + kGC * NC;       // [C]
+  float* sB = sG + kGC;             // [C]
+  char* stc = a.st + size_t(h) * a.nb2 + size_t(rd.z) * a.nb3;
+  auto scol = [&](int j) { return reinterpret_cast<float*>(stc + size_t(col0 + j) * a.nb1); };
+  for (int idx = tid; idx < S * NC; idx += kPassThreads) {
+    const int j = idx / S, i = idx - j * S;
+    sM[i * NC + j] = scol(j)[i];
+  }
+  for (int c = rd.x; c < rd.x + rd.y; ++c) {
+    const int4 ch = a.p.chunks[c];
+    const int t0 = ch.x, n = ch.y;
+    const float* mt = a.p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
+    __syncthreads();  // the previous chunk is done with sK, sX, sR and has updated sM
+    gdn_stage_qk<S, kPassThreads>(a, t0, n, hk, sK, sX);
+    for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
+      const int t = idx / NC, j = idx - t * NC;
+      sR[idx] = t < n ? a.v[int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j] : 0.0f;
+    }
+    if (tid < kGC) {
+      sG[tid] = mt[2 * kGC * kGC + tid];
+      sB[tid] = tid < n ? a.beta[int64_t(t0 + tid) * a.Hv + h] : 0.0f;
+    }
+    __syncthreads();
+    {  // K M0 and Q M0 -> R, O
+      float ks[2][4] = {}, qs[2][4] = {};
+      for (int i = 0; i < S; ++i) {
+        const float4 m = *reinterpret_cast<const float4*>(sM + i * NC + c4);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float kv = sK[(tm + 32 * r) * KP + i], qv = sX[(tm + 32 * r) * KP + i];
+          ks[r][0] = fmaf(kv, m.x, ks[r][0]), ks[r][1] = fmaf(kv, m.y, ks[r][1]);
+          ks[r][2] = fmaf(kv, m.z, ks[r][2]), ks[r][3] = fmaf(kv, m.w, ks[r][3]);
+          qs[r][0] = fmaf(qv, m.x, qs[r][0]), qs[r][1] = fmaf(qv, m.y, qs[r][1]);
+          qs[r][2] = fmaf(qv, m.z, qs[r][2]), qs[r][3] = fmaf(qv, m.w, qs[r][3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = tm + 32 * r;
+        const float eg = expf(sG[t]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float& rv = sR[t * NC + c4 + e];
+          rv = t < n ? sB[t] * (rv - eg * ks[r][e]) : 0.0f;
+          sO[t * NC + c4 + e] = a.qscale * eg * qs[r][e];
+        }
+      }
+    }
+    __syncthreads();  // Q is consumed: Tm and Bm take its place
+    for (int idx = tid; idx < kGC * kGC; idx += kPassThreads) {
+      const int t = idx / kGC, s = idx - t * kGC;
+      sX[t * kGCP + s] = mt[idx];
+      sX[kGC * kGCP + t * kGCP + s] = mt[kGC * kGC + idx];
+    }
+    __syncthreads();
+    const float GL = sG[n - 1];
+    {  // D = Tm R (Tm is unit lower triangular: row t needs s <= t)
+      float d[2][4] = {};
+      for (int s = 0; s <= tm + 32; ++s) {
+        const float4 rv = *reinterpret_cast<const float4*>(sR + s * NC + c4);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float tv = sX[(tm + 32 * r) * kGCP + s];
+          d[r][0] = fmaf(tv, rv.x, d[r][0]), d[r][1] = fmaf(tv, rv.y, d[r][1]);
+          d[r][2] = fmaf(tv, rv.z, d[r][2]), d[r][3] = fmaf(tv, rv.w, d[r][3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = tm + 32 * r;
+        const float w = t < n ? expf(GL - sG[t]) : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sD[t * NC + c4 + e] = d[r][e], sDt[t * NC + c4 + e] = w * d[r][e];
+      }
+    }
+    __syncthreads();
+    {  // O = e^G (Q M0) / sqrt(S) + Bm D (Bm is lower triangular)
+      const float* sBm = sX + kGC * kGCP;
+      float o[2][4] = {};
+      for (int s = 0; s <= tm + 32; ++s) {
+        const float4 dv = *reinterpret_cast<const float4*>(sD + s * NC + c4);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float bv = sBm[(tm + 32 * r) * kGCP + s];
+          o[r][0] = fmaf(bv, dv.x, o[r][0]), o[r][1] = fmaf(bv, dv.y, o[r][1]);
+          o[r][2] = fmaf(bv, dv.z, o[r][2]), o[r][3] = fmaf(bv, dv.w, o[r][3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = tm + 32 * r;
+        if (t >= n) continue;
+        float* op = a.out + int64_t(t0 + t) * a.o_s2 + int64_t(h) * a.o_s1 + col0 + c4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) op[e] = sO[t * NC + c4 + e] + o[r][e];
+      }
+    }
+    {  // M0 = e^{G_L} M0 + K^T Dt: rows i = tm + 32 r
+      const float eL = expf(GL);
+#pragma unroll
+      for (int r = 0; r < S / 32; ++r) {
+        const int i = tm + 32 * r;
+        float acc[4] = {};
+        for (int s = 0; s < n; ++s) {
+          const float kv = sK[s * KP + i];
+          const float4 dv = *reinterpret_cast<const float4*>(sDt + s * NC + c4);
+          acc[0] = fmaf(kv, dv.x, acc[0]), acc[1] = fmaf(kv, dv.y, acc[1]);
+          acc[2] = fmaf(kv, dv.z, acc[2]), acc[3] = fmaf(kv, dv.w, acc[3]);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sM[i * NC + c4 + e] = fmaf(eL, sM[i * NC + c4 + e], acc[e]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < S * NC; idx += kPassThreads) {
+    const int j = idx / S, i = idx - j * S;
+    scol(j)[i] = sM[i * NC + j];
+  }
+}
+
+template <int S>
+void gdn_chunked_launch(const GdnChunkK& a, const detail::GdnChunkLayout& l, cudaStream_t st) {
+  static const bool attr = cudaFuncSetAttribute(gdn_prep_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                int(gdn_prep_smem<S>())) == cudaSuccess &&
+                           cudaFuncSetAttribute(gdn_pass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                int(gdn_pass_smem<S>())) == cudaSuccess;
+  KILN_CHECK(attr, "gated_delta (chunked): {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S>(),
+             gdn_pass_smem<S>(), S);
+  gdn_prep_kernel<S><<<dim3(unsigned(l.nc_max), unsigned(a.Hv)), kPrepThreads, gdn_prep_smem<S>(), st>>>(a);
+  gdn_pass_kernel<S><<<dim3(unsigned(S / kGNC), unsigned(a.Hv), unsigned(l.nr_max)), kPassThreads, gdn_pass_smem<S>(),
+                       st>>>(a);
+}
+
+}  // namespace
+}  // namespace kiln::cuda
