@@ -21,6 +21,7 @@
 //   launcher's rule).
 // Threading: launchers only enqueue on L.stream.
 #pragma once
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -144,18 +145,27 @@ constexpr size_t gdn_pass_smem() {
   return size_t(S * kGNC + kGC * (S + 1) + gdn_pass_x<S>() + 4 * kGC * kGNC + 2 * kGC) * sizeof(float);
 }
 
+// One float from global to shared memory asynchronously (cp.async on sm_80+): a stage's copies are all
+// in flight together; the caller commits and waits (gdn_stage_wait).
+__device__ __forceinline__ void gdn_cp(float* dst, const float* src) { __pipeline_memcpy_async(dst, src, sizeof(float)); }
+__device__ __forceinline__ void gdn_stage_wait() {
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
+}
+
 // The chunk's rows of q and k (zeros past its n tokens) into [C][S+1] (padded: the products below
-// read them down a column and along a row without bank conflicts).
+// read them down a column and along a row without bank conflicts); asynchronous copies.
 template <int S, int NT>
 __device__ __forceinline__ void gdn_stage_qk(const GdnChunkK& a, int t0, int n, int hk, float* sK, float* sQ) {
   for (int idx = threadIdx.x; idx < kGC * S; idx += NT) {
     const int t = idx / S, i = idx - t * S;
-    float kv = 0.0f, qv = 0.0f;
     if (t < n) {
-      kv = a.k[int64_t(t0 + t) * a.k_s2 + int64_t(hk) * a.k_s1 + i];
-      qv = a.q[int64_t(t0 + t) * a.q_s2 + int64_t(hk) * a.q_s1 + i];
+      gdn_cp(&sK[t * (S + 1) + i], a.k + int64_t(t0 + t) * a.k_s2 + int64_t(hk) * a.k_s1 + i);
+      gdn_cp(&sQ[t * (S + 1) + i], a.q + int64_t(t0 + t) * a.q_s2 + int64_t(hk) * a.q_s1 + i);
+    } else {
+      sK[t * (S + 1) + i] = 0.0f, sQ[t * (S + 1) + i] = 0.0f;
     }
-    sK[t * (S + 1) + i] = kv, sQ[t * (S + 1) + i] = qv;
   }
 }
 
@@ -175,10 +185,14 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
   float* sB = sG + kGC;         // [C]: beta
   gdn_stage_qk<S, kPrepThreads>(a, t0, n, hk, sK, sQ);
   if (tid < kGC) {
-    sB[tid] = tid < n ? a.beta[int64_t(t0 + tid) * a.Hv + h] : 0.0f;
-    sG[tid] = tid < n ? a.g[int64_t(t0 + tid) * a.Hv + h] : 0.0f;
+    if (tid < n) {
+      gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
+      gdn_cp(&sG[tid], a.g + int64_t(t0 + tid) * a.Hv + h);
+    } else {
+      sB[tid] = sG[tid] = 0.0f;
+    }
   }
-  __syncthreads();
+  gdn_stage_wait();
   if (tid < 32) {  // inclusive prefix sum of the 64 log-decays, two per lane
     const float x0 = sG[2 * tid], x1 = sG[2 * tid + 1];
     float s = x0 + x1;
@@ -256,7 +270,7 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
   auto scol = [&](int j) { return reinterpret_cast<float*>(stc + size_t(col0 + j) * a.nb1); };
   for (int idx = tid; idx < S * NC; idx += kPassThreads) {
     const int j = idx / S, i = idx - j * S;
-    sM[i * NC + j] = scol(j)[i];
+    gdn_cp(&sM[i * NC + j], scol(j) + i);  // waited for with the first chunk's stage
   }
   for (int c = rd.x; c < rd.x + rd.y; ++c) {
     const int4 ch = a.p.chunks[c];
@@ -266,13 +280,15 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     gdn_stage_qk<S, kPassThreads>(a, t0, n, hk, sK, sX);
     for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
       const int t = idx / NC, j = idx - t * NC;
-      sR[idx] = t < n ? a.v[int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j] : 0.0f;
+      if (t < n) gdn_cp(&sR[idx], a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j);
+      else sR[idx] = 0.0f;
     }
     if (tid < kGC) {
-      sG[tid] = mt[2 * kGC * kGC + tid];
-      sB[tid] = tid < n ? a.beta[int64_t(t0 + tid) * a.Hv + h] : 0.0f;
+      gdn_cp(&sG[tid], mt + 2 * kGC * kGC + tid);
+      if (tid < n) gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
+      else sB[tid] = 0.0f;
     }
-    __syncthreads();
+    gdn_stage_wait();
     {  // K M0 and Q M0 -> R, O
       float ks[2][4] = {}, qs[2][4] = {};
       for (int i = 0; i < S; ++i) {
@@ -301,10 +317,10 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     __syncthreads();  // Q is consumed: Tm and Bm take its place
     for (int idx = tid; idx < kGC * kGC; idx += kPassThreads) {
       const int t = idx / kGC, s = idx - t * kGC;
-      sX[t * kGCP + s] = mt[idx];
-      sX[kGC * kGCP + t * kGCP + s] = mt[kGC * kGC + idx];
+      gdn_cp(&sX[t * kGCP + s], mt + idx);
+      gdn_cp(&sX[kGC * kGCP + t * kGCP + s], mt + kGC * kGC + idx);
     }
-    __syncthreads();
+    gdn_stage_wait();
     const float GL = sG[n - 1];
     {  // D = Tm R (Tm is unit lower triangular: row t needs s <= t)
       float d[2][4] = {};
