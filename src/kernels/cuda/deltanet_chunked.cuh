@@ -247,6 +247,20 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
   if (tid < kGC) mt[2 * kGC * kGC + tid] = sG[tid];
 }
 
+// acc[r][e] += sum_s A[t][s] B[s][c4 + e] for rows t = tm, tm + 32 of a lower-triangular A [C][C+1] (s <= t)
+// and B [C][16].
+__device__ __forceinline__ void gdn_lower_mm(const float* A, const float* B, int tm, int c4, float (&acc)[2][4]) {
+  for (int s = 0; s <= tm + 32; ++s) {
+    const float4 b = *reinterpret_cast<const float4*>(B + s * kGNC + c4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float av = A[(tm + 32 * r) * kGCP + s];
+      acc[r][0] = fmaf(av, b.x, acc[r][0]), acc[r][1] = fmaf(av, b.y, acc[r][1]);
+      acc[r][2] = fmaf(av, b.z, acc[r][2]), acc[r][3] = fmaf(av, b.w, acc[r][3]);
+    }
+  }
+}
+
 // Thread (tm = tid / 4, tn = tid % 4) of a pass block owns rows tm + 32 r and columns 4 tn .. 4 tn + 3 of
 // every [rows][16] product.
 template <int S>
@@ -324,15 +338,7 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     const float GL = sG[n - 1];
     {  // D = Tm R (Tm is unit lower triangular: row t needs s <= t)
       float d[2][4] = {};
-      for (int s = 0; s <= tm + 32; ++s) {
-        const float4 rv = *reinterpret_cast<const float4*>(sR + s * NC + c4);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float tv = sX[(tm + 32 * r) * kGCP + s];
-          d[r][0] = fmaf(tv, rv.x, d[r][0]), d[r][1] = fmaf(tv, rv.y, d[r][1]);
-          d[r][2] = fmaf(tv, rv.z, d[r][2]), d[r][3] = fmaf(tv, rv.w, d[r][3]);
-        }
-      }
+      gdn_lower_mm(sX, sR, tm, c4, d);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = tm + 32 * r;
@@ -343,17 +349,8 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     }
     __syncthreads();
     {  // O = e^G (Q M0) / sqrt(S) + Bm D (Bm is lower triangular)
-      const float* sBm = sX + kGC * kGCP;
       float o[2][4] = {};
-      for (int s = 0; s <= tm + 32; ++s) {
-        const float4 dv = *reinterpret_cast<const float4*>(sD + s * NC + c4);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float bv = sBm[(tm + 32 * r) * kGCP + s];
-          o[r][0] = fmaf(bv, dv.x, o[r][0]), o[r][1] = fmaf(bv, dv.y, o[r][1]);
-          o[r][2] = fmaf(bv, dv.z, o[r][2]), o[r][3] = fmaf(bv, dv.w, o[r][3]);
-        }
-      }
+      gdn_lower_mm(sX + kGC * kGCP, sD, tm, c4, o);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = tm + 32 * r;
