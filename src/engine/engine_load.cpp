@@ -63,11 +63,6 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
   return mi;
 }
 
-int resolve_delta_chunk(const EngineOptions& o, bool gpu) {
-  if (o.delta_chunk_min >= 0) return o.delta_chunk_min;
-  return gpu && !o.batch_invariant ? 64 : 0;
-}
-
 int resolve_cache_states(const EngineOptions& o) {
   if (o.cache_ram_bytes == 0) return 0;
   return o.cache_states >= 0 ? o.cache_states : std::min(64, std::max(1, o.n_parallel) + 4);
@@ -86,7 +81,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.n_threads = o.n_threads;
   ro.type_k = o.type_k;
   ro.type_v = o.type_v;
-  ro.delta_chunk_min = resolve_delta_chunk(o, m.info().n_gpu_layers > 0);
+  ro.delta_chunk_min = o.delta_chunk_min;
   ro.flash_attn = o.flash_attn;
   ro.batch_invariant = o.batch_invariant;
   ro.embeddings = o.embeddings;
@@ -276,7 +271,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;
-  o.delta_chunk_min = resolve_delta_chunk(opt_, opt_.n_gpu_layers != 0);
+  o.delta_chunk_min = opt_.delta_chunk_min;
   o.flash_attn = opt_.flash_attn;
   o.n_gpu_layers = opt_.n_gpu_layers;
   o.main_gpu = opt_.main_gpu;

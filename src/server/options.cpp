@@ -195,19 +195,10 @@ const std::vector<Opt>& table() {
           so.engine.flash_attn = v != "off";
           return {};
         });
-    add({"--delta-chunk"}, env_of("DELTA_CHUNK"), "N|auto",
-        "hybrid models' prefill: runs of at least N prompt tokens take the chunked gated delta rule (0: the token "
-        "recurrence; auto, the default: 64 on a GPU without --batch-invariant, 0 on the CPU)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          if (v == "auto") {
-            so.engine.delta_chunk_min = -1;
-            return {};
-          }
-          auto x = to_int(v, src, 0, int64_t(1) << 20);
-          KILN_TRY(x);
-          so.engine.delta_chunk_min = int(*x);
-          return {};
-        });
+    add_int({"--delta-chunk"}, env_of("DELTA_CHUNK"), "N",
+            "hybrid models' prefill: runs of at least N prompt tokens take the chunked gated delta rule instead of "
+            "the token recurrence (default 0: never)",
+            0, int64_t(1) << 20, [](ServerOptions& so, int64_t x) { so.engine.delta_chunk_min = int(x); });
     add_bool_to({"--batch-invariant"}, env_of("BATCH_INVARIANT"),
                 "the same bits for a token however the batch is made (GPU: per-token kernels, slower prefill and "
                 "batches; the CPU is batch-invariant already)",

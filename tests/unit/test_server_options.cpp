@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
 #include "model/placement.h"
 #include "server/options.h"
 
@@ -140,25 +139,17 @@ TEST(ServerOptions, BatchInvariant) {
   EXPECT_FALSE(parse({"--batch-invariant=maybe"}).ok());
 }
 
-// --delta-chunk N|auto, KILN_DELTA_CHUNK; auto resolves to 64 on a GPU without --batch-invariant, else 0.
+// --delta-chunk N (0 by default: the recurrence), KILN_DELTA_CHUNK; errors name the flag.
 TEST(ServerOptions, DeltaChunk) {
   auto d = parse({});
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->engine.delta_chunk_min, -1);
-  EXPECT_EQ(engine::resolve_delta_chunk(d->engine, true), 64);
-  EXPECT_EQ(engine::resolve_delta_chunk(d->engine, false), 0);
-  auto inv = parse({"--batch-invariant"});
-  ASSERT_TRUE(inv.ok());
-  EXPECT_EQ(engine::resolve_delta_chunk(inv->engine, true), 0);
+  EXPECT_EQ(d->engine.delta_chunk_min, 0);
   auto n = parse({"--delta-chunk", "128"});
   ASSERT_TRUE(n.ok()) << n.error().message;
-  EXPECT_EQ(engine::resolve_delta_chunk(n->engine, false), 128);
-  auto z = parse({}, {{"KILN_DELTA_CHUNK", "0"}});
-  ASSERT_TRUE(z.ok());
-  EXPECT_EQ(engine::resolve_delta_chunk(z->engine, true), 0);
-  auto a = parse({"--delta-chunk", "auto"});
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->engine.delta_chunk_min, -1);
+  EXPECT_EQ(n->engine.delta_chunk_min, 128);
+  auto e = parse({}, {{"KILN_DELTA_CHUNK", "64"}});
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->engine.delta_chunk_min, 64);
   auto bad = parse({"--delta-chunk", "many"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("--delta-chunk"), std::string::npos) << bad.error().message;

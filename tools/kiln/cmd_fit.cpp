@@ -118,7 +118,6 @@ int cmd_fit(int argc, char** argv) {
     eo.n_parallel = po.n_parallel, eo.cache_ram_bytes = po.cache_ram_bytes, eo.cache_states = cache_states;
     po.n_rec_cache = engine::resolve_cache_states(eo);
     po.rec_cache_auto = cache_states < 0;
-    po.delta_chunk_min = engine::resolve_delta_chunk(eo, po.n_gpu_layers != 0);  // --delta-chunk auto
   }
   std::optional<model::ModelShape> draft;
   if (!model_draft.empty()) {
