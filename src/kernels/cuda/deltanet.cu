@@ -25,7 +25,6 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/deltanet_chunked.cuh"
 #include "kernels/cuda/deltanet_common.cuh"
-#include "kernels/cuda/invariant.h"
 
 namespace kiln::cuda {
 namespace {
@@ -280,17 +279,17 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
   a.qscale = float(1.0 / std::sqrt(double(S)));
   // Runs of at least max(chunk, 64) tokens: the chunked form (deltanet_chunked.cuh), planned on the
   // device first; the recurrence below skips their tokens.
-  const detail::GdnChunkLayout cl = chunk > 0 && !keep && !batch_invariant() && detail::gdn_chunk_s(S) && L.sm >= 80
+  const detail::GdnChunkLayout cl = !keep && L.sm >= 80 && gated_delta_workspace(S, Hv, chunk, T) > 0
                                         ? detail::gdn_chunk_layout(Hv, T)
                                         : detail::GdnChunkLayout{};
-  GdnChunkK ck{};
+  GdnPlanP plan{};
   if (cl.nr_max > 0) {
     KILN_CHECK(L.ws && L.ws_bytes >= cl.bytes, "gated_delta (chunked): workspace of {} bytes needed, {} given",
                cl.bytes, L.ws_bytes);
-    ck.p = gdn_plan_ptrs(L.ws, cl);
-    gdn_plan_kernel<<<1, kPlanThreads, 0, L.stream>>>(seq, int(T), std::max(chunk, kGC), ck.p);
+    plan = gdn_plan_ptrs(L.ws, cl);
+    gdn_plan_kernel<<<1, kPlanThreads, 0, L.stream>>>(seq, int(T), std::max(chunk, kGC), plan);
     KILN_DN_LAUNCHED("gated_delta (chunk plan)");
-    a.skip = ck.p.skip;
+    a.skip = plan.skip;
   }
   const int64_t ranges = std::min<int64_t>(T, kMaxRanges);
   a.range = int((T + ranges - 1) / ranges);
@@ -309,11 +308,7 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
   }
   KILN_DN_LAUNCHED("gated_delta");
   if (cl.nr_max > 0) {
-    ck.q = q.p, ck.k = k.p, ck.v = v.p, ck.g = g, ck.beta = beta, ck.out = out.p;
-    ck.q_s1 = q.s1, ck.q_s2 = q.s2, ck.k_s1 = k.s1, ck.k_s2 = k.s2, ck.v_s1 = v.s1, ck.v_s2 = v.s2;
-    ck.o_s1 = out.s1, ck.o_s2 = out.s2;
-    ck.st = a.st, ck.nb1 = state.nb1, ck.nb2 = state.nb2, ck.nb3 = state.nb3;
-    ck.Hk = int(Hk), ck.Hv = int(Hv), ck.qscale = a.qscale;
+    const GdnChunkK ck{a, plan};
     switch (S) {
       case 32: gdn_chunked_launch<32>(ck, cl, L.stream); break;
       case 64: gdn_chunked_launch<64>(ck, cl, L.stream); break;

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "kernels/cuda/deltanet_common.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace kiln::cuda {
@@ -121,14 +122,9 @@ __global__ void __launch_bounds__(kPlanThreads) gdn_plan_kernel(const int32_t* s
   if (threadIdx.x == 0) p.count[0] = n_chunks, p.count[1] = n_runs;
 }
 
+// The kernels' arguments: the recurrence's (deltanet_common.cuh) and the plan in the workspace.
 struct GdnChunkK {
-  const float *q, *k, *v, *g, *beta;
-  int64_t q_s1, q_s2, k_s1, k_s2, v_s1, v_s2, o_s1, o_s2;
-  float* out;
-  char* st;  // element (i, j, h) of slot s at st + j*nb1 + h*nb2 + s*nb3 + 4i
-  size_t nb1, nb2, nb3;
-  int Hk, Hv;
-  float qscale;
+  GdnK a;
   GdnPlanP p;
 };
 
@@ -157,7 +153,7 @@ __device__ __forceinline__ void gdn_stage_wait() {
 // The chunk's rows of q and k (zeros past its n tokens) into [C][S+1] (padded: the products below
 // read them down a column and along a row without bank conflicts); asynchronous copies.
 template <int S, int NT>
-__device__ __forceinline__ void gdn_stage_qk(const GdnChunkK& a, int t0, int n, int hk, float* sK, float* sQ) {
+__device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int hk, float* sK, float* sQ) {
   for (int idx = threadIdx.x; idx < kGC * S; idx += NT) {
     const int t = idx / S, i = idx - t * S;
     if (t < n) {
@@ -170,12 +166,14 @@ __device__ __forceinline__ void gdn_stage_qk(const GdnChunkK& a, int t0, int n, 
 }
 
 template <int S>
-__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK a) {
+__global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK ck) {
+  const GdnK& a = ck.a;
+  const GdnPlanP& p = ck.p;
   extern __shared__ float smf[];
   constexpr int KP = S + 1;
   const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  if (c >= a.p.count[0]) return;
-  const int4 ch = a.p.chunks[c];
+  if (c >= p.count[0]) return;
+  const int4 ch = p.chunks[c];
   const int t0 = ch.x, n = ch.y, hk = h % a.Hk;
   float* sK = smf;             // [C][S+1]
   float* sQ = sK + kGC * KP;   // [C][S+1]
@@ -218,7 +216,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc) kk[r][cc] = fmaf(kt[r], ks[cc], kk[r][cc]), qk[r][cc] = fmaf(qt[r], ks[cc], qk[r][cc]);
   }
-  float* mt = a.p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
+  float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
   float* gBm = mt + kGC * kGC;
 #pragma unroll
   for (int r = 0; r < 4; ++r)
@@ -264,12 +262,14 @@ __device__ __forceinline__ void gdn_lower_mm(const float* A, const float* B, int
 // Thread (tm = tid / 4, tn = tid % 4) of a pass block owns rows tm + 32 r and columns 4 tn .. 4 tn + 3 of
 // every [rows][16] product.
 template <int S>
-__global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK a) {
+__global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK ck) {
+  const GdnK& a = ck.a;
+  const GdnPlanP& p = ck.p;
   extern __shared__ float smf[];
   constexpr int KP = S + 1, NC = kGNC;
   const int run = blockIdx.z, h = blockIdx.y, col0 = blockIdx.x * NC, tid = threadIdx.x;
-  if (run >= a.p.count[1]) return;
-  const int4 rd = a.p.runs[run];
+  if (run >= p.count[1]) return;
+  const int4 rd = p.runs[run];
   const int hk = h % a.Hk, tm = tid >> 2, c4 = (tid & 3) * 4;
   float* sM = smf;                  // [S][16]: M0[:, col0 ..]
   float* sK = sM + S * NC;          // [C][S+1]
@@ -287,9 +287,9 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     gdn_cp(&sM[i * NC + j], scol(j) + i);  // waited for with the first chunk's stage
   }
   for (int c = rd.x; c < rd.x + rd.y; ++c) {
-    const int4 ch = a.p.chunks[c];
+    const int4 ch = p.chunks[c];
     const int t0 = ch.x, n = ch.y;
-    const float* mt = a.p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
+    const float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
     __syncthreads();  // the previous chunk is done with sK, sX, sR and has updated sM
     gdn_stage_qk<S, kPassThreads>(a, t0, n, hk, sK, sX);
     for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
@@ -385,16 +385,16 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
 }
 
 template <int S>
-void gdn_chunked_launch(const GdnChunkK& a, const detail::GdnChunkLayout& l, cudaStream_t st) {
+void gdn_chunked_launch(const GdnChunkK& ck, const detail::GdnChunkLayout& l, cudaStream_t st) {
   static const bool attr = cudaFuncSetAttribute(gdn_prep_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 int(gdn_prep_smem<S>())) == cudaSuccess &&
                            cudaFuncSetAttribute(gdn_pass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 int(gdn_pass_smem<S>())) == cudaSuccess;
   KILN_CHECK(attr, "gated_delta (chunked): {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S>(),
              gdn_pass_smem<S>(), S);
-  gdn_prep_kernel<S><<<dim3(unsigned(l.nc_max), unsigned(a.Hv)), kPrepThreads, gdn_prep_smem<S>(), st>>>(a);
-  gdn_pass_kernel<S><<<dim3(unsigned(S / kGNC), unsigned(a.Hv), unsigned(l.nr_max)), kPassThreads, gdn_pass_smem<S>(),
-                       st>>>(a);
+  gdn_prep_kernel<S><<<dim3(unsigned(l.nc_max), unsigned(ck.a.Hv)), kPrepThreads, gdn_prep_smem<S>(), st>>>(ck);
+  gdn_pass_kernel<S><<<dim3(unsigned(S / kGNC), unsigned(ck.a.Hv), unsigned(l.nr_max)), kPassThreads,
+                       gdn_pass_smem<S>(), st>>>(ck);
 }
 
 }  // namespace
