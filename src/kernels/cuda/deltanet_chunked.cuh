@@ -26,9 +26,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/check.h"
 #include "kernels/cuda/deltanet_common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/workspace.h"
 
 namespace kiln::cuda {
@@ -126,6 +128,7 @@ __global__ void __launch_bounds__(kPlanThreads) gdn_plan_kernel(const int32_t* s
 struct GdnChunkK {
   GdnK a;
   GdnPlanP p;
+  bool vec;  // q, k and v rows and their strides 16-byte aligned (16-byte staging copies)
 };
 
 template <int S>
@@ -150,17 +153,22 @@ __device__ __forceinline__ void gdn_stage_wait() {
   __syncthreads();
 }
 
-// The chunk's rows of q and k (zeros past its n tokens) into [C][S+1] (padded: the products below
-// read them down a column and along a row without bank conflicts); asynchronous copies.
-template <int S, int NT>
-__device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int hk, float* sK, float* sQ) {
-  for (int idx = threadIdx.x; idx < kGC * S; idx += NT) {
-    const int t = idx / S, i = idx - t * S;
+// The chunk's rows of q and k (zeros past its n tokens) into [C][P] (padded rows: the products read
+// them down a column and along a row without bank conflicts); asynchronous copies, 16 bytes each when
+// vec (q and k rows 16-byte aligned, P a multiple of 4), else 4.
+template <int S, int NT, int P>
+__device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int hk, float* sK, float* sQ, bool vec) {
+  const int w = vec ? 4 : 1, per = S / w;
+  for (int idx = threadIdx.x; idx < kGC * per; idx += NT) {
+    const int t = idx / per, i = (idx - t * per) * w;
+    float *dk = &sK[t * P + i], *dq = &sQ[t * P + i];
     if (t < n) {
-      gdn_cp(&sK[t * (S + 1) + i], a.k + int64_t(t0 + t) * a.k_s2 + int64_t(hk) * a.k_s1 + i);
-      gdn_cp(&sQ[t * (S + 1) + i], a.q + int64_t(t0 + t) * a.q_s2 + int64_t(hk) * a.q_s1 + i);
+      const float* k = a.k + int64_t(t0 + t) * a.k_s2 + int64_t(hk) * a.k_s1 + i;
+      const float* q = a.q + int64_t(t0 + t) * a.q_s2 + int64_t(hk) * a.q_s1 + i;
+      __pipeline_memcpy_async(dk, k, size_t(w) * sizeof(float));
+      __pipeline_memcpy_async(dq, q, size_t(w) * sizeof(float));
     } else {
-      sK[t * (S + 1) + i] = 0.0f, sQ[t * (S + 1) + i] = 0.0f;
+      for (int e = 0; e < w; ++e) dk[e] = dq[e] = 0.0f;
     }
   }
 }
@@ -181,7 +189,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
   float* sT = sA + kGC * kGCP;  // [C][C+1]: (I + A)^-1
   float* sG = sT + kGC * kGCP;  // [C]: cumulative log-decay (inclusive)
   float* sB = sG + kGC;         // [C]: beta
-  gdn_stage_qk<S, kPrepThreads>(a, t0, n, hk, sK, sQ);
+  gdn_stage_qk<S, kPrepThreads, S + 1>(a, t0, n, hk, sK, sQ, false);
   if (tid < kGC) {
     if (tid < n) {
       gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     const int t0 = ch.x, n = ch.y;
     const float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
     __syncthreads();  // the previous chunk is done with sK, sX, sR and has updated sM
-    gdn_stage_qk<S, kPassThreads>(a, t0, n, hk, sK, sX);
+    gdn_stage_qk<S, kPassThreads, S + 1>(a, t0, n, hk, sK, sX, false);
     for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
       const int t = idx / NC, j = idx - t * NC;
       if (t < n) gdn_cp(&sR[idx], a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j);
@@ -384,17 +392,200 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
   }
 }
 
+// ---- the pass on tensor cores (the default on sm_80+): gdn_pass_kernel's algebra with its five products
+// as 3xTF32 mmas (mma.cuh; about F32 accuracy) by the block's four warps. A warp owns rows 16 w .. 16 w + 15
+// of the [C][16] products (K M0, Q M0, Tm R, Bm D) and the row tiles 16 w + 64 m of the state update.
+constexpr int kMP = kGNC + 8;  // padded row of M0 [S][16] and of R / D / Dt [C][16] (B operands)
+constexpr int kTP = kGC + 4;   // padded row of Tm / Bm [C][C] (A operands)
+template <int S>
+constexpr int gdn_tc_kp() {  // padded row of q / k [C][S] (A operands, and B of the state update)
+  return S + 4;
+}
+template <int S>
+constexpr int gdn_tc_x() {  // floats of the region that holds Q, then Tm and Bm
+  return kGC * gdn_tc_kp<S>() > 2 * kGC * kTP ? kGC * gdn_tc_kp<S>() : 2 * kGC * kTP;
+}
+template <int S>
+constexpr size_t gdn_pass_tc_smem() {
+  return size_t(S * kMP + kGC * gdn_tc_kp<S>() + gdn_tc_x<S>() + 3 * kGC * kMP + 2 * kGC) * sizeof(float);
+}
+
+// c[nt] += A B on the warp's 16 x 8 NT tile over k in [k0, k1) (multiples of 8); A(r, k) for the tile's rows
+// r = 0..15 and B(k, n) read through the accessors. Fragment e of c[nt]: row g + 8 (e / 2), column
+// 8 nt + 2 q + e % 2 (g = lane / 4, q = lane % 4).
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void gdn_tc_mm(float (&c)[NT][4], int k0, int k1, FA A, FB B) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  for (int k = k0; k < k1; k += 8) {
+    uint32_t ah[4], al[4];
+    mma::tf32_split(A(g, k + q), ah[0], al[0]);
+    mma::tf32_split(A(g + 8, k + q), ah[1], al[1]);
+    mma::tf32_split(A(g, k + q + 4), ah[2], al[2]);
+    mma::tf32_split(A(g + 8, k + q + 4), ah[3], al[3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t bh0, bl0, bh1, bl1;
+      mma::tf32_split(B(k + q, 8 * nt + g), bh0, bl0);
+      mma::tf32_split(B(k + q + 4, 8 * nt + g), bh1, bl1);
+      mma::m16n8k8_tf32(c[nt], al, bh0, bh1);
+      mma::m16n8k8_tf32(c[nt], ah, bl0, bl1);
+      mma::m16n8k8_tf32(c[nt], ah, bh0, bh1);
+    }
+  }
+}
+
+template <int S>
+__global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChunkK ck) {
+  const GdnK& a = ck.a;
+  const GdnPlanP& p = ck.p;
+  extern __shared__ float smf[];
+  constexpr int KP = gdn_tc_kp<S>(), NC = kGNC;
+  const int run = blockIdx.z, h = blockIdx.y, col0 = blockIdx.x * NC, tid = threadIdx.x;
+  if (run >= p.count[1]) return;
+  const int4 rd = p.runs[run];
+  const int hk = h % a.Hk, tr = 16 * (tid >> 5), g = (tid & 31) >> 2, q2 = 2 * (tid & 3);
+  float* sM = smf;                  // [S][kMP]: M0[:, col0 ..]
+  float* sK = sM + S * kMP;         // [C][KP]
+  float* sX = sK + kGC * KP;        // Q [C][KP], then Tm and Bm [C][kTP]
+  float* sR = sX + gdn_tc_x<S>();   // [C][kMP]: v, then R
+  float* sD = sR + kGC * kMP;       // [C][kMP]: D
+  float* sDt = sD + kGC * kMP;      // [C][kMP]: e^{G_L-G_s} D
+  float* sG = sDt + kGC * kMP;      // [C]
+  float* sB = sG + kGC;             // [C]
+  float* sTm = sX;
+  float* sBm = sX + kGC * kTP;
+  char* stc = a.st + size_t(h) * a.nb2 + size_t(rd.z) * a.nb3;
+  auto scol = [&](int j) { return reinterpret_cast<float*>(stc + size_t(col0 + j) * a.nb1); };
+  for (int idx = tid; idx < S * NC; idx += kPassThreads) {
+    const int j = idx / S, i = idx - j * S;
+    gdn_cp(&sM[i * kMP + j], scol(j) + i);  // waited for with the first chunk's stage
+  }
+  // The fragment's rows t (e / 2 = 0, 1) and columns j (e % 2) in the warp's [C][16] tile.
+  auto frow = [&](int e) { return tr + g + 8 * (e >> 1); };
+  auto fcol = [&](int nt, int e) { return 8 * nt + q2 + (e & 1); };
+  for (int c = rd.x; c < rd.x + rd.y; ++c) {
+    const int4 ch = p.chunks[c];
+    const int t0 = ch.x, n = ch.y;
+    const float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
+    __syncthreads();  // the previous chunk is done with sK, sX, sR, sD and has updated sM
+    gdn_stage_qk<S, kPassThreads, KP>(a, t0, n, hk, sK, sX, ck.vec);
+    if (ck.vec) {
+      for (int idx = tid; idx < kGC * NC / 4; idx += kPassThreads) {
+        const int t = idx / (NC / 4), j = 4 * (idx - t * (NC / 4));
+        float* d = &sR[t * kMP + j];
+        if (t < n) __pipeline_memcpy_async(d, a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j, 16);
+        else d[0] = d[1] = d[2] = d[3] = 0.0f;
+      }
+    } else {
+      for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
+        const int t = idx / NC, j = idx - t * NC;
+        if (t < n) gdn_cp(&sR[t * kMP + j], a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j);
+        else sR[t * kMP + j] = 0.0f;
+      }
+    }
+    if (tid < kGC) {
+      gdn_cp(&sG[tid], mt + 2 * kGC * kGC + tid);
+      if (tid < n) gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
+      else sB[tid] = 0.0f;
+    }
+    gdn_stage_wait();
+    auto Mb = [&](int k, int j) { return sM[k * kMP + j]; };
+    float o[2][4] = {}, km[2][4] = {};
+    gdn_tc_mm<2>(o, 0, S, [&](int r, int k) { return sX[(tr + r) * KP + k]; }, Mb);  // Q M0
+    __syncthreads();  // every warp is done with Q: Tm and Bm take its place while K M0 is formed
+    for (int idx = tid; idx < kGC * kGC / 4; idx += kPassThreads) {
+      const int t = idx / (kGC / 4), s4 = 4 * (idx - t * (kGC / 4));
+      __pipeline_memcpy_async(&sTm[t * kTP + s4], mt + t * kGC + s4, 16);
+      __pipeline_memcpy_async(&sBm[t * kTP + s4], mt + kGC * kGC + t * kGC + s4, 16);
+    }
+    __pipeline_commit();
+    gdn_tc_mm<2>(km, 0, S, [&](int r, int k) { return sK[(tr + r) * KP + k]; }, Mb);  // K M0
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {  // R = beta (V - e^G K M0) (in place of V), O = e^G (Q M0) / sqrt(S)
+      const int t = frow(e);
+      const float eg = expf(sG[t]);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        float& rv = sR[t * kMP + fcol(nt, e)];
+        rv = t < n ? sB[t] * (rv - eg * km[nt][e]) : 0.0f;
+        o[nt][e] *= a.qscale * eg;
+      }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();  // Tm and Bm have landed; every row of R is written
+    const float GL = sG[n - 1];
+    {  // D = Tm R (Tm is lower triangular: the warp's rows need s < tr + 16)
+      float d[2][4] = {};
+      gdn_tc_mm<2>(d, 0, tr + 16, [&](int r, int k) { return sTm[(tr + r) * kTP + k]; },
+                   [&](int k, int j) { return sR[k * kMP + j]; });
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int t = frow(e);
+        const float w = t < n ? expf(GL - sG[t]) : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int j = fcol(nt, e);
+          sD[t * kMP + j] = d[nt][e], sDt[t * kMP + j] = w * d[nt][e];
+        }
+      }
+    }
+    __syncthreads();
+    // O += Bm D (Bm lower triangular), stored for the chunk's tokens
+    gdn_tc_mm<2>(o, 0, tr + 16, [&](int r, int k) { return sBm[(tr + r) * kTP + k]; },
+                 [&](int k, int j) { return sD[k * kMP + j]; });
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int t = frow(e);
+      if (t >= n) continue;
+      float* op = a.out + int64_t(t0 + t) * a.o_s2 + int64_t(h) * a.o_s1 + col0;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) op[fcol(nt, e)] = o[nt][e], op[fcol(nt, e + 1)] = o[nt][e + 1];
+    }
+    {  // M0 = e^{G_L} M0 + K^T Dt on the warp's row tiles i0 (rows of K past n are zeros)
+      const float eL = expf(GL);
+      const int kn = (n + 7) & ~7;
+      for (int i0 = tr; i0 < S; i0 += 64) {
+        float m[2][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) m[nt][e] = eL * sM[(i0 + g + 8 * (e >> 1)) * kMP + fcol(nt, e)];
+        gdn_tc_mm<2>(m, 0, kn, [&](int r, int k) { return sK[k * KP + i0 + r]; },
+                     [&](int k, int j) { return sDt[k * kMP + j]; });
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) sM[(i0 + g + 8 * (e >> 1)) * kMP + fcol(nt, e)] = m[nt][e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < S * NC; idx += kPassThreads) {
+    const int j = idx / S, i = idx - j * S;
+    scol(j)[i] = sM[i * kMP + j];
+  }
+}
+
 template <int S>
 void gdn_chunked_launch(const GdnChunkK& ck, const detail::GdnChunkLayout& l, cudaStream_t st) {
-  static const bool attr = cudaFuncSetAttribute(gdn_prep_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                int(gdn_prep_smem<S>())) == cudaSuccess &&
-                           cudaFuncSetAttribute(gdn_pass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                int(gdn_pass_smem<S>())) == cudaSuccess;
-  KILN_CHECK(attr, "gated_delta (chunked): {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S>(),
-             gdn_pass_smem<S>(), S);
+  // MEASUREMENT ONLY (session 19, for the A/B of run 100): KILN_GDN_PASS=1 runs the CUDA-core pass.
+  static const bool tc = [] {
+    const char* e = std::getenv("KILN_GDN_PASS");
+    return !(e != nullptr && e[0] == '1');
+  }();
+  static const bool attr =
+      cudaFuncSetAttribute(gdn_prep_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gdn_prep_smem<S>())) ==
+          cudaSuccess &&
+      cudaFuncSetAttribute(gdn_pass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gdn_pass_smem<S>())) ==
+          cudaSuccess &&
+      cudaFuncSetAttribute(gdn_pass_tc_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(gdn_pass_tc_smem<S>())) == cudaSuccess;
+  KILN_CHECK(attr, "gated_delta (chunked): {} / {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S>(),
+             gdn_pass_smem<S>(), gdn_pass_tc_smem<S>(), S);
   gdn_prep_kernel<S><<<dim3(unsigned(l.nc_max), unsigned(ck.a.Hv)), kPrepThreads, gdn_prep_smem<S>(), st>>>(ck);
-  gdn_pass_kernel<S><<<dim3(unsigned(S / kGNC), unsigned(ck.a.Hv), unsigned(l.nr_max)), kPassThreads,
-                       gdn_pass_smem<S>(), st>>>(ck);
+  const dim3 grid(unsigned(S / kGNC), unsigned(ck.a.Hv), unsigned(l.nr_max));
+  if (tc) gdn_pass_tc_kernel<S><<<grid, kPassThreads, gdn_pass_tc_smem<S>(), st>>>(ck);
+  else gdn_pass_kernel<S><<<grid, kPassThreads, gdn_pass_smem<S>(), st>>>(ck);
 }
 
 }  // namespace
