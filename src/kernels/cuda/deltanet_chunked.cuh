@@ -131,9 +131,54 @@ struct GdnChunkK {
   bool vec;  // q, k and v rows and their strides 16-byte aligned (16-byte staging copies)
 };
 
+// ---- tensor cores (the default on sm_80+): the prep's two products and the pass's five as 3xTF32 mmas
+// (mma.cuh; about F32 accuracy); KILN_GDN_PASS=1 runs both kernels on CUDA cores (measurement only).
+constexpr int kMP = kGNC + 8;  // padded row of M0 [S][16] and of R / D / Dt [C][16] (B operands)
+constexpr int kTP = kGC + 4;   // padded row of Tm / Bm [C][C] (A operands)
 template <int S>
+constexpr int gdn_tc_kp() {  // padded row of q / k [C][S] (A operands, and B of the state update)
+  return S + 4;
+}
+template <int S>
+constexpr int gdn_tc_x() {  // floats of the region that holds Q, then Tm and Bm
+  return kGC * gdn_tc_kp<S>() > 2 * kGC * kTP ? kGC * gdn_tc_kp<S>() : 2 * kGC * kTP;
+}
+template <int S>
+constexpr size_t gdn_pass_tc_smem() {
+  return size_t(S * kMP + kGC * gdn_tc_kp<S>() + gdn_tc_x<S>() + 3 * kGC * kMP + 2 * kGC) * sizeof(float);
+}
+template <int S, bool TC>
+constexpr int gdn_prep_kp() {  // padded row of q / k in the prep
+  return TC ? gdn_tc_kp<S>() : S + 1;
+}
+
+// c[nt] += A B on the warp's 16 x 8 NT tile over k in [k0, k1) (multiples of 8); A(r, k) for the tile's rows
+// r = 0..15 and B(k, n) read through the accessors. Fragment e of c[nt]: row g + 8 (e / 2), column
+// 8 nt + 2 q + e % 2 (g = lane / 4, q = lane % 4).
+template <int NT, class FA, class FB>
+__device__ __forceinline__ void gdn_tc_mm(float (&c)[NT][4], int k0, int k1, FA A, FB B) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  for (int k = k0; k < k1; k += 8) {
+    uint32_t ah[4], al[4];
+    mma::tf32_split(A(g, k + q), ah[0], al[0]);
+    mma::tf32_split(A(g + 8, k + q), ah[1], al[1]);
+    mma::tf32_split(A(g, k + q + 4), ah[2], al[2]);
+    mma::tf32_split(A(g + 8, k + q + 4), ah[3], al[3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t bh0, bl0, bh1, bl1;
+      mma::tf32_split(B(k + q, 8 * nt + g), bh0, bl0);
+      mma::tf32_split(B(k + q + 4, 8 * nt + g), bh1, bl1);
+      mma::m16n8k8_tf32(c[nt], al, bh0, bh1);
+      mma::m16n8k8_tf32(c[nt], ah, bl0, bl1);
+      mma::m16n8k8_tf32(c[nt], ah, bh0, bh1);
+    }
+  }
+}
+
+template <int S, bool TC>
 constexpr size_t gdn_prep_smem() {
-  return size_t(2 * kGC * (S + 1) + 2 * kGC * kGCP + 2 * kGC) * sizeof(float);
+  return size_t(2 * kGC * gdn_prep_kp<S, TC>() + 2 * kGC * kGCP + 2 * kGC) * sizeof(float);
 }
 template <int S>
 constexpr int gdn_pass_x() {  // floats of the region that holds Q, then Tm and Bm
@@ -173,12 +218,12 @@ __device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int h
   }
 }
 
-template <int S>
+template <int S, bool TC>
 __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK ck) {
   const GdnK& a = ck.a;
   const GdnPlanP& p = ck.p;
   extern __shared__ float smf[];
-  constexpr int KP = S + 1;
+  constexpr int KP = gdn_prep_kp<S, TC>();
   const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   if (c >= p.count[0]) return;
   const int4 ch = p.chunks[c];
@@ -189,7 +234,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
   float* sT = sA + kGC * kGCP;  // [C][C+1]: (I + A)^-1
   float* sG = sT + kGC * kGCP;  // [C]: cumulative log-decay (inclusive)
   float* sB = sG + kGC;         // [C]: beta
-  gdn_stage_qk<S, kPrepThreads, S + 1>(a, t0, n, hk, sK, sQ, false);
+  gdn_stage_qk<S, kPrepThreads, KP>(a, t0, n, hk, sK, sQ, TC && ck.vec);
   if (tid < kGC) {
     if (tid < n) {
       gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
@@ -210,32 +255,45 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
     sG[2 * tid] = s - x1, sG[2 * tid + 1] = s;
   }
   __syncthreads();
-  // k_t.k_s and q_t.k_s: rows t = tr..tr+3, columns s = tc + 16 cc
-  const int tr = (tid >> 4) * 4, tc = tid & 15;
-  float kk[4][4] = {}, qk[4][4] = {};
-  for (int i = 0; i < S; ++i) {
-    float kt[4], qt[4], ks[4];
+  float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
+  float* gBm = mt + kGC * kGC;
+  // A[t][s] and Bm[t][s] from k_t.k_s and q_t.k_s
+  auto put = [&](int t, int s, float kk, float qk) {
+    const bool in = s <= t && t < n;
+    const float dec = in ? expf(sG[t] - sG[s]) : 0.0f;
+    sA[t * kGCP + s] = in && s < t ? sB[t] * dec * kk : 0.0f;
+    gBm[t * kGC + s] = in ? a.qscale * dec * qk : 0.0f;
+  };
+  if constexpr (TC) {  // warp w: rows 16 (w % 4) .., columns 32 (w / 4) ..
+    const int w = tid >> 5, g = (tid & 31) >> 2, q2 = 2 * (tid & 3), tr = 16 * (w & 3), n0 = 32 * (w >> 2);
+    float kk[4][4] = {}, qk[4][4] = {};
+    auto Kt = [&](int k, int s) { return sK[(n0 + s) * KP + k]; };
+    gdn_tc_mm<4>(kk, 0, S, [&](int r, int k) { return sK[(tr + r) * KP + k]; }, Kt);
+    gdn_tc_mm<4>(qk, 0, S, [&](int r, int k) { return sQ[(tr + r) * KP + k]; }, Kt);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) kt[r] = sK[(tr + r) * KP + i], qt[r] = sQ[(tr + r) * KP + i];
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int cc = 0; cc < 4; ++cc) ks[cc] = sK[(tc + 16 * cc) * KP + i];
+      for (int e = 0; e < 4; ++e) put(tr + g + 8 * (e >> 1), n0 + 8 * nt + q2 + (e & 1), kk[nt][e], qk[nt][e]);
+  } else {  // rows t = tr..tr+3, columns s = tc + 16 cc
+    const int tr = (tid >> 4) * 4, tc = tid & 15;
+    float kk[4][4] = {}, qk[4][4] = {};
+    for (int i = 0; i < S; ++i) {
+      float kt[4], qt[4], ks[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) kt[r] = sK[(tr + r) * KP + i], qt[r] = sQ[(tr + r) * KP + i];
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) ks[cc] = sK[(tc + 16 * cc) * KP + i];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc)
+          kk[r][cc] = fmaf(kt[r], ks[cc], kk[r][cc]), qk[r][cc] = fmaf(qt[r], ks[cc], qk[r][cc]);
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
-      for (int cc = 0; cc < 4; ++cc) kk[r][cc] = fmaf(kt[r], ks[cc], kk[r][cc]), qk[r][cc] = fmaf(qt[r], ks[cc], qk[r][cc]);
+      for (int cc = 0; cc < 4; ++cc) put(tr + r, tc + 16 * cc, kk[r][cc], qk[r][cc]);
   }
-  float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
-  float* gBm = mt + kGC * kGC;
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int cc = 0; cc < 4; ++cc) {
-      const int t = tr + r, s = tc + 16 * cc;
-      const bool in = s <= t && t < n;
-      const float dec = in ? expf(sG[t] - sG[s]) : 0.0f;
-      sA[t * kGCP + s] = in && s < t ? sB[t] * dec * kk[r][cc] : 0.0f;
-      gBm[t * kGC + s] = in ? a.qscale * dec * qk[r][cc] : 0.0f;
-    }
   __syncthreads();
   {  // (I + A) Tm = I by forward substitution: column j by 4 threads (terms s = j + part + 4m), row by row
     const int j = tid >> 2, part = tid & 3;
@@ -392,48 +450,6 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
   }
 }
 
-// ---- the pass on tensor cores (the default on sm_80+): gdn_pass_kernel's algebra with its five products
-// as 3xTF32 mmas (mma.cuh; about F32 accuracy) by the block's four warps. A warp owns rows 16 w .. 16 w + 15
-// of the [C][16] products (K M0, Q M0, Tm R, Bm D) and the row tiles 16 w + 64 m of the state update.
-constexpr int kMP = kGNC + 8;  // padded row of M0 [S][16] and of R / D / Dt [C][16] (B operands)
-constexpr int kTP = kGC + 4;   // padded row of Tm / Bm [C][C] (A operands)
-template <int S>
-constexpr int gdn_tc_kp() {  // padded row of q / k [C][S] (A operands, and B of the state update)
-  return S + 4;
-}
-template <int S>
-constexpr int gdn_tc_x() {  // floats of the region that holds Q, then Tm and Bm
-  return kGC * gdn_tc_kp<S>() > 2 * kGC * kTP ? kGC * gdn_tc_kp<S>() : 2 * kGC * kTP;
-}
-template <int S>
-constexpr size_t gdn_pass_tc_smem() {
-  return size_t(S * kMP + kGC * gdn_tc_kp<S>() + gdn_tc_x<S>() + 3 * kGC * kMP + 2 * kGC) * sizeof(float);
-}
-
-// c[nt] += A B on the warp's 16 x 8 NT tile over k in [k0, k1) (multiples of 8); A(r, k) for the tile's rows
-// r = 0..15 and B(k, n) read through the accessors. Fragment e of c[nt]: row g + 8 (e / 2), column
-// 8 nt + 2 q + e % 2 (g = lane / 4, q = lane % 4).
-template <int NT, class FA, class FB>
-__device__ __forceinline__ void gdn_tc_mm(float (&c)[NT][4], int k0, int k1, FA A, FB B) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  for (int k = k0; k < k1; k += 8) {
-    uint32_t ah[4], al[4];
-    mma::tf32_split(A(g, k + q), ah[0], al[0]);
-    mma::tf32_split(A(g + 8, k + q), ah[1], al[1]);
-    mma::tf32_split(A(g, k + q + 4), ah[2], al[2]);
-    mma::tf32_split(A(g + 8, k + q + 4), ah[3], al[3]);
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      uint32_t bh0, bl0, bh1, bl1;
-      mma::tf32_split(B(k + q, 8 * nt + g), bh0, bl0);
-      mma::tf32_split(B(k + q + 4, 8 * nt + g), bh1, bl1);
-      mma::m16n8k8_tf32(c[nt], al, bh0, bh1);
-      mma::m16n8k8_tf32(c[nt], ah, bl0, bl1);
-      mma::m16n8k8_tf32(c[nt], ah, bh0, bh1);
-    }
-  }
-}
-
 template <int S>
 __global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChunkK ck) {
   const GdnK& a = ck.a;
@@ -568,24 +584,30 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChun
 
 template <int S>
 void gdn_chunked_launch(const GdnChunkK& ck, const detail::GdnChunkLayout& l, cudaStream_t st) {
-  // MEASUREMENT ONLY (session 19, for the A/B of run 100): KILN_GDN_PASS=1 runs the CUDA-core pass.
+  // MEASUREMENT ONLY (session 19, for the A/B of run 100): KILN_GDN_PASS=1 runs the CUDA-core prep and pass.
   static const bool tc = [] {
     const char* e = std::getenv("KILN_GDN_PASS");
     return !(e != nullptr && e[0] == '1');
   }();
   static const bool attr =
-      cudaFuncSetAttribute(gdn_prep_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gdn_prep_smem<S>())) ==
-          cudaSuccess &&
+      cudaFuncSetAttribute(gdn_prep_kernel<S, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(gdn_prep_smem<S, false>())) == cudaSuccess &&
+      cudaFuncSetAttribute(gdn_prep_kernel<S, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(gdn_prep_smem<S, true>())) == cudaSuccess &&
       cudaFuncSetAttribute(gdn_pass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gdn_pass_smem<S>())) ==
           cudaSuccess &&
       cudaFuncSetAttribute(gdn_pass_tc_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(gdn_pass_tc_smem<S>())) == cudaSuccess;
-  KILN_CHECK(attr, "gated_delta (chunked): {} / {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S>(),
-             gdn_pass_smem<S>(), gdn_pass_tc_smem<S>(), S);
-  gdn_prep_kernel<S><<<dim3(unsigned(l.nc_max), unsigned(ck.a.Hv)), kPrepThreads, gdn_prep_smem<S>(), st>>>(ck);
-  const dim3 grid(unsigned(S / kGNC), unsigned(ck.a.Hv), unsigned(l.nr_max));
-  if (tc) gdn_pass_tc_kernel<S><<<grid, kPassThreads, gdn_pass_tc_smem<S>(), st>>>(ck);
-  else gdn_pass_kernel<S><<<grid, kPassThreads, gdn_pass_smem<S>(), st>>>(ck);
+  KILN_CHECK(attr, "gated_delta (chunked): {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S, true>(),
+             gdn_pass_tc_smem<S>(), S);
+  const dim3 pgrid(unsigned(l.nc_max), unsigned(ck.a.Hv)), grid(unsigned(S / kGNC), unsigned(ck.a.Hv), unsigned(l.nr_max));
+  if (tc) {
+    gdn_prep_kernel<S, true><<<pgrid, kPrepThreads, gdn_prep_smem<S, true>(), st>>>(ck);
+    gdn_pass_tc_kernel<S><<<grid, kPassThreads, gdn_pass_tc_smem<S>(), st>>>(ck);
+  } else {
+    gdn_prep_kernel<S, false><<<pgrid, kPrepThreads, gdn_prep_smem<S, false>(), st>>>(ck);
+    gdn_pass_kernel<S><<<grid, kPassThreads, gdn_pass_smem<S>(), st>>>(ck);
+  }
 }
 
 }  // namespace
