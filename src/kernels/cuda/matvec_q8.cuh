@@ -30,7 +30,7 @@
 //   7 CTAs (TM launches of IQ4_XS, Q4_K, Q5_K; template argument CPS = 7): 7 resident CTAs per SM (28 warps) instead of 6, with a ring of
 //   3 stages (Q5_K: 2) so that 7 CTAs' rings fit the shared memory; the kernel is latency-bound (a warp
 //   issues every ~10 cycles, run 75's ncu), so more resident warps hide more of it: +4.0 % tg128 on the 9B
-//   (H100, run 94; KILN_CUDA_MV_OCC7=0 gives the 6-CTA instances). Same sums, bit-identical outputs.
+//   (H100, run 94; KILN_CUDA_MV_OCC=6 gives the 6-CTA instances, =8 the 8-CTA ones of IQ4_XS / Q4_K). Same sums, bit-identical outputs.
 // Must not: allocate or synchronize, or read a byte outside the 16-byte vectors that hold the rows
 //   (the copy path reads none outside the rows at all).
 // Threading: kernels only.
@@ -108,14 +108,16 @@ struct MvTm<true> {
 // CPS > 0: an instance built for CPS resident CTAs (launch bounds; the ring as MvqGeom says).
 template <int M, bool BULK, int CPS = 0>
 inline constexpr int kMvqCtasPerSm = CPS > 0 ? CPS : BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
-// The 7-CTA instances for the one-column tensor-map launches (KILN_CUDA_MV_OCC7=0: the 6-CTA ones, for A/B runs).
-// Run 94 (H100, 9B IQ4_XS tg128, alternating): 338.1 / 341.6 -> 352.7 / 354.5 t/s (+4.0 %).
-inline bool mv_occ7() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_MV_OCC7");
-    return !(e != nullptr && e[0] == '0');
+// Resident CTAs per SM of the one-column tensor-map launches: 7 (the default; KILN_CUDA_MV_OCC=6 gives the
+// 6-CTA instances, for A/B runs). Run 94 (H100, 9B IQ4_XS tg128, alternating): 6 -> 7 CTAs 338.1 / 341.6 ->
+// 352.7 / 354.5 t/s (+4.0 %). MEASUREMENT ONLY (session 19, run 100): KILN_CUDA_MV_OCC=8 runs IQ4_XS and Q4_K
+// at 8 CTAs (a 2-stage ring, <= 64 registers: 60 / 62, no spills; Q5_K would spill and stays at 7).
+inline int mv_occ() {
+  static const int n = [] {
+    const char* e = std::getenv("KILN_CUDA_MV_OCC");
+    return e == nullptr ? 7 : e[0] == '6' ? 6 : e[0] == '8' ? 8 : 7;
   }();
-  return on;
+  return n;
 }
 // MEASUREMENT ONLY (prepared in session 17 for run 95): KILN_CUDA_MV_M4_CTAS5=1 runs the 3-4-column bulk
 // kernels (a verify step's, a 3-4-slot decode's) at 5 resident CTAs per SM instead of 4 (<= 102 registers).
@@ -418,6 +420,7 @@ template <GgmlType T>
 void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   constexpr int kNat = q8::U<T>::kAlign;
   constexpr bool k7Ctas = T == GgmlType::IQ4_XS || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
+  constexpr bool k8Ctas = T == GgmlType::IQ4_XS || T == GgmlType::Q4_K;
   const int64_t rows_per_cta = kMvRowsPerCta * (kMvWarps / a.ks);
   MvTm<true> tm;
   bool use_tm = false;
@@ -433,8 +436,11 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
     }
     const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
     if constexpr (MvqGeom<T, true>::kTmOk) {
+      if constexpr (k8Ctas) {
+        if (use_tm && mv_occ() == 8) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 8>);
+      }
       if constexpr (k7Ctas) {
-        if (use_tm && mv_occ7()) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 7>);
+        if (use_tm && mv_occ() >= 7) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 7>);
       }
       if (use_tm) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true>);
     }
@@ -448,8 +454,11 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   }
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   if constexpr (MvqGeom<T, true>::kTmOk) {
+    if constexpr (k8Ctas) {
+      if (use_tm && mv_occ() == 8) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 8>);
+    }
     if constexpr (k7Ctas) {
-      if (use_tm && mv_occ7()) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 7>);
+      if (use_tm && mv_occ() >= 7) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 7>);
     }
     if (use_tm) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true>);
   }
