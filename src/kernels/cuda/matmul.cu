@@ -68,12 +68,8 @@ int64_t block_elems(GgmlType t) {
 
 std::atomic<int> g_x_mode{0};
 std::atomic<int> g_pdl{-1}, g_bulk{-1}, g_tmap{-1}, g_mmq{-1};  // -1: from the environment
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 bool env_f32x() {
-  static const bool on = env_is("KILN_CUDA_MMV_F32X", "1");
+  static const bool on = detail::env_is("KILN_CUDA_MMV_F32X", "1");
   return on;
 }
 // A switch that is on for sm_`min_sm`+ unless set off by the setter (g) or by NAME=0 in the environment.
@@ -176,6 +172,11 @@ bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
 }  // namespace
 
 namespace detail {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
 void set_matvec_x_mode(int mode) { g_x_mode.store(mode); }
 void set_matvec_bulk(bool on) { g_bulk.store(on ? 1 : 0); }
 bool matvec_bulk(int sm) {

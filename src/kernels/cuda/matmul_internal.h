@@ -16,6 +16,9 @@ namespace kiln::cuda::detail {
 
 using gguf::GgmlType;
 
+// Whether the environment variable NAME is set to VALUE (the measurement and fallback switches).
+bool env_is(const char* name, const char* value);
+
 inline constexpr int kMvCols = 8;       // columns of X one mat-vec pass computes
 inline constexpr int kMvRowsPerCta = 4;  // weight rows per CTA (matvec.cuh)
 inline constexpr int kMvMaxSeg = 4;      // weights of one segmented int8 launch (matmul_n)

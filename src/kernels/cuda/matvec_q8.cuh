@@ -38,7 +38,6 @@
 #include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cuda/bulk_copy.cuh"
@@ -113,19 +112,13 @@ inline constexpr int kMvqCtasPerSm = CPS > 0 ? CPS : BULK && M <= 2 ? 6 : M <= 2
 // 352.7 / 354.5 t/s (+4.0 %). MEASUREMENT ONLY (session 19, run 100): KILN_CUDA_MV_OCC=8 runs IQ4_XS and Q4_K
 // at 8 CTAs (a 2-stage ring, <= 64 registers: 60 / 62, no spills; Q5_K would spill and stays at 7).
 inline int mv_occ() {
-  static const int n = [] {
-    const char* e = std::getenv("KILN_CUDA_MV_OCC");
-    return e == nullptr ? 7 : e[0] == '6' ? 6 : e[0] == '8' ? 8 : 7;
-  }();
+  static const int n = env_is("KILN_CUDA_MV_OCC", "6") ? 6 : env_is("KILN_CUDA_MV_OCC", "8") ? 8 : 7;
   return n;
 }
 // MEASUREMENT ONLY (prepared in session 17 for run 95): KILN_CUDA_MV_M4_CTAS5=1 runs the 3-4-column bulk
 // kernels (a verify step's, a 3-4-slot decode's) at 5 resident CTAs per SM instead of 4 (<= 102 registers).
 inline bool mv_m4_ctas5() {
-  static const bool on = [] {
-    const char* e = std::getenv("KILN_CUDA_MV_M4_CTAS5");
-    return e != nullptr && e[0] == '1';
-  }();
+  static const bool on = env_is("KILN_CUDA_MV_M4_CTAS5", "1");
   return on;
 }
 
