@@ -110,7 +110,7 @@ inline constexpr int kMvqCtasPerSm = CPS > 0 ? CPS : BULK && M <= 2 ? 6 : M <= 2
 // Resident CTAs per SM of the one-column tensor-map launches: 7 (the default; KILN_CUDA_MV_OCC=6 gives the
 // 6-CTA instances, for A/B runs). Run 94 (H100, 9B IQ4_XS tg128, alternating): 6 -> 7 CTAs 338.1 / 341.6 ->
 // 352.7 / 354.5 t/s (+4.0 %). MEASUREMENT ONLY (session 19, run 100): KILN_CUDA_MV_OCC=8 runs IQ4_XS and Q4_K
-// at 8 CTAs (a 2-stage ring, <= 64 registers: 60 / 62, no spills; Q5_K would spill and stays at 7).
+// at 8 CTAs (rings of 3 / 2 stages, <= 64 registers: 60 / 62, no spills; Q5_K would spill and stays at 7).
 inline int mv_occ() {
   static const int n = env_is("KILN_CUDA_MV_OCC", "6") ? 6 : env_is("KILN_CUDA_MV_OCC", "8") ? 8 : 7;
   return n;
