@@ -15,8 +15,11 @@
 //        O = e^G (Q M0) / sqrt(S) + Bm D                               (the outputs)
 //        M0 = e^{G_L} M0 + sum_s e^{G_L-G_s} k_s d_s^T                 (the state after the chunk)
 //      which is the recurrence's algebra (src/kernels/cpu/delta.cpp's gated_delta_rule_chunked solves
-//      the same triangular system by substitution). All of it in F32 on CUDA cores; the sums run in
-//      a different order from the recurrence's, so the results agree to float rounding, not in bits.
+//      the same triangular system by substitution). The products of prep and pass run on tensor cores
+//      as 3xTF32 mmas (gdn_tc_mm: F32 operands split into TF32 hi + lo, about F32 accuracy); the
+//      substitution and the gates in F32 on CUDA cores. KILN_GDN_PASS=1 (measurement only) runs the
+//      first, CUDA-core kernels instead. The sums run in a different order from the recurrence's, so
+//      the results agree to float rounding, not in bits.
 // Must not: allocate or synchronize; it is not taken with keep slots or --batch-invariant (the
 //   launcher's rule).
 // Threading: launchers only enqueue on L.stream.
