@@ -40,6 +40,10 @@ struct Rows {
   int64_t ne0 = 0, n1 = 1, n2 = 1;
   int64_t s1 = 0, s2 = 0;
 };
+// Whether every row starting at p + i1*s1 + i2*s2 is 16-byte aligned (float4 / 16-byte copies).
+inline bool rows_vec16(const float* p, int64_t s1, int64_t s2) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && s1 % 4 == 0 && s2 % 4 == 0;
+}
 
 // Per-sequence memory: element/row (i1, i2, slot) at base + i1*nb1 + i2*nb2 + slot*nb3 (bytes).
 struct SeqMem {

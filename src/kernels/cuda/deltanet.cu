@@ -308,8 +308,8 @@ void gated_delta(const Launch& L, Rows q, Rows k, Rows v, const float* g, const 
   }
   KILN_DN_LAUNCHED("gated_delta");
   if (cl.nr_max > 0) {
-    auto al16 = [](const Rows& r) { return reinterpret_cast<uintptr_t>(r.p) % 16 == 0 && r.s1 % 4 == 0 && r.s2 % 4 == 0; };
-    const GdnChunkK ck{a, plan, al16(q) && al16(k) && al16(v)};
+    const GdnChunkK ck{a, plan,
+                       rows_vec16(q.p, q.s1, q.s2) && rows_vec16(k.p, k.s1, k.s2) && rows_vec16(v.p, v.s1, v.s2)};
     switch (S) {
       case 32: gdn_chunked_launch<32>(ck, cl, L.stream); break;
       case 64: gdn_chunked_launch<64>(ck, cl, L.stream); break;

@@ -201,24 +201,25 @@ __device__ __forceinline__ void gdn_stage_wait() {
   __syncthreads();
 }
 
-// The chunk's rows of q and k (zeros past its n tokens) into [C][P] (padded rows: the products read
-// them down a column and along a row without bank conflicts); asynchronous copies, 16 bytes each when
-// vec (q and k rows 16-byte aligned, P a multiple of 4), else 4.
-template <int S, int NT, int P>
-__device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int hk, float* sK, float* sQ, bool vec) {
-  const int w = vec ? 4 : 1, per = S / w;
+// Rows t < n of a chunk (cols floats from src + t stride) into dst [C][P], zeros for t >= n: padded rows, so
+// the products read them down a column and along a row without bank conflicts. Asynchronous copies of 16
+// bytes when vec (the rows 16-byte aligned, cols and P multiples of 4), else of 4; the caller commits.
+template <int NT>
+__device__ __forceinline__ void gdn_stage_rows(float* dst, int P, const float* src, int64_t stride, int n, int cols,
+                                               bool vec) {
+  const int w = vec ? 4 : 1, per = cols / w;
   for (int idx = threadIdx.x; idx < kGC * per; idx += NT) {
     const int t = idx / per, i = (idx - t * per) * w;
-    float *dk = &sK[t * P + i], *dq = &sQ[t * P + i];
-    if (t < n) {
-      const float* k = a.k + int64_t(t0 + t) * a.k_s2 + int64_t(hk) * a.k_s1 + i;
-      const float* q = a.q + int64_t(t0 + t) * a.q_s2 + int64_t(hk) * a.q_s1 + i;
-      __pipeline_memcpy_async(dk, k, size_t(w) * sizeof(float));
-      __pipeline_memcpy_async(dq, q, size_t(w) * sizeof(float));
-    } else {
-      for (int e = 0; e < w; ++e) dk[e] = dq[e] = 0.0f;
-    }
+    float* d = dst + t * P + i;
+    if (t < n) __pipeline_memcpy_async(d, src + int64_t(t) * stride + i, size_t(w) * sizeof(float));
+    else for (int e = 0; e < w; ++e) d[e] = 0.0f;
   }
+}
+// The chunk's rows of k and q (key head hk) into [C][P].
+template <int S, int NT, int P>
+__device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int hk, float* sK, float* sQ, bool vec) {
+  gdn_stage_rows<NT>(sK, P, a.k + int64_t(t0) * a.k_s2 + int64_t(hk) * a.k_s1, a.k_s2, n, S, vec);
+  gdn_stage_rows<NT>(sQ, P, a.q + int64_t(t0) * a.q_s2 + int64_t(hk) * a.q_s1, a.q_s2, n, S, vec);
 }
 
 template <int S, bool TC>
@@ -361,11 +362,7 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
     const float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
     __syncthreads();  // the previous chunk is done with sK, sX, sR and has updated sM
     gdn_stage_qk<S, kPassThreads, S + 1>(a, t0, n, hk, sK, sX, false);
-    for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
-      const int t = idx / NC, j = idx - t * NC;
-      if (t < n) gdn_cp(&sR[idx], a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j);
-      else sR[idx] = 0.0f;
-    }
+    gdn_stage_rows<kPassThreads>(sR, NC, a.v + int64_t(t0) * a.v_s2 + int64_t(h) * a.v_s1 + col0, a.v_s2, n, NC, false);
     if (tid < kGC) {
       gdn_cp(&sG[tid], mt + 2 * kGC * kGC + tid);
       if (tid < n) gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
@@ -398,11 +395,8 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK 
       }
     }
     __syncthreads();  // Q is consumed: Tm and Bm take its place
-    for (int idx = tid; idx < kGC * kGC; idx += kPassThreads) {
-      const int t = idx / kGC, s = idx - t * kGC;
-      gdn_cp(&sX[t * kGCP + s], mt + idx);
-      gdn_cp(&sX[kGC * kGCP + t * kGCP + s], mt + kGC * kGC + idx);
-    }
+    gdn_stage_rows<kPassThreads>(sX, kGCP, mt, kGC, kGC, kGC, false);
+    gdn_stage_rows<kPassThreads>(sX + kGC * kGCP, kGCP, mt + kGC * kGC, kGC, kGC, kGC, false);
     gdn_stage_wait();
     const float GL = sG[n - 1];
     {  // D = Tm R (Tm is unit lower triangular: row t needs s <= t)
@@ -488,20 +482,8 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChun
     const float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
     __syncthreads();  // the previous chunk is done with sK, sX, sR, sD and has updated sM
     gdn_stage_qk<S, kPassThreads, KP>(a, t0, n, hk, sK, sX, ck.vec);
-    if (ck.vec) {
-      for (int idx = tid; idx < kGC * NC / 4; idx += kPassThreads) {
-        const int t = idx / (NC / 4), j = 4 * (idx - t * (NC / 4));
-        float* d = &sR[t * kMP + j];
-        if (t < n) __pipeline_memcpy_async(d, a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j, 16);
-        else d[0] = d[1] = d[2] = d[3] = 0.0f;
-      }
-    } else {
-      for (int idx = tid; idx < kGC * NC; idx += kPassThreads) {
-        const int t = idx / NC, j = idx - t * NC;
-        if (t < n) gdn_cp(&sR[t * kMP + j], a.v + int64_t(t0 + t) * a.v_s2 + int64_t(h) * a.v_s1 + col0 + j);
-        else sR[t * kMP + j] = 0.0f;
-      }
-    }
+    gdn_stage_rows<kPassThreads>(sR, kMP, a.v + int64_t(t0) * a.v_s2 + int64_t(h) * a.v_s1 + col0, a.v_s2, n, NC,
+                                 ck.vec);
     if (tid < kGC) {
       gdn_cp(&sG[tid], mt + 2 * kGC * kGC + tid);
       if (tid < n) gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
@@ -512,11 +494,8 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChun
     float o[2][4] = {}, km[2][4] = {};
     gdn_tc_mm<2>(o, 0, S, [&](int r, int k) { return sX[(tr + r) * KP + k]; }, Mb);  // Q M0
     __syncthreads();  // every warp is done with Q: Tm and Bm take its place while K M0 is formed
-    for (int idx = tid; idx < kGC * kGC / 4; idx += kPassThreads) {
-      const int t = idx / (kGC / 4), s4 = 4 * (idx - t * (kGC / 4));
-      __pipeline_memcpy_async(&sTm[t * kTP + s4], mt + t * kGC + s4, 16);
-      __pipeline_memcpy_async(&sBm[t * kTP + s4], mt + kGC * kGC + t * kGC + s4, 16);
-    }
+    gdn_stage_rows<kPassThreads>(sTm, kTP, mt, kGC, kGC, kGC, true);  // the workspace's rows are 16-byte aligned
+    gdn_stage_rows<kPassThreads>(sBm, kTP, mt + kGC * kGC, kGC, kGC, kGC, true);
     __pipeline_commit();
     gdn_tc_mm<2>(km, 0, S, [&](int r, int k) { return sK[(tr + r) * KP + k]; }, Mb);  // K M0
 #pragma unroll
@@ -564,17 +543,18 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChun
       const float eL = expf(GL);
       const int kn = (n + 7) & ~7;
       for (int i0 = tr; i0 < S; i0 += 64) {
+        float* mp = sM + (i0 - tr) * kMP;  // fragment (nt, e) at mp[frow(e) * kMP + fcol(nt, e)]
         float m[2][4];
 #pragma unroll
         for (int e = 0; e < 4; ++e)
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) m[nt][e] = eL * sM[(i0 + g + 8 * (e >> 1)) * kMP + fcol(nt, e)];
+          for (int nt = 0; nt < 2; ++nt) m[nt][e] = eL * mp[frow(e) * kMP + fcol(nt, e)];
         gdn_tc_mm<2>(m, 0, kn, [&](int r, int k) { return sK[k * KP + i0 + r]; },
                      [&](int k, int j) { return sDt[k * kMP + j]; });
 #pragma unroll
         for (int e = 0; e < 4; ++e)
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) sM[(i0 + g + 8 * (e >> 1)) * kMP + fcol(nt, e)] = m[nt][e];
+          for (int nt = 0; nt < 2; ++nt) mp[frow(e) * kMP + fcol(nt, e)] = m[nt][e];
       }
     }
   }

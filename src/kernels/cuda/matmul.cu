@@ -165,10 +165,6 @@ int mv_ks(const Launch& L, int64_t k, int64_t n, int64_t n_grid_y) {
   return ks;
 }
 
-bool x_vec_ok(const float* x, int64_t s1, int64_t s2) {
-  return uintptr_t(x) % 16 == 0 && s1 % 4 == 0 && s2 % 4 == 0;
-}
-
 }  // namespace
 
 namespace detail {
@@ -262,7 +258,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     a.w = w, a.w_stride = w_stride, a.k = k, a.n = n;
     a.x = x + c0 * x_stride, a.x_stride = x_stride, a.y = y + c0 * y_stride, a.y_stride = y_stride;
     a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
-    a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
+    a.xv = rows_vec16(a.x, a.m > 1 ? x_stride : 0, 0);
     a.ks = mv_ks(L, k, n, 1);
     if (q8) {
       a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32), a.pdl = detail::matvec_pdl(L.sm);
@@ -346,7 +342,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
       a.bulk = detail::matvec_bulk(L.sm), a.tmap = detail::matvec_tmap(L.sm);
       if (m == 1 && !inv) {  // decode: one segmented launch (its own kernel instances, one column)
         a.w = ws[seg[0]].w, a.w_stride = ws[seg[0]].w_stride, a.n = ws[seg[0]].n, a.y = ws[seg[0]].y;
-        a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = x_vec_ok(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);
+        a.y_stride = ws[seg[0]].y_stride, a.m = 1, a.xv = rows_vec16(x, 0, 0), a.ks = mv_ks(L, k, rows, 1);
         a.nseg = nseg;
         for (int e = 0; e < nseg; ++e) {
           const MatmulW& W = ws[seg[e]];
@@ -363,7 +359,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
           a.w = W.w, a.w_stride = W.w_stride, a.n = W.n;
           a.x = x + c0 * x_stride, a.y = W.y + c0 * W.y_stride, a.y_stride = W.y_stride;
           a.m = int(std::min<int64_t>(detail::kMvCols, m - c0));
-          a.xv = x_vec_ok(a.x, a.m > 1 ? x_stride : 0, 0);
+          a.xv = rows_vec16(a.x, a.m > 1 ? x_stride : 0, 0);
           a.ks = mv_ks(L, k, W.n, 1);
           a.xq = xq + c0 * k, a.xs = xmeta + c0 * (k / 32);
           mv_q8(t, a, 1, L.stream);
@@ -392,7 +388,7 @@ void matmul_id(const Launch& L, GgmlType wt, const void* w, size_t w_stride, siz
   }
   MvArgs a;
   a.w = w, a.w_stride = w_stride, a.k = k, a.n = n, a.x = x, a.y = y, a.m = 1;
-  a.xv = x_vec_ok(x, x_tok, nx == 1 ? 0 : x_slot);
+  a.xv = rows_vec16(x, x_tok, nx == 1 ? 0 : x_slot);
   a.ids = ids, a.K = K, a.w_expert_stride = w_expert_stride;
   a.x_slot = x_slot, a.x_tok = x_tok, a.y_slot = y_slot, a.y_tok = y_tok, a.nx_one = nx == 1;
   const bool q8 = detail::matvec_uses_q8(wt);
