@@ -5,6 +5,8 @@ server on the same model); tests that need kiln's own flags skip themselves then
 """
 import os
 import pathlib
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -94,11 +96,33 @@ class KilnServer:
             try:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
+                stacks = self.thread_stacks()
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError(f"kiln serve did not stop within {timeout}s after {sig!r}")
+                tail = "\n".join(self.log_text().splitlines()[-40:])
+                raise AssertionError(f"kiln serve did not stop within {timeout}s after {sig!r}\n"
+                                     f"--- its threads (gdb) ---\n{stacks}\n--- the last lines of its log ---\n{tail}")
         self.log.close()
         return self.proc.returncode
+
+    def thread_stacks(self) -> str:
+        """Every thread's stack of the running server (gdb, when installed): what a hang is waiting on."""
+        gdb = shutil.which("gdb")
+        if gdb is None or self.proc.poll() is not None:
+            return "(gdb not installed)" if gdb is None else "(the server has exited)"
+        try:
+            r = subprocess.run([gdb, "-p", str(self.proc.pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                               capture_output=True, text=True, timeout=60)
+        except (subprocess.TimeoutExpired, OSError) as e:
+            return f"(gdb failed: {e})"
+        # Threads with the same frames (idle HTTP workers, pool workers) once, with their count.
+        groups = {}
+        for block in r.stdout.split("\nThread ")[1:]:
+            frames = [ln for ln in block.splitlines()[1:] if ln.startswith("#")]
+            key = tuple(re.sub(r"0x[0-9a-f]+|\(.*", "", f.split(" in ")[-1]) for f in frames)
+            groups.setdefault(key, ["\n".join(frames), 0])[1] += 1
+        out = [f"{n} thread(s):\n{frames}" for frames, n in groups.values()]
+        return "\n".join(out)[-30000:] or (r.stdout[-5000:] + r.stderr[-2000:])
 
     def __enter__(self):
         return self

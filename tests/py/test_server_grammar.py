@@ -58,7 +58,7 @@ def validate(text, schema):
 
 
 def post(url, path, body):
-    r = requests.post(url + path, json=body, timeout=600)
+    r = requests.post(url + path, json=body, timeout=180)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -123,7 +123,7 @@ def test_json_object_and_stream_equals_non_stream(smol):
         text = r["choices"][0]["message"]["content"]
         if r["choices"][0]["finish_reason"] == "stop":
             assert isinstance(json.loads(text), dict)
-        s = requests.post(smol + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=600)
+        s = requests.post(smol + "/v1/chat/completions", json={**body, "stream": True}, stream=True, timeout=180)
         events, _ = sse_events(s)
         streamed = "".join((e["choices"][0]["delta"].get("content") or "") for e in events if e != "[DONE]" and e["choices"])
         assert streamed == text
@@ -196,7 +196,7 @@ def test_openai_sdk_parse_with_pydantic(smol):
         age: int = pydantic.Field(ge=0, le=130)
         tags: list[Literal["a", "b", "c"]] = pydantic.Field(max_length=3)
 
-    c = openai.OpenAI(base_url=smol + "/v1", api_key="none")
+    c = openai.OpenAI(base_url=smol + "/v1", api_key="none", max_retries=0, timeout=180)
     for seed in (1, 2, 3):
         r = c.chat.completions.parse(model="kiln", messages=MSG, response_format=Person, temperature=1.0, seed=seed,
                                      max_tokens=400)
