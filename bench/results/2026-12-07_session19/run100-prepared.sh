@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device run 100 (session 19), one call: carry .gpu-run/r100 and .gpu-run/fid with tests/fixtures, bench/results,
-# src, docs and tests moved aside (64 MiB). Binaries of main at 6c577f7. (1) test_cuda_seq with the tensor-core
+# src, docs and tests moved aside (64 MiB). Binaries of main at 8b27d2f (packed in session 20; no C++/CUDA change after it). (1) test_cuda_seq with the tensor-core
 # chunked delta rule and with KILN_GDN_PASS=1 (the CUDA-core kernels), their gated_delta timings; (2) kiln pp with
 # --delta-chunk 0 / 64; (3) every other GPU test; (4) the fidelity table; (5) llama-bench and kiln bench on the same
 # files in the same run, tg128 with 7 / 8 CTAs (KILN_CUDA_MV_OCC); (6) ncu of the chunked kernels; -ub 2048.
