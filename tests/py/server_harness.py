@@ -131,6 +131,13 @@ class KilnServer:
         self.stop()
 
 
+def sdk_client(url, timeout=300):
+    """The official OpenAI SDK's client for the server at `url`: no retries (a failure shows at once, not
+    after the SDK's three tries), and a timeout that ends a hung request."""
+    import openai
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
 def chat(url, body, headers=None, timeout=300):
     return requests.post(url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=timeout)
 

@@ -14,7 +14,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_harness import AGAINST, KilnServer, chat, smollm2_path, sse_events
+from server_harness import AGAINST, KilnServer, chat, sdk_client, smollm2_path, sse_events
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def url(request):
 
 @pytest.fixture(scope="module")
 def client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return sdk_client(url)
 
 
 MSG = [{"role": "user", "content": "Name three colors."}]

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import requests
 
-from server_harness import AGAINST, KilnServer, gen_model, smollm2_path, sse_events
+from server_harness import AGAINST, KilnServer, gen_model, sdk_client, smollm2_path, sse_events
 
 pytestmark = pytest.mark.skipif(bool(AGAINST), reason="starts kiln with its own flags")
 
@@ -188,7 +188,6 @@ def test_openai_sdk_parse_with_pydantic(smol):
     SDK sends its strict JSON schema and parses the reply into the model), blocking and streamed."""
     from typing import Literal
 
-    import openai
     import pydantic
 
     class Person(pydantic.BaseModel):
@@ -196,7 +195,7 @@ def test_openai_sdk_parse_with_pydantic(smol):
         age: int = pydantic.Field(ge=0, le=130)
         tags: list[Literal["a", "b", "c"]] = pydantic.Field(max_length=3)
 
-    c = openai.OpenAI(base_url=smol + "/v1", api_key="none", max_retries=0, timeout=180)
+    c = sdk_client(smol, timeout=180)
     for seed in (1, 2, 3):
         r = c.chat.completions.parse(model="kiln", messages=MSG, response_format=Person, temperature=1.0, seed=seed,
                                      max_tokens=400)

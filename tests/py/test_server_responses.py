@@ -16,7 +16,7 @@ import openai
 import pytest
 import requests
 
-from server_harness import AGAINST
+from server_harness import AGAINST, sdk_client
 from dialect_fixtures import WEATHER, smol, tiny  # noqa: F401 (pytest fixtures)
 
 pytestmark = pytest.mark.skipif(bool(AGAINST), reason="starts kiln with its own flags")
@@ -26,7 +26,7 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for
 
 
 def client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return sdk_client(url)
 
 
 def test_plain_equals_chat_completions(smol):

@@ -12,11 +12,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import openai
 import pytest
 import requests
 
-from server_harness import AGAINST, KilnServer, gen_model, smollm2_path
+from server_harness import AGAINST, KilnServer, gen_model, sdk_client, smollm2_path
 
 pytestmark = pytest.mark.skipif(bool(AGAINST), reason="starts kiln with its own flags")
 
@@ -67,7 +66,7 @@ def tiny_qwen35(kiln_bin, work_dir, shared_data):
 
 
 def client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    return sdk_client(url, timeout=600)
 
 
 OPENERS = ("<tool_call>", "[TOOL_CALLS]")
