@@ -59,6 +59,8 @@ class GrammarAutomaton;  // engine/grammar_matcher.h
 struct EngineOptions;
 // EngineOptions::cache_states resolved (0 with the prefix cache off).
 int resolve_cache_states(const EngineOptions& o);
+// EngineOptions::delta_chunk_min resolved for a model with (gpu) or without layers on a GPU.
+int resolve_delta_chunk(const EngineOptions& o, bool gpu);
 
 struct EngineOptions {
   int64_t n_ctx = 0;           // -c: total context; each slot gets n_ctx / n_parallel positions.
@@ -66,7 +68,9 @@ struct EngineOptions {
                                //     at least 1).
   int n_parallel = 1;          // -np: slots
   int64_t n_batch = 2048;      // -b: logical batch
-  int64_t n_ubatch = 512;      // -ub: physical batch; one step decodes at most min(n_batch, n_ubatch)
+  int64_t n_ubatch = 0;        // -ub: physical batch; one step decodes at most min(n_batch, n_ubatch).
+                               //     0 (auto, model::kUbatchAuto): load() resolves it with the memory plan
+                               //     (2048 where everything fits on the GPU with it, else 512)
   int n_threads = 0;           // -t: compute threads (<= 0: all cores / KILN_THREADS)
   model::GgmlType type_k = model::GgmlType::F16;  // -ctk
   model::GgmlType type_v = model::GgmlType::F16;  // -ctv
@@ -97,8 +101,10 @@ struct EngineOptions {
   bool snapshot_before_control = true;
   // Hybrid prefill: runs of at least this many tokens use the chunked gated-delta form
   // (model::ContextOptions::delta_chunk_min; 0 = never). Faster prefill, but results then depend
-  // slightly on how prompts are split into chunks (the prefix cache changes the split).
-  int delta_chunk_min = 0;
+  // slightly on how prompts are split into chunks (the prefix cache changes the split). -1 (`--delta-chunk
+  // auto`): 64 when layers run on a GPU without batch_invariant (whose kernels depend on the batch
+  // anyway), 0 on the CPU (batch-invariant by default); resolve_delta_chunk.
+  int delta_chunk_min = -1;
   // false (`-fa off`): llama.cpp's non-flash attention arithmetic (model::ContextOptions::flash_attn):
   // bit-identical to llama.cpp on AVX-512 hosts, but results depend on batch composition.
   bool flash_attn = true;

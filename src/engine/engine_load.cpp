@@ -63,6 +63,11 @@ static ModelInfo info_from_model(const model::Model& m, const tokenizer::Tokeniz
   return mi;
 }
 
+int resolve_delta_chunk(const EngineOptions& o, bool gpu) {
+  if (o.delta_chunk_min >= 0) return o.delta_chunk_min;
+  return gpu && !o.batch_invariant ? 64 : 0;
+}
+
 int resolve_cache_states(const EngineOptions& o) {
   if (o.cache_ram_bytes == 0) return 0;
   return o.cache_states >= 0 ? o.cache_states : std::min(64, std::max(1, o.n_parallel) + 4);
@@ -81,7 +86,7 @@ static Result<std::unique_ptr<ModelRunner>> make_runner(const model::Model& m, c
   ro.n_threads = o.n_threads;
   ro.type_k = o.type_k;
   ro.type_v = o.type_v;
-  ro.delta_chunk_min = o.delta_chunk_min;
+  ro.delta_chunk_min = resolve_delta_chunk(o, m.info().n_gpu_layers > 0);
   ro.flash_attn = o.flash_attn;
   ro.batch_invariant = o.batch_invariant;
   ro.embeddings = o.embeddings;
@@ -271,7 +276,7 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   o.type_k = opt_.type_k;
   o.type_v = opt_.type_v;
   o.n_threads = opt_.n_threads;
-  o.delta_chunk_min = opt_.delta_chunk_min;
+  o.delta_chunk_min = resolve_delta_chunk(opt_, opt_.n_gpu_layers != 0);
   o.flash_attn = opt_.flash_attn;
   o.n_gpu_layers = opt_.n_gpu_layers;
   o.main_gpu = opt_.main_gpu;
@@ -307,6 +312,12 @@ Result<int> Engine::fit_memory(const gguf::File& f) {
   KILN_LOG_INFO("{}", plan->table());
   if (!plan->fits()) KILN_LOG_WARN("--fit off: the plan does not fit {}; loading as asked", plan->gpu->name);
   if (opt_.cache_states < 0) opt_.cache_states = plan->n_rec_cache;  // as fitting sized them
+  if (opt_.n_ubatch == model::kUbatchAuto) {
+    opt_.n_ubatch = plan->n_ubatch;
+    if (plan->n_ubatch > 512)
+      KILN_LOG_INFO("--fit: steps of up to {} tokens (-ub auto: everything fits on {} with them; -ub sets it)",
+                    plan->n_step, plan->gpu->name);
+  }
   if (opt_.n_ctx == 0 && plan->n_ctx != model::resolve_total_context(0, shape->cfg.n_ctx_train)) {
     KILN_LOG_INFO("--fit: context {} (the training context does not fit; -c sets it explicitly)", plan->n_ctx);
     opt_.n_ctx = plan->n_ctx;

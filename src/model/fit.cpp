@@ -142,7 +142,8 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
   p.n_rec_cache = c.n_recurrent_layers() > 0 ? o.n_rec_cache : 0;
   p.n_ctx = resolve_total_context(o.n_ctx, c.n_ctx_train);
   p.n_ctx_slot = slot_context(p.n_ctx, p.n_parallel);
-  p.n_step = step_tokens(o.n_batch, o.n_ubatch, p.n_parallel);
+  p.n_ubatch = o.n_ubatch > 0 ? o.n_ubatch : 512;
+  p.n_step = step_tokens(o.n_batch, p.n_ubatch, p.n_parallel);
   const int64_t first_gpu = c.n_layer - std::min<int64_t>(p.n_gpu_layers, c.n_layer);
   auto on_gpu = [&](int64_t il) { return il >= first_gpu; };
   const int64_t n_out = o.n_outputs_max > 0 ? std::min(o.n_outputs_max, p.n_step) : p.n_step;
@@ -406,8 +407,9 @@ std::string MemoryPlan::gpu_parts() const {
 
 // ---- fitting ----
 
-Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, const PlanOptions& o, const FitOptions& f,
-                            const std::optional<DeviceBudget>& gpu) {
+// fit_plan with a given -ub.
+static Result<MemoryPlan> fit_plan_ub(const ModelShape& m, const ProjectorShape* proj, const PlanOptions& o,
+                                      const FitOptions& f, const std::optional<DeviceBudget>& gpu) {
   const ModelConfig& c = m.cfg;
   const bool auto_ngl = o.n_gpu_layers == kGpuLayersAuto;
   // Experts move only when nothing about their placement was asked for (llama-server's fit: n_cpu_moe).
@@ -436,7 +438,7 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
   if (auto_states) {  // everything below plans without the slots
     PlanOptions none = o;
     none.n_rec_cache = 0;
-    return fit_plan(m, proj, none, f, gpu);
+    return fit_plan_ub(m, proj, none, f, gpu);
   }
   // A context left unset: the largest (a multiple of 256, at least --fit-ctx) that fits with ngl0.
   const int64_t total = resolve_total_context(o.n_ctx, c.n_ctx_train);
@@ -498,6 +500,28 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
              m.path, gpu->name, mib(bad->gpu_total()), mib(gpu->usable()),
              gpu->cap > 0 ? "--device-memory / free memory minus the" : "free memory minus the --fit-target",
              mib(gpu->target), bad->gpu_parts(), hints);
+}
+
+Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, const PlanOptions& o, const FitOptions& f,
+                            const std::optional<DeviceBudget>& gpu) {
+  if (o.n_ubatch != kUbatchAuto) return fit_plan_ub(m, proj, o, f, gpu);
+  PlanOptions small = o;
+  small.n_ubatch = 512;
+  auto p = fit_plan_ub(m, proj, small, f, gpu);
+  KILN_TRY(p);
+  // -ub auto: large steps only where everything is on the GPU and the plan fitted at 512 keeps fitting with
+  // them (the same context, layers, experts and cache slots).
+  if (!gpu || !f.fit || !p->fits() || !p->output_on_gpu ||
+      step_tokens(o.n_batch, kUbatchLarge, p->n_parallel) <= p->n_step)
+    return p;
+  PlanOptions large = small;
+  large.n_ubatch = kUbatchLarge;
+  large.n_ctx = p->n_ctx;
+  large.placement.n_cpu_moe = p->n_cpu_moe;
+  large.n_rec_cache = p->n_rec_cache;
+  auto q = plan_memory(m, proj, large, p->n_gpu_layers, gpu);
+  KILN_TRY(q);
+  return q->fits() ? q : p;
 }
 
 // ---- flags ----

@@ -195,10 +195,19 @@ const std::vector<Opt>& table() {
           so.engine.flash_attn = v != "off";
           return {};
         });
-    add_int({"--delta-chunk"}, env_of("DELTA_CHUNK"), "N",
-            "hybrid models' prefill: runs of at least N prompt tokens take the chunked gated delta rule instead of "
-            "the token recurrence (default 0: never)",
-            0, int64_t(1) << 20, [](ServerOptions& so, int64_t x) { so.engine.delta_chunk_min = int(x); });
+    add({"--delta-chunk"}, env_of("DELTA_CHUNK"), "N|auto",
+        "hybrid models' prefill: runs of at least N prompt tokens take the chunked gated delta rule (0: the token "
+        "recurrence; auto, the default: 64 on a GPU without --batch-invariant, 0 on the CPU)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v == "auto") {
+            so.engine.delta_chunk_min = -1;
+            return {};
+          }
+          auto x = to_int(v, src, 0, int64_t(1) << 20);
+          KILN_TRY(x);
+          so.engine.delta_chunk_min = int(*x);
+          return {};
+        });
     add_bool_to({"--batch-invariant"}, env_of("BATCH_INVARIANT"),
                 "the same bits for a token however the batch is made (GPU: per-token kernels, slower prefill and "
                 "batches; the CPU is batch-invariant already)",
@@ -223,8 +232,19 @@ const std::vector<Opt>& table() {
         [](ServerOptions& so, int64_t x) { so.engine.n_parallel = x <= 0 ? 1 : int(x); });
     add_int({"-b", "--batch-size"}, env_of("BATCH"), "N", "logical batch size (default 2048)", 1, 1 << 20,
         [](ServerOptions& so, int64_t x) { so.engine.n_batch = x; });
-    add_int({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N", "physical batch size: tokens per step (default 512)", 1, 1 << 20,
-        [](ServerOptions& so, int64_t x) { so.engine.n_ubatch = x; });
+    add({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N|auto",
+        "physical batch size: tokens per step (auto, the default: 2048 where the fitted plan keeps everything on the "
+        "GPU and still fits with it, else 512)",
+        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          if (v == "auto") {
+            so.engine.n_ubatch = 0;
+            return {};
+          }
+          auto x = to_int(v, src, 1, int64_t(1) << 20);
+          KILN_TRY(x);
+          so.engine.n_ubatch = *x;
+          return {};
+        });
     add_int({"-t", "--threads"}, env_of("THREADS"), "N", "compute threads (default -1 = all cores)", -1, 4096,
         [](ServerOptions& so, int64_t x) { so.engine.n_threads = int(x); });
     add({"-lm", "--load-mode"}, env_of("LOAD_MODE"), "MODE",

@@ -355,6 +355,68 @@ TEST(ModelFit, CacheStateSlotsGrowIntoSpareMemoryAndGoFirst) {
   EXPECT_LT(asked->n_gpu_layers, 33);
 }
 
+// -ub auto (kUbatchAuto, kiln serve's default): steps of kUbatchLarge tokens where everything is on the GPU and
+// the plan fitted at 512 still fits with them, else 512; never at the cost of context or layers.
+TEST(ModelFit, UbatchAutoTakesLargeStepsOnlyWithRoom) {
+  Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
+  PlanOptions o;
+  o.n_ctx = 32768;
+  o.n_ubatch = kUbatchAuto;
+  auto big = fit_plan(m.shape, nullptr, o, FitOptions{}, card(80 * kGiB));
+  ASSERT_TRUE(big.ok()) << big.error().message;
+  EXPECT_TRUE(big->fits());
+  EXPECT_EQ(big->n_ubatch, kUbatchLarge);
+  EXPECT_EQ(big->n_step, kUbatchLarge);
+  EXPECT_EQ(big->n_gpu_layers, 33);
+  PlanOptions o512 = o;
+  o512.n_ubatch = 512;
+  auto base = plan_memory(m.shape, nullptr, o512, 33, card(80 * kGiB));
+  ASSERT_TRUE(base.ok());
+  EXPECT_EQ(base->n_step, 512);
+  EXPECT_GT(part(*big, "compute scratch")->gpu, part(*base, "compute scratch")->gpu);
+  // plan_memory alone takes auto as 512.
+  auto plain = plan_memory(m.shape, nullptr, o, 33, card(80 * kGiB));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->n_ubatch, 512);
+  EXPECT_EQ(plain->gpu_total(), base->gpu_total());
+  // A card where the 512-token plan fits and the 2048-token one does not: 512, every layer kept.
+  const uint64_t between = (base->gpu_total() + big->gpu_total()) / 2 + (uint64_t(1024) << 20);
+  auto mid = fit_plan(m.shape, nullptr, o, FitOptions{}, card(between));
+  ASSERT_TRUE(mid.ok()) << mid.error().message;
+  EXPECT_EQ(mid->n_ubatch, 512);
+  EXPECT_EQ(mid->n_gpu_layers, 33);
+  EXPECT_EQ(mid->n_ctx, 32768);
+  // An unset context is fitted first: on 8 GiB it takes the room and the steps stay at 512.
+  PlanOptions unset = o;
+  unset.n_ctx = 0;
+  auto fitted = fit_plan(m.shape, nullptr, unset, FitOptions{}, card(8 * kGiB));
+  ASSERT_TRUE(fitted.ok()) << fitted.error().message;
+  EXPECT_LT(fitted->n_ctx, 262144);
+  EXPECT_EQ(fitted->n_ubatch, 512);
+  // Layers on the CPU (an explicit context too large for every layer): 512.
+  PlanOptions part_gpu = o;
+  part_gpu.n_ctx = 262144;
+  auto some = fit_plan(m.shape, nullptr, part_gpu, FitOptions{}, card(8 * kGiB));
+  ASSERT_TRUE(some.ok()) << some.error().message;
+  EXPECT_LT(some->n_gpu_layers, 33);
+  EXPECT_EQ(some->n_ubatch, 512);
+  // The CPU and --fit off: 512; an explicit -ub is kept.
+  auto cpu = fit_plan(m.shape, nullptr, o, FitOptions{}, std::nullopt);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->n_ubatch, 512);
+  FitOptions off;
+  off.fit = false;
+  auto unfitted = fit_plan(m.shape, nullptr, o, off, card(80 * kGiB));
+  ASSERT_TRUE(unfitted.ok());
+  EXPECT_EQ(unfitted->n_ubatch, 512);
+  PlanOptions given = o;
+  given.n_ubatch = 1024;
+  auto kept = fit_plan(m.shape, nullptr, given, FitOptions{}, card(80 * kGiB));
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->n_ubatch, 1024);
+  EXPECT_EQ(kept->n_step, 1024);
+}
+
 TEST(ModelFit, FitOffKeepsValuesAndNoGpuPlansTheCpu) {
   Meta m = meta_model("qwen35-9b", gen::Mix::IQ4_XS, 0);
   PlanOptions o;

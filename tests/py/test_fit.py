@@ -89,7 +89,7 @@ def row(table, part):
 
 
 def chosen(stdout):
-    m = re.search(r"^-ngl (\d+) -c (\d+)$", stdout, re.M)
+    m = re.search(r"^-ngl (\d+) -c (\d+)(?: -ub 2048)?$", stdout, re.M)
     assert m, stdout
     return int(m.group(1)), int(m.group(2))
 
@@ -126,6 +126,43 @@ def test_user1_qwen35_9b_64k_projector_mtp_on_8gib(kiln_bin, models):
     assert r.returncode == 1
     for part in ("does not fit", "weights", "KV cache", "projector", "image batch", "MTP head"):
         assert part in r.stderr, r.stderr
+
+
+def test_ubatch_auto_takes_large_steps_only_where_everything_fits(kiln_bin, models):
+    """-ub auto (kiln serve's default): 2048-token steps where the plan fitted at 512 keeps every layer and the
+    output on the GPU and still fits with them; 512 where the context or the layers were fitted to the card,
+    on the CPU, and with --fit off; an explicit -ub is kept."""
+    def steps(stdout):
+        m = re.search(r"activations for (\d+) tokens per step", stdout)
+        assert m, stdout
+        return int(m.group(1))
+
+    roomy = ["fit", "-m", models["9b"], "-c", 32768, "--device-memory", "80GiB"]
+    r = run(kiln_bin, *roomy)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^-ngl 33 -c 32768 -ub 2048$", r.stdout, re.M), r.stdout
+    assert steps(r.stdout) == 2048
+    big = row(r.stdout, "compute scratch")[1]
+    r512 = run(kiln_bin, *roomy, "--ubatch-size", 512)
+    assert re.search(r"^-ngl 33 -c 32768$", r512.stdout, re.M), r512.stdout
+    assert steps(r512.stdout) == 512 and row(r512.stdout, "compute scratch")[1] < big
+    r1k = run(kiln_bin, *roomy, "--ubatch-size", 1024)
+    assert re.search(r"^-ngl 33 -c 32768 -ub 1024$", r1k.stdout, re.M), r1k.stdout
+    # -b caps the step as in the engine (min(-b, -ub)).
+    rb = run(kiln_bin, *roomy, "-b", 1024)
+    assert steps(rb.stdout) == 1024 and re.search(r"^-ngl 33 -c 32768 -ub 2048$", rb.stdout, re.M), rb.stdout
+    # Unset context on 8 GiB: fitted to the card, so the steps stay at 512 (context comes first).
+    r8 = run(kiln_bin, "fit", "-m", models["9b"], "--device-memory", "8GiB")
+    assert r8.returncode == 0, r8.stderr
+    assert steps(r8.stdout) == 512 and re.search(r"^-ngl 33 -c \d+$", r8.stdout, re.M), r8.stdout
+    # Layers on the CPU (explicit 64K on 8 GiB): 512.
+    rp = run(kiln_bin, "fit", "-m", models["9b"], "-c", 65536, "--device-memory", "8GiB")
+    assert steps(rp.stdout) == 512 and chosen(rp.stdout)[0] < 33, rp.stdout
+    # --fit off: 512 (no plan is searched).
+    ro = run(kiln_bin, *roomy, "--fit", "off")
+    assert steps(ro.stdout) == 512, ro.stdout
+    bad = run(kiln_bin, *roomy, "--ubatch-size", "big")
+    assert bad.returncode == 2 and "--ubatch-size big" in bad.stderr
 
 
 def test_generated_projector_is_planned_as_the_hand_written_one(kiln_bin, models, tmp_path):
@@ -233,7 +270,7 @@ def moe(kiln_bin, tmp_path_factory):
 
 
 def moe_chosen(stdout):
-    m = re.search(r"^-ngl (\d+) -c (\d+)(?: --n-cpu-moe (\d+)| (--cpu-moe))?$", stdout, re.M)
+    m = re.search(r"^-ngl (\d+) -c (\d+)(?: --n-cpu-moe (\d+)| (--cpu-moe))?(?: -ub 2048)?$", stdout, re.M)
     assert m, stdout
     n = 40 if m.group(4) else int(m.group(3) or 0)
     return int(m.group(1)), int(m.group(2)), n

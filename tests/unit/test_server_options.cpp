@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "model/placement.h"
 #include "server/options.h"
 
@@ -139,17 +140,46 @@ TEST(ServerOptions, BatchInvariant) {
   EXPECT_FALSE(parse({"--batch-invariant=maybe"}).ok());
 }
 
-// --delta-chunk N (0 by default: the recurrence), KILN_DELTA_CHUNK; errors name the flag.
+// --delta-chunk N|auto, KILN_DELTA_CHUNK; auto resolves to 64 on a GPU without --batch-invariant, else 0.
+// -ub N|auto, LLAMA_ARG_UBATCH: auto (0, the default) is resolved by the memory plan (model::fit_plan).
+TEST(ServerOptions, UbatchAuto) {
+  auto d = parse({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->engine.n_ubatch, 0);
+  auto n = parse({"-ub", "1024"});
+  ASSERT_TRUE(n.ok()) << n.error().message;
+  EXPECT_EQ(n->engine.n_ubatch, 1024);
+  auto e = parse({}, {{"LLAMA_ARG_UBATCH", "256"}});
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  EXPECT_EQ(e->engine.n_ubatch, 256);
+  auto a = parse({"--ubatch-size", "auto"});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->engine.n_ubatch, 0);
+  for (const char* v : {"0", "-1", "lots"}) {
+    auto bad = parse({"-ub", v});
+    ASSERT_FALSE(bad.ok()) << v;
+    EXPECT_NE(bad.error().message.find("-ub"), std::string::npos) << bad.error().message;
+  }
+}
+
 TEST(ServerOptions, DeltaChunk) {
   auto d = parse({});
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->engine.delta_chunk_min, 0);
+  EXPECT_EQ(d->engine.delta_chunk_min, -1);
+  EXPECT_EQ(engine::resolve_delta_chunk(d->engine, true), 64);
+  EXPECT_EQ(engine::resolve_delta_chunk(d->engine, false), 0);
+  auto inv = parse({"--batch-invariant"});
+  ASSERT_TRUE(inv.ok());
+  EXPECT_EQ(engine::resolve_delta_chunk(inv->engine, true), 0);
   auto n = parse({"--delta-chunk", "128"});
   ASSERT_TRUE(n.ok()) << n.error().message;
-  EXPECT_EQ(n->engine.delta_chunk_min, 128);
-  auto e = parse({}, {{"KILN_DELTA_CHUNK", "64"}});
-  ASSERT_TRUE(e.ok());
-  EXPECT_EQ(e->engine.delta_chunk_min, 64);
+  EXPECT_EQ(engine::resolve_delta_chunk(n->engine, false), 128);
+  auto z = parse({}, {{"KILN_DELTA_CHUNK", "0"}});
+  ASSERT_TRUE(z.ok());
+  EXPECT_EQ(engine::resolve_delta_chunk(z->engine, true), 0);
+  auto a = parse({"--delta-chunk", "auto"});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->engine.delta_chunk_min, -1);
   auto bad = parse({"--delta-chunk", "many"});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("--delta-chunk"), std::string::npos) << bad.error().message;

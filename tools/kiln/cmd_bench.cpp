@@ -1,7 +1,7 @@
 // `kiln bench` — llama-bench-like throughput measurement of prompt processing (pp) and token
 // generation (tg) on the CPU, with the same flags and table so the numbers line up side by side:
 //   kiln bench -m FILE[,FILE] [-p 512] [-n 128] [-pg 512,128] [-d 0] [-r 5] [-t N] [-b 2048] [-ub 512]
-//              [-ctk f16] [-ctv f16] [-fa on|off|auto] [--delta-chunk 0] [-o md|json|jsonl] [--no-warmup] [--batch-invariant]
+//              [-ctk f16] [-ctv f16] [-fa on|off|auto] [--delta-chunk auto] [-o md|json|jsonl] [--no-warmup] [--batch-invariant]
 // Every numeric/type flag takes a comma list (and may be repeated); all combinations are run.
 // Each model is loaded once. For every test, a warm-up run (not timed) precedes -r timed
 // repetitions; the sequence memory is cleared before each. Tokens are random ids (fixed seed).
@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "core/op_profile.h"
+#include "engine/engine.h"
 #include "model_cli.h"
 #include "subcommand.h"
 
@@ -313,7 +314,7 @@ void normalize_bench_flags(int argc, char** argv) {
 int cmd_bench(int argc, char** argv) {
   CLI::App app{"llama-bench-like prompt processing / generation throughput", "kiln bench"};
   std::vector<std::string> models, n_prompt = {"512"}, n_gen = {"128"}, pg, n_depth = {"0"}, n_batch = {"2048"},
-                                   n_ubatch = {"512"}, threads, ctk = {"f16"}, ctv = {"f16"}, delta_chunk = {"0"};
+                                   n_ubatch = {"512"}, threads, ctk = {"f16"}, ctv = {"f16"}, delta_chunk = {"auto"};
   int reps = 5;
   std::string output = "md", flash_attn = "auto", ngl = "auto";
   int main_gpu = 0;
@@ -335,7 +336,9 @@ int cmd_bench(int argc, char** argv) {
   int n_cpu_moe = 0;
   std::vector<std::string> override_tensor;
   tools::ModelFlags::add_moe(app, cpu_moe, n_cpu_moe, override_tensor);
-  app.add_option("--delta-chunk", delta_chunk, "qwen35: runs of >= N tokens use the chunked gated delta rule (0: never)");
+  app.add_option("--delta-chunk", delta_chunk,
+                 "qwen35: runs of >= N tokens use the chunked gated delta rule (0: never; auto, the default: as kiln "
+                 "serve, 64 with layers on a GPU without --batch-invariant, else 0)");
   app.add_option("-r,--repetitions", reps, "timed repetitions per test")->check(CLI::PositiveNumber);
   app.add_option("-o,--output", output, "md, json or jsonl")->check(CLI::IsMember({"md", "json", "jsonl"}));
   app.add_flag("--no-warmup", no_warmup, "skip the untimed warm-up run");
@@ -372,7 +375,9 @@ int cmd_bench(int argc, char** argv) {
   if (threads.empty()) threads = {std::to_string(std::max(1u, std::thread::hardware_concurrency()))};
   auto T = parse_int_list(threads, "-t", 1);
   if (!T) return fail(T.error());
-  auto DC = parse_int_list(delta_chunk, "--delta-chunk", 0);
+  std::vector<std::string> dcs;  // auto (-1): kiln serve's default, resolved per model (engine::resolve_delta_chunk)
+  for (const auto& v : split_list(delta_chunk)) dcs.push_back(v == "auto" ? "-1" : v);
+  auto DC = parse_int_list(dcs, "--delta-chunk", -1);
   if (!DC) return fail(DC.error());
   std::vector<std::pair<int64_t, int64_t>> pgs;
   for (const auto& s : pg) {
@@ -420,7 +425,9 @@ int cmd_bench(int argc, char** argv) {
           model::ContextOptions co;
           co.n_batch = ub;
           co.n_threads = int(nt);
-          co.delta_chunk_min = int(dc);
+          engine::EngineOptions eo;
+          eo.delta_chunk_min = int(dc), eo.batch_invariant = batch_invariant;
+          co.delta_chunk_min = engine::resolve_delta_chunk(eo, mf.n_gpu_layers > 0);
           co.batch_invariant = batch_invariant;
           co.flash_attn = fa_on;
           const size_t heap0 = heap_in_use();
@@ -459,7 +466,7 @@ int cmd_bench(int argc, char** argv) {
                   r.n_gen = ng;
                   r.n_batch = nb;
                   r.n_ubatch = ub;
-                  r.delta_chunk = dc;
+                  r.delta_chunk = co.delta_chunk_min;
                   r.n_depth = nd;
                   r.n_threads = cx.pool().size();
                   r.type_k = kname;

@@ -1,13 +1,15 @@
 // `kiln fit` — the memory plan of a run without loading it (like llama-fit-params): reads the GGUF
 // metadata and tensor table only (a metadata-only file from `kiln gguf gen --meta-only` will do),
 // prints the plan per part and device, and the -ngl / -c (and, for a MoE model whose experts go to
-// the host, --n-cpu-moe N or --cpu-moe) that `kiln serve` would run with. Without
+// the host, --n-cpu-moe N or --cpu-moe; -ub N where -ub auto chose steps larger than 512) that `kiln serve`
+// would run with. Without
 // a GPU, --device-memory simulates one. Exit status: 0 when the plan fits, 1 when it cannot (the
 // error names every GPU part and its size), 2 for bad flags.
 // Must not: read tensor data or allocate device memory. Threading: main thread only.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "engine/engine.h"
@@ -23,9 +25,9 @@ int cmd_fit(int argc, char** argv) {
   CLI::App app{"plan the memory of a run (weights, KV, recurrent state, scratch, MTP, projector) and fit "
                "-ngl / -c to a GPU without loading the model",
                "kiln fit"};
-  std::string model_path, mmproj, spec_type = "none", model_draft, ctkd, ctvd;
+  std::string model_path, mmproj, spec_type = "none", model_draft, ctkd, ctvd, n_ubatch = "auto";
   int ngld = -1;
-  int64_t ctx = 0, n_batch = 2048, n_ubatch = 512, cache_ram = 8192, n_draft = 3, image_tokens = 4096;
+  int64_t ctx = 0, n_batch = 2048, cache_ram = 8192, n_draft = 3, image_tokens = 4096;
   int n_parallel = 1, threads = 0, cache_states = -1;
   app.add_option("-m,--model", model_path, "GGUF model (a metadata-only file is enough)")->required();
   app.add_option("--mmproj", mmproj, "vision projector (-mm): its weights and one image batch are planned");
@@ -33,7 +35,8 @@ int cmd_fit(int argc, char** argv) {
                                         "lowered by --fit down to --fit-ctx)");
   app.add_option("--parallel", n_parallel, "slots (-np)");
   app.add_option("-b,--batch-size", n_batch, "logical batch (default 2048)");
-  app.add_option("--ubatch-size", n_ubatch, "tokens per step (-ub, default 512)");
+  app.add_option("--ubatch-size", n_ubatch, "tokens per step (-ub N|auto; auto, the default: as kiln serve, 2048 where "
+                                           "everything fits on the GPU with it, else 512)");
   app.add_option("-t,--threads", threads, "CPU threads (CPU workspaces depend on them)");
   app.add_option("--cache-ram", cache_ram, "prefix cache RAM in MiB (-cram; -1 unlimited, 0 off; default 8192)");
   app.add_option("--cache-states", cache_states,
@@ -99,7 +102,14 @@ int cmd_fit(int argc, char** argv) {
   po.n_ctx = ctx;
   po.n_parallel = std::max(1, n_parallel);
   po.n_batch = n_batch;
-  po.n_ubatch = n_ubatch;
+  if (n_ubatch == "auto") {
+    po.n_ubatch = model::kUbatchAuto;
+  } else {
+    char* end = nullptr;
+    const long long ub = std::strtoll(n_ubatch.c_str(), &end, 10);
+    if (n_ubatch.empty() || *end != '\0' || ub < 1) return bad("--ubatch-size " + n_ubatch + ": expected a positive count or auto");
+    po.n_ubatch = ub;
+  }
   po.type_k = mo.type_k;
   po.type_v = mo.type_v;
   po.n_threads = threads;
@@ -118,6 +128,7 @@ int cmd_fit(int argc, char** argv) {
     eo.n_parallel = po.n_parallel, eo.cache_ram_bytes = po.cache_ram_bytes, eo.cache_states = cache_states;
     po.n_rec_cache = engine::resolve_cache_states(eo);
     po.rec_cache_auto = cache_states < 0;
+    po.delta_chunk_min = engine::resolve_delta_chunk(eo, po.n_gpu_layers != 0);  // --delta-chunk auto
   }
   std::optional<model::ModelShape> draft;
   if (!model_draft.empty()) {
@@ -154,7 +165,9 @@ int cmd_fit(int argc, char** argv) {
   std::string moe;  // the expert placement kiln serve would load with (fitted, or as given)
   if (plan->n_cpu_moe >= model::kCpuMoeAll) moe = " --cpu-moe";
   else if (plan->n_cpu_moe > 0) moe = " --n-cpu-moe " + std::to_string(plan->n_cpu_moe);
-  std::printf("-ngl %d -c %lld%s\n", plan->n_gpu_layers, (long long)plan->n_ctx, moe.c_str());
+  // -ub where it is not llama-server's 512 (-ub auto chose larger steps, or it was given).
+  const std::string ub = plan->n_ubatch != 512 ? " -ub " + std::to_string(plan->n_ubatch) : "";
+  std::printf("-ngl %d -c %lld%s%s\n", plan->n_gpu_layers, (long long)plan->n_ctx, moe.c_str(), ub.c_str());
   return 0;
 }
 
