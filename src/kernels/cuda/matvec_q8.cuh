@@ -27,10 +27,11 @@
 //   of 8-byte elements; mv_tensor_map) into a slot where they lie back to back; rows past n and bytes
 //   past the row end arrive as zeros. One instruction stream of ~30 on one lane instead of four lanes'
 //   copies serialized through an elect loop: +0.8 % / +1.5 % tg128 (9B / 27B, H100, run 78).
-//   7 CTAs (TM launches of IQ4_XS, Q4_K, Q5_K; template argument CPS = 7): 7 resident CTAs per SM (28 warps) instead of 6, with a ring of
-//   3 stages (Q5_K: 2) so that 7 CTAs' rings fit the shared memory; the kernel is latency-bound (a warp
-//   issues every ~10 cycles, run 75's ncu), so more resident warps hide more of it: +4.0 % tg128 on the 9B
-//   (H100, run 94; KILN_CUDA_MV_OCC=6 gives the 6-CTA instances, =8 the 8-CTA ones of IQ4_XS / Q4_K). Same sums, bit-identical outputs.
+//   7-8 CTAs (TM launches of IQ4_XS, Q5_K: 7, Q4_K: 8; template argument CPS): 7 or 8 resident CTAs per SM
+//   instead of 6, with a ring of 3 stages (Q5_K and Q4_K at 8: 2) so that the CTAs' rings fit the shared
+//   memory; the kernel is latency-bound (a warp issues every ~10 cycles, run 75's ncu), so more resident
+//   warps hide more of it: +4.0 % tg128 on the 9B at 7 (H100, run 94), +2.7 % on the 27B with Q4_K at 8
+//   (run 100); mv_occ says which and KILN_CUDA_MV_OCC forces one. Same sums, bit-identical outputs.
 // Must not: allocate or synchronize, or read a byte outside the 16-byte vectors that hold the rows
 //   (the copy path reads none outside the rows at all).
 // Threading: kernels only.
@@ -107,13 +108,23 @@ struct MvTm<true> {
 // CPS > 0: an instance built for CPS resident CTAs (launch bounds; the ring as MvqGeom says).
 template <int M, bool BULK, int CPS = 0>
 inline constexpr int kMvqCtasPerSm = CPS > 0 ? CPS : BULK && M <= 2 ? 6 : M <= 2 ? 4 : 3;
-// Resident CTAs per SM of the one-column tensor-map launches: 7 (the default; KILN_CUDA_MV_OCC=6 gives the
-// 6-CTA instances, for A/B runs). Run 94 (H100, 9B IQ4_XS tg128, alternating): 6 -> 7 CTAs 338.1 / 341.6 ->
-// 352.7 / 354.5 t/s (+4.0 %). MEASUREMENT ONLY (session 19, run 100): KILN_CUDA_MV_OCC=8 runs IQ4_XS and Q4_K
-// at 8 CTAs (rings of 3 / 2 stages, <= 64 registers: 60 / 62, no spills; Q5_K would spill and stays at 7).
-inline int mv_occ() {
-  static const int n = env_is("KILN_CUDA_MV_OCC", "6") ? 6 : env_is("KILN_CUDA_MV_OCC", "8") ? 8 : 7;
+// Resident CTAs per SM of the one-column tensor-map launches of type T: Q4_K 8 (rings of 2 stages, 62
+// registers), IQ4_XS and Q5_K 7 (3 / 2 stages). Run 94 (H100, 9B IQ4_XS tg128, alternating): 6 -> 7 CTAs
+// 338.1 / 341.6 -> 352.7 / 354.5 t/s (+4.0 %); run 100 (H100, alternating x 2): 8 CTAs for every type
+// gave the 27B Q4_K_M 123.1 / 123.3 -> 126.5 / 126.4 t/s (+2.7 %) and the 9B IQ4_XS 356.3 / 355.9 ->
+// 354.6 / 354.4 (-0.5 %), so 8 is Q4_K's alone. KILN_CUDA_MV_OCC=6 / 7 / 8 forces one count for the
+// types that have it (6: every type; 8: IQ4_XS and Q4_K, Q5_K would spill and stays at 7), for A/B runs.
+inline int mv_occ_env() {
+  static const int n = env_is("KILN_CUDA_MV_OCC", "6")   ? 6
+                       : env_is("KILN_CUDA_MV_OCC", "7") ? 7
+                       : env_is("KILN_CUDA_MV_OCC", "8") ? 8
+                                                         : 0;
   return n;
+}
+template <GgmlType T>
+int mv_occ() {
+  const int e = mv_occ_env();
+  return e > 0 ? e : T == GgmlType::Q4_K ? 8 : 7;
 }
 // MEASUREMENT ONLY (prepared in session 17 for run 95): KILN_CUDA_MV_M4_CTAS5=1 runs the 3-4-column bulk
 // kernels (a verify step's, a 3-4-slot decode's) at 5 resident CTAs per SM instead of 4 (<= 102 registers).
@@ -430,10 +441,10 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
     const dim3 grid{unsigned(ctas), unsigned(n_grid_y)};
     if constexpr (MvqGeom<T, true>::kTmOk) {
       if constexpr (k8Ctas) {
-        if (use_tm && mv_occ() == 8) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 8>);
+        if (use_tm && mv_occ<T>() == 8) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 8>);
       }
       if constexpr (k7Ctas) {
-        if (use_tm && mv_occ() >= 7) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 7>);
+        if (use_tm && mv_occ<T>() >= 7) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true, 7>);
       }
       if (use_tm) return mvq_go(true, b, tm, grid, s, matvec_q8_kernel<T, 1, kNat, true, true, true>);
     }
@@ -448,10 +459,10 @@ void mvq_launch(const MvArgs& a, int n_grid_y, cudaStream_t s) {
   const dim3 grid(unsigned((a.n + rows_per_cta - 1) / rows_per_cta), unsigned(n_grid_y));
   if constexpr (MvqGeom<T, true>::kTmOk) {
     if constexpr (k8Ctas) {
-      if (use_tm && mv_occ() == 8) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 8>);
+      if (use_tm && mv_occ<T>() == 8) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 8>);
     }
     if constexpr (k7Ctas) {
-      if (use_tm && mv_occ() >= 7) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 7>);
+      if (use_tm && mv_occ<T>() >= 7) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true, 7>);
     }
     if (use_tm) return mvq_go(true, a, tm, grid, s, matvec_q8_kernel<T, 1, kNat, false, true, true>);
   }
