@@ -150,6 +150,10 @@ struct Engine::Impl {
   std::vector<SlotState> slots;
   std::deque<std::unique_ptr<Active>> waiting;
   std::vector<std::unique_ptr<Active>> active;  // admission order
+  struct StepLog {  // the last step, for the debug line run() prints
+    int64_t tokens = 0, decode = 0;
+    double forward_ms = 0;
+  } step_log;
   // Encodings of requests that ended before them (their futures must not block the engine thread).
   std::vector<std::future<Result<model::ImageEmbedding>>> orphan_jobs;
   uint64_t clock = 0;
