@@ -258,8 +258,10 @@ void Engine::Impl::prepare(Active& a, int s) {
         if ((i < 2 || i + 2 >= starts.size()) && starts[i] > reused) a.cuts.push_back(starts[i]);
     }
     // Where the prompt leaves what is cached: a state there lets the next prompt sharing that prefix
-    // (a common document or instruction before differing questions) resume instead of recomputing it.
-    if (const int64_t d = cache->shared_prefix(prompt); d > reused && d < P) a.cuts.push_back(d);
+    // (a common document or instruction before differing questions) resume instead of recomputing it;
+    // not for a few shared tokens ("Request " before unique texts), whose state would cost more to keep
+    // than the tokens cost to recompute.
+    if (const int64_t d = cache->shared_prefix(prompt); d >= reused + kMinSharedSnapshot && d < P) a.cuts.push_back(d);
     for (int64_t p = (reused / snap_interval + 1) * snap_interval; p < P; p += snap_interval) a.cuts.push_back(p);
     std::sort(a.cuts.begin(), a.cuts.end());
     a.cuts.erase(std::unique(a.cuts.begin(), a.cuts.end()), a.cuts.end());

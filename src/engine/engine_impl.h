@@ -140,6 +140,8 @@ struct Engine::Impl {
   int64_t n_ctx_slot = 0;
   int64_t step_tokens = 0;
   int64_t snap_interval = 0;
+  // The fewest tokens a snapshot where a prompt leaves the cached prefix must save (engine.cpp prepare()).
+  static constexpr int64_t kMinSharedSnapshot = 32;
   bool recurrent = false;
   std::vector<int32_t> eog;  // sorted
 

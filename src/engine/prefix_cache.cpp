@@ -297,6 +297,7 @@ void PrefixCache::clear() {
   bytes_ = 0;
   ++version_;
   free_dev_.clear();
+  spare_host_.clear();
   for (int i = opt_.n_dev_states - 1; i >= 0; --i) free_dev_.push_back(i);
 }
 
@@ -308,7 +309,7 @@ void PrefixCache::store_state(State& st, const StateSource& src) {
     st.dev = slot;
     return;
   }
-  st.host.resize(opt_.rec_floats);
+  take_host(st);
   src.read(st.host.data());
   bytes_ += int64_t(opt_.rec_floats * sizeof(float));
 }
@@ -317,6 +318,16 @@ void PrefixCache::store_state(State& st, const StateSource& src) {
 void PrefixCache::release_state(State& st) {
   if (st.dev >= 0) free_dev_.push_back(st.dev);
   st.dev = -1;
+  if (!st.host.empty() && spare_host_.size() < kSpareHost) spare_host_.push_back(std::move(st.host));
+  st.host = {};
+}
+
+void PrefixCache::take_host(State& st) {
+  if (!spare_host_.empty()) {
+    st.host = std::move(spare_host_.back());
+    spare_host_.pop_back();
+  }
+  st.host.resize(opt_.rec_floats);
 }
 
 int PrefixCache::take_dev_slot() {
@@ -338,7 +349,7 @@ int PrefixCache::take_dev_slot() {
   if (!victim) return -1;
   // The least recently used slot's state moves to RAM (evict_to_bound then applies the RAM bound).
   const int s = victim->dev;
-  victim->host.resize(opt_.rec_floats);
+  take_host(*victim);
   opt_.read_dev(s, victim->host.data());
   victim->dev = -1;
   bytes_ += int64_t(opt_.rec_floats * sizeof(float));

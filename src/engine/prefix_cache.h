@@ -128,6 +128,11 @@ class PrefixCache {
   int64_t evictions_ = 0;
   uint64_t version_ = 0;
   std::vector<int> free_dev_;  // spare state slots holding nothing
+  // Host buffers of released states (at most kSpareHost), reused by the next state that moves to RAM: a
+  // busy server evicts one RAM state for each it adds, and a fresh 53 MB (9B) buffer costs its page faults.
+  static constexpr size_t kSpareHost = 2;
+  std::vector<std::vector<float>> spare_host_;
+  void take_host(State& st);
 };
 
 }  // namespace kiln::engine

@@ -2,6 +2,7 @@
 // test can check that what a match returns is exactly the rows / states that were inserted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <random>
@@ -231,6 +232,42 @@ TEST(EnginePrefixCache, HybridEvictionDropsStatelessBranches) {
   EXPECT_EQ(mb.n_tokens, 12);
   EXPECT_EQ(std::vector<float>(mb.rec, mb.rec + 2), sb);
   EXPECT_EQ(c.stats().n_nodes, 3);
+}
+
+// A state that moves to RAM takes the host buffer of one evicted before it (no fresh allocation and
+// page faults on a busy server, where each added state evicts an old one); the contents are its own.
+TEST(EnginePrefixCache, RamStatesReuseEvictedBuffers) {
+  PrefixCacheOptions o = hybrid_opts(4);
+  o.rec_floats = 1024;  // large enough that a reused buffer is not a coincidence of the allocator
+  auto state = [](const std::vector<int32_t>& t) {
+    std::vector<float> v(1024);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(t[0]) + float(i);
+    return v;
+  };
+  // Bound: two prompts' entries (6 tokens: one block + a 2-token tail with the state).
+  {
+    PrefixCache probe(o);
+    const auto s = seq(6, 10);
+    probe.insert(s, reader(s), src(state(s)), false);
+    o.ram_bytes = 2 * probe.stats().bytes + 16;
+  }
+  PrefixCache c(o);
+  std::vector<const float*> bufs;
+  for (int k = 0; k < 6; ++k) {
+    const auto s = seq(6, 100 * (k + 1));
+    c.insert(s, reader(s), src(state(s)), false);
+    EXPECT_LE(c.stats().bytes, o.ram_bytes);
+    auto q = s;
+    q.push_back(7);
+    const auto m = c.match(q, 6);
+    ASSERT_EQ(m.n_tokens, 6) << k;
+    ASSERT_NE(m.rec, nullptr);
+    EXPECT_EQ(std::vector<float>(m.rec, m.rec + 1024), state(s)) << k;
+    bufs.push_back(m.rec);
+  }
+  // From the fourth insert on, each new state lands in a buffer an earlier (evicted) one held.
+  for (size_t k = 3; k < bufs.size(); ++k)
+    EXPECT_NE(std::find(bufs.begin(), bufs.begin() + std::ptrdiff_t(k), bufs[k]), bufs.begin() + std::ptrdiff_t(k)) << k;
 }
 
 TEST(EnginePrefixCache, DisabledCacheMatchesNothing) {
