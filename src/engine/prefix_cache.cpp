@@ -1,12 +1,33 @@
 #include "engine/prefix_cache.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "core/check.h"
 
 namespace kiln::engine {
+
+void* state_alloc(size_t bytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  if (bytes < kHuge) {
+    void* p = std::malloc(std::max<size_t>(bytes, 1));
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  const size_t n = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, n);
+  if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  (void)madvise(p, n, MADV_HUGEPAGE);  // advice only: without transparent huge pages it is 4 KiB pages
+#endif
+  return p;
+}
+void state_free(void* p) noexcept { std::free(p); }
 
 namespace {
 constexpr int64_t kEntryOverhead = 128;  // bookkeeping bytes accounted per node / tail
