@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "core/copy_wide.h"
 #include "core/overflow.h"
 #include "model/model.h"
 #include "tensor/quant.h"
@@ -328,7 +329,7 @@ void Memory::read_rec_phys(int phys, float* out) const {
   }
   if (opt_.mtp) layers_.back().st->download(out, mtp_col(phys), size_t(n_embd_) * sizeof(float));
   sync();
-  if (rec_stage_) std::memcpy(dst, rec_stage_->host_ptr(), rec_floats() * sizeof(float));
+  if (rec_stage_) copy_wide(dst, rec_stage_->host_ptr(), rec_floats() * sizeof(float));
 }
 
 int Memory::cache_slot(int i) const {
@@ -353,7 +354,7 @@ void Memory::read_rec_cache(int i, float* out) const { read_rec_phys(cache_slot(
 void Memory::write_rec(int seq, const float* in) {
   (void)seq_pos(seq);
   if (rec_stage_) {
-    std::memcpy(rec_stage_->host_ptr(), in, rec_floats() * sizeof(float));
+    copy_wide(rec_stage_->host_ptr(), in, rec_floats() * sizeof(float));
     in = static_cast<const float*>(rec_stage_->host_ptr());
   }
   for (int64_t il : rec_layers_) {

@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
+#include "core/copy_wide.h"
 #include "core/fp16.h"
 #include "core/overflow.h"
 #include "core/result.h"
@@ -54,4 +58,17 @@ TEST(Result, CarriesValueOrError) {
   EXPECT_FALSE(b.ok());
   EXPECT_EQ(b.error().message, "file x.gguf: key 'k' missing");
   EXPECT_EQ(b.value_or(7), 7);
+}
+
+// copy_wide: every byte lands where memcpy would put it, for sizes below, at and above the parallel split
+// (odd sizes leave a short last part).
+TEST(CopyWide, SameBytesAsMemcpy) {
+  for (size_t n : {size_t(0), size_t(1), size_t(4097), (size_t(16) << 20) - 1, (size_t(16) << 20) + 13,
+                   size_t(53) * 1000 * 1000 + 7}) {
+    std::vector<uint8_t> src(n), dst(n + 1, 0xEE);
+    for (size_t i = 0; i < n; ++i) src[i] = uint8_t(i * 131u + (i >> 13));
+    copy_wide(dst.data(), src.data(), n);
+    EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << n;
+    EXPECT_EQ(dst[n], 0xEE) << n;  // nothing past the end
+  }
 }
