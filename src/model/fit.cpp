@@ -224,7 +224,8 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
                                   p.n_parallel, p.n_ctx_slot, type_str(o.type_k), type_str(o.type_v)),
           kh, kg);
     // Memory's page-locked staging for a state's host copies, where recurrent layers are on the GPU.
-    if (rg > 0) rh += uint64_t(lay->n_rec) * (lay->conv_floats + lay->ssm_floats) * 4 + (o.spec_mtp ? uint64_t(c.n_embd) * 4 : 0);
+    if (rg > 0)
+      rh += uint64_t(lay->n_rec) * (lay->conv_floats + lay->ssm_floats) * 4 + (o.spec_mtp ? uint64_t(c.n_embd) * 4 : 0);
     if (lay->n_rec > 0)
       add("recurrent state",
           fmt::format("{} delta-net layers x {} slot(s){}{} (conv + SSM, f32)", lay->n_rec, p.n_parallel,
@@ -511,9 +512,9 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
   small.n_ubatch = 512;
   auto p = fit_plan_ub(m, proj, small, f, gpu);
   KILN_TRY(p);
-  // -ub auto: large steps only where everything is on the GPU and the plan fitted at 512 keeps fitting with
-  // them (the same context, layers, experts and cache slots).
-  if (!gpu || !f.fit || !p->fits() || !p->output_on_gpu ||
+  // -ub auto: large steps only where everything (every layer, its experts, the output) is on the GPU and the
+  // plan fitted at 512 keeps fitting with them (the same context, layers and cache slots).
+  if (!gpu || !f.fit || !p->fits() || !p->output_on_gpu || p->n_expert_host > 0 ||
       step_tokens(o.n_batch, kUbatchLarge, p->n_parallel) <= p->n_step)
     return p;
   PlanOptions large = small;

@@ -134,10 +134,11 @@ struct MemoryPlan {
 // else 4096) with np slots: per slot max(1, total / np).
 int64_t resolve_total_context(int64_t n_ctx, int64_t n_ctx_train);
 int64_t slot_context(int64_t total, int n_parallel);
-// -ub auto (kiln serve's default): fit_plan takes kUbatchLarge where the fitted plan keeps every layer and
-// the output on the GPU and still fits with steps that large (prompt steps of 2,048 tokens dequantize each
-// weight once per 2,048 tokens instead of four times: +28-40 % prefill on an H100/H200), else 512; the
-// context, the layers and the experts are fitted first (at 512), so a large step never costs context.
+// -ub auto (kiln serve's default): fit_plan takes kUbatchLarge where the fitted plan keeps every layer, its
+// experts and the output on the GPU and still fits with steps that large (prompt steps of 2,048 tokens
+// dequantize each weight once per 2,048 tokens instead of four times: +28-40 % prefill on an H100/H200),
+// else 512; the context, the layers and the experts are fitted first (at 512), so a large step never costs
+// context.
 inline constexpr int64_t kUbatchAuto = 0;
 inline constexpr int64_t kUbatchLarge = 2048;
 // Tokens per step as the engine sizes its Context: max(min(n_batch, n_ubatch), n_parallel) (auto: 512).

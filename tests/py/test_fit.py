@@ -276,6 +276,17 @@ def moe_chosen(stdout):
     return int(m.group(1)), int(m.group(2)), n
 
 
+def test_moe_experts_on_the_host_keep_512_token_steps(kiln_bin, moe):
+    """-ub auto takes large steps only with everything on the GPU: experts on the host (--cpu-moe) keep 512."""
+    path, _ = moe
+    r = run(kiln_bin, "fit", "-m", path, "-ngl", "all", "--cpu-moe", "-c", 65536, "--device-memory", "80GiB")
+    assert r.returncode == 0, r.stderr
+    assert "512 tokens per step" in r.stdout and re.search(r"^-ngl 41 -c 65536 --cpu-moe$", r.stdout, re.M), r.stdout
+    r = run(kiln_bin, "fit", "-m", path, "-ngl", "all", "-c", 65536, "--device-memory", "80GiB")
+    assert r.returncode == 0, r.stderr
+    assert "2048 tokens per step" in r.stdout and re.search(r"^-ngl 41 -c 65536 -ub 2048$", r.stdout, re.M), r.stdout
+
+
 def test_moe_cpu_moe_and_n_cpu_moe_on_8gib(kiln_bin, moe):
     path, experts = moe
     base = ["fit", "-m", path, "-c", 32768, "--device-memory", "8GiB"]

@@ -126,12 +126,6 @@ int mv_occ() {
   const int e = mv_occ_env();
   return e > 0 ? e : T == GgmlType::Q4_K ? 8 : 7;
 }
-// MEASUREMENT ONLY (prepared in session 17 for run 95): KILN_CUDA_MV_M4_CTAS5=1 runs the 3-4-column bulk
-// kernels (a verify step's, a 3-4-slot decode's) at 5 resident CTAs per SM instead of 4 (<= 102 registers).
-inline bool mv_m4_ctas5() {
-  static const bool on = env_is("KILN_CUDA_MV_M4_CTAS5", "1");
-  return on;
-}
 
 template <GgmlType T, int M, int A, bool SEG = false, bool BULK = false, bool TM = false, int CPS = 0>
 __global__ void __launch_bounds__(kMvThreads, kMvqCtasPerSm<M, BULK, CPS>)
@@ -382,12 +376,7 @@ template <GgmlType T, int A, bool BULK>
 void mvq_launch_m(const MvArgs& a, dim3 grid, cudaStream_t s) {
   if (a.m <= 1) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 1, A, false, BULK>);
   else if (a.m <= 2) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 2, A, false, BULK>);
-  else if (a.m <= 4) {
-    if constexpr (BULK) {
-      if (mv_m4_ctas5()) return mvq_go(true, a, grid, s, matvec_q8_kernel<T, 4, A, false, true, false, 5>);
-    }
-    mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 4, A, false, BULK>);
-  }
+  else if (a.m <= 4) mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 4, A, false, BULK>);
   else mvq_go(BULK, a, grid, s, matvec_q8_kernel<T, 8, A, false, BULK>);
 }
 template <GgmlType T, int A>
