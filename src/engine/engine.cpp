@@ -122,7 +122,7 @@ void Engine::Impl::run() {
     if (!active.empty()) step();
     publish();
     // Debug: one line per step (where a busy server's time goes: admission, the forward, the rest).
-    if (spdlog::should_log(spdlog::level::debug) && step_log.tokens > 0)
+    if (step_log.tokens > 0)
       KILN_LOG_DEBUG("step: {} tokens ({} decode, {} prompt), admit {:.2f} ms, forward {:.2f} ms, step {:.2f} ms",
                      step_log.tokens, step_log.decode, step_log.tokens - step_log.decode, ms_between(t0, t1),
                      step_log.forward_ms, ms_between(t1, Clock::now()));
@@ -451,8 +451,10 @@ void Engine::Impl::step() {
   mtp_schedule();
   const auto tf = Clock::now();
   Status st = runner->decode(batch);
-  step_log = {batch.size(), 0, ms_between(tf, Clock::now())};
-  for (auto& a : active) step_log.decode += a->prompt_done ? a->step_n : 0;
+  if (spdlog::should_log(spdlog::level::debug)) {  // for run()'s debug line
+    step_log = {batch.size(), 0, ms_between(tf, Clock::now())};
+    for (auto& a : active) step_log.decode += a->prompt_done ? a->step_n : 0;
+  }
   {
     std::lock_guard<std::mutex> lk(pub_mu);
     metrics.decode_calls++;

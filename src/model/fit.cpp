@@ -520,7 +520,6 @@ Result<MemoryPlan> fit_plan(const ModelShape& m, const ProjectorShape* proj, con
   PlanOptions large = small;
   large.n_ubatch = kUbatchLarge;
   large.n_ctx = p->n_ctx;
-  large.placement.n_cpu_moe = p->n_cpu_moe;
   large.n_rec_cache = p->n_rec_cache;
   auto q = plan_memory(m, proj, large, p->n_gpu_layers, gpu);
   KILN_TRY(q);

@@ -135,12 +135,9 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
     m->total_bytes_ += lay->mtp_h_bytes;
     L.st->fill_zero(m->mtp_h_);
   }
-  // A state's copies to and from the host (the prefix cache's RAM tier, slot saves) go through one
-  // page-locked buffer where recurrent layers live on a GPU: pageable copies of a 9B's 53 MB state ran at
-  // ~2 GB/s through the driver's staging, and a busy server stores a state at every prompt end and finish.
   for (int64_t il : m->rec_layers_)
     if (m->layers_[size_t(il)].dev->type() != backend::DeviceType::Cpu) {
-      m->rec_stage_ = m->layers_[size_t(il)].dev->alloc_host(m->rec_floats() * sizeof(float));
+      m->rec_stage_dev_ = m->layers_[size_t(il)].dev;  // rec_stage() allocates from it on first use
       break;
     }
   m->sync();
@@ -318,9 +315,20 @@ void Memory::read_rec(int seq, float* out) const {
   read_rec_phys(rec_slot(seq), out);
 }
 
+// A state's copies to and from the host (the prefix cache's RAM tier, slot saves) go through one page-locked
+// buffer where recurrent layers live on a GPU: pageable copies of a 9B's 53 MB state ran at ~2 GB/s through
+// the driver's staging, and a busy server stores a state at every prompt end and finish. Allocated on the
+// first copy (a server without the prefix cache may never make one); nullptr with every layer on the CPU.
+float* Memory::rec_stage() const {
+  if (!rec_stage_dev_) return nullptr;
+  if (!rec_stage_) rec_stage_ = rec_stage_dev_->alloc_host(rec_floats() * sizeof(float));
+  return static_cast<float*>(rec_stage_->host_ptr());
+}
+
 void Memory::read_rec_phys(int phys, float* out) const {
   float* const dst = out;
-  if (rec_stage_) out = static_cast<float*>(rec_stage_->host_ptr());  // page-locked: the bus's speed
+  float* const stage = rec_stage();
+  if (stage) out = stage;
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];
     L.st->download(out, slot(L.a, phys), conv_floats_ * sizeof(float));
@@ -329,7 +337,7 @@ void Memory::read_rec_phys(int phys, float* out) const {
   }
   if (opt_.mtp) layers_.back().st->download(out, mtp_col(phys), size_t(n_embd_) * sizeof(float));
   sync();
-  if (rec_stage_) copy_wide(dst, rec_stage_->host_ptr(), rec_floats() * sizeof(float));
+  if (stage) copy_wide(dst, stage, rec_floats() * sizeof(float));
 }
 
 int Memory::cache_slot(int i) const {
@@ -353,9 +361,9 @@ void Memory::read_rec_cache(int i, float* out) const { read_rec_phys(cache_slot(
 
 void Memory::write_rec(int seq, const float* in) {
   (void)seq_pos(seq);
-  if (rec_stage_) {
-    copy_wide(rec_stage_->host_ptr(), in, rec_floats() * sizeof(float));
-    in = static_cast<const float*>(rec_stage_->host_ptr());
+  if (float* stage = rec_stage()) {
+    copy_wide(stage, in, rec_floats() * sizeof(float));
+    in = stage;
   }
   for (int64_t il : rec_layers_) {
     const Layer& L = layers_[size_t(il)];

@@ -209,7 +209,9 @@ class Memory {
   std::vector<std::pair<backend::Device*, std::unique_ptr<backend::Stream>>> streams_;
   std::vector<Layer> layers_;              // [n_layer (+ 1 with MTP)] (empty dev for none)
   int64_t n_embd_ = 0;
-  std::unique_ptr<backend::Buffer> rec_stage_;  // page-locked rec_floats() floats (recurrent layers on a GPU)
+  backend::Device* rec_stage_dev_ = nullptr;  // a GPU holding recurrent layers (none: no staging)
+  mutable std::unique_ptr<backend::Buffer> rec_stage_;  // page-locked rec_floats() floats, made by rec_stage()
+  float* rec_stage() const;
   std::unique_ptr<backend::Buffer> mtp_buf_;  // MTP: mtp_h_ on layers_[n_layer]'s device
   backend::Tensor mtp_h_;
   int mtp_scratch_ = 0;                // mtp_h_'s scratch column (after the recurrent slots; the rings follow)

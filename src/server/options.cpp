@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "gguf/types.h"
@@ -96,11 +97,16 @@ const std::vector<Opt>& table() {
     std::vector<Opt> o;
     auto add = [&](std::vector<std::string> names, std::vector<std::string> env, std::string metavar, std::string help,
                    Setter s) { o.push_back({std::move(names), std::move(env), std::move(metavar), std::move(help), std::move(s)}); };
-    // An integer option in [lo, hi]; `apply` stores the parsed value.
+    // An integer option in [lo, hi]; `apply` stores the parsed value. With auto_value, the word "auto" stores it.
     auto add_int = [&](std::vector<std::string> names, std::vector<std::string> env, std::string metavar, std::string help,
-                       int64_t lo, int64_t hi, void (*apply)(ServerOptions&, int64_t)) {
+                       int64_t lo, int64_t hi, void (*apply)(ServerOptions&, int64_t),
+                       std::optional<int64_t> auto_value = std::nullopt) {
       add(std::move(names), std::move(env), std::move(metavar), std::move(help),
-          [lo, hi, apply](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+          [lo, hi, apply, auto_value](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
+            if (auto_value && v == "auto") {
+              apply(so, *auto_value);
+              return {};
+            }
             auto x = to_int(v, src, lo, hi);
             KILN_TRY(x);
             apply(so, *x);
@@ -195,19 +201,10 @@ const std::vector<Opt>& table() {
           so.engine.flash_attn = v != "off";
           return {};
         });
-    add({"--delta-chunk"}, env_of("DELTA_CHUNK"), "N|auto",
-        "hybrid models' prefill: runs of at least N prompt tokens take the chunked gated delta rule (0: the token "
-        "recurrence; auto, the default: 64 on a GPU without --batch-invariant, 0 on the CPU)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          if (v == "auto") {
-            so.engine.delta_chunk_min = -1;
-            return {};
-          }
-          auto x = to_int(v, src, 0, int64_t(1) << 20);
-          KILN_TRY(x);
-          so.engine.delta_chunk_min = int(*x);
-          return {};
-        });
+    add_int({"--delta-chunk"}, env_of("DELTA_CHUNK"), "N|auto",
+            "hybrid models' prefill: runs of at least N prompt tokens take the chunked gated delta rule (0: the token "
+            "recurrence; auto, the default: 64 on a GPU without --batch-invariant, 0 on the CPU)",
+            0, int64_t(1) << 20, [](ServerOptions& so, int64_t x) { so.engine.delta_chunk_min = int(x); }, -1);
     add_bool_to({"--batch-invariant"}, env_of("BATCH_INVARIANT"),
                 "the same bits for a token however the batch is made (GPU: per-token kernels, slower prefill and "
                 "batches; the CPU is batch-invariant already)",
@@ -232,19 +229,10 @@ const std::vector<Opt>& table() {
         [](ServerOptions& so, int64_t x) { so.engine.n_parallel = x <= 0 ? 1 : int(x); });
     add_int({"-b", "--batch-size"}, env_of("BATCH"), "N", "logical batch size (default 2048)", 1, 1 << 20,
         [](ServerOptions& so, int64_t x) { so.engine.n_batch = x; });
-    add({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N|auto",
-        "physical batch size: tokens per step (auto, the default: 2048 where the fitted plan keeps everything on the "
-        "GPU and still fits with it, else 512)",
-        [](ServerOptions& so, const std::string& v, const std::string& src) -> Status {
-          if (v == "auto") {
-            so.engine.n_ubatch = 0;
-            return {};
-          }
-          auto x = to_int(v, src, 1, int64_t(1) << 20);
-          KILN_TRY(x);
-          so.engine.n_ubatch = *x;
-          return {};
-        });
+    add_int({"-ub", "--ubatch-size"}, env_of("UBATCH"), "N|auto",
+            "physical batch size: tokens per step (auto, the default: 2048 where the fitted plan keeps every layer, its "
+            "experts and the output on the GPU and still fits with it, else 512)",
+            1, int64_t(1) << 20, [](ServerOptions& so, int64_t x) { so.engine.n_ubatch = x; }, model::kUbatchAuto);
     add_int({"-t", "--threads"}, env_of("THREADS"), "N", "compute threads (default -1 = all cores)", -1, 4096,
         [](ServerOptions& so, int64_t x) { so.engine.n_threads = int(x); });
     add({"-lm", "--load-mode"}, env_of("LOAD_MODE"), "MODE",

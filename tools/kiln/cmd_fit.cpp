@@ -1,9 +1,8 @@
 // `kiln fit` — the memory plan of a run without loading it (like llama-fit-params): reads the GGUF
 // metadata and tensor table only (a metadata-only file from `kiln gguf gen --meta-only` will do),
 // prints the plan per part and device, and the -ngl / -c (and, for a MoE model whose experts go to
-// the host, --n-cpu-moe N or --cpu-moe; -ub N where -ub auto chose steps larger than 512) that `kiln serve`
-// would run with. Without
-// a GPU, --device-memory simulates one. Exit status: 0 when the plan fits, 1 when it cannot (the
+// the host, --n-cpu-moe N or --cpu-moe; -ub N where it is not 512) that `kiln serve` would run with.
+// Without a GPU, --device-memory simulates one. Exit status: 0 when the plan fits, 1 when it cannot (the
 // error names every GPU part and its size), 2 for bad flags.
 // Must not: read tensor data or allocate device memory. Threading: main thread only.
 #include <CLI/CLI.hpp>
@@ -107,7 +106,8 @@ int cmd_fit(int argc, char** argv) {
   } else {
     char* end = nullptr;
     const long long ub = std::strtoll(n_ubatch.c_str(), &end, 10);
-    if (n_ubatch.empty() || *end != '\0' || ub < 1) return bad("--ubatch-size " + n_ubatch + ": expected a positive count or auto");
+    if (n_ubatch.empty() || *end != '\0' || ub < 1)
+      return bad("--ubatch-size " + n_ubatch + ": expected a positive count or auto");
     po.n_ubatch = ub;
   }
   po.type_k = mo.type_k;
