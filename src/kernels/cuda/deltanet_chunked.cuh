@@ -17,9 +17,8 @@
 //      which is the recurrence's algebra (src/kernels/cpu/delta.cpp's gated_delta_rule_chunked solves
 //      the same triangular system by substitution). The products of prep and pass run on tensor cores
 //      as 3xTF32 mmas (gdn_tc_mm: F32 operands split into TF32 hi + lo, about F32 accuracy); the
-//      substitution and the gates in F32 on CUDA cores. KILN_GDN_PASS=1 (measurement only) runs the
-//      first, CUDA-core kernels instead. The sums run in a different order from the recurrence's, so
-//      the results agree to float rounding, not in bits.
+//      substitution and the gates in F32 on CUDA cores. The sums run in a different order from the
+//      recurrence's, so the results agree to float rounding, not in bits.
 // Must not: allocate or synchronize; it is not taken with keep slots or --batch-invariant (the
 //   launcher's rule).
 // Threading: launchers only enqueue on L.stream.
@@ -29,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "core/check.h"
 #include "kernels/cuda/deltanet_common.cuh"
@@ -134,8 +132,7 @@ struct GdnChunkK {
   bool vec;  // q, k and v rows and their strides 16-byte aligned (16-byte staging copies)
 };
 
-// ---- tensor cores (the default on sm_80+): the prep's two products and the pass's five as 3xTF32 mmas
-// (mma.cuh; about F32 accuracy); KILN_GDN_PASS=1 runs both kernels on CUDA cores (measurement only).
+// ---- tensor cores: the prep's two products and the pass's five as 3xTF32 mmas (mma.cuh; about F32 accuracy).
 constexpr int kMP = kGNC + 8;  // padded row of M0 [S][16] and of R / D / Dt [C][16] (B operands)
 constexpr int kTP = kGC + 4;   // padded row of Tm / Bm [C][C] (A operands)
 template <int S>
@@ -149,10 +146,6 @@ constexpr int gdn_tc_x() {  // floats of the region that holds Q, then Tm and Bm
 template <int S>
 constexpr size_t gdn_pass_tc_smem() {
   return size_t(S * kMP + kGC * gdn_tc_kp<S>() + gdn_tc_x<S>() + 3 * kGC * kMP + 2 * kGC) * sizeof(float);
-}
-template <int S, bool TC>
-constexpr int gdn_prep_kp() {  // padded row of q / k in the prep
-  return TC ? gdn_tc_kp<S>() : S + 1;
 }
 
 // c[nt] += A B on the warp's 16 x 8 NT tile over k in [k0, k1) (multiples of 8); A(r, k) for the tile's rows
@@ -179,17 +172,9 @@ __device__ __forceinline__ void gdn_tc_mm(float (&c)[NT][4], int k0, int k1, FA 
   }
 }
 
-template <int S, bool TC>
+template <int S>
 constexpr size_t gdn_prep_smem() {
-  return size_t(2 * kGC * gdn_prep_kp<S, TC>() + 2 * kGC * kGCP + 2 * kGC) * sizeof(float);
-}
-template <int S>
-constexpr int gdn_pass_x() {  // floats of the region that holds Q, then Tm and Bm
-  return kGC * (S + 1) > 2 * kGC * kGCP ? kGC * (S + 1) : 2 * kGC * kGCP;
-}
-template <int S>
-constexpr size_t gdn_pass_smem() {
-  return size_t(S * kGNC + kGC * (S + 1) + gdn_pass_x<S>() + 4 * kGC * kGNC + 2 * kGC) * sizeof(float);
+  return size_t(2 * kGC * gdn_tc_kp<S>() + 2 * kGC * kGCP + 2 * kGC) * sizeof(float);
 }
 
 // One float from global to shared memory asynchronously (cp.async on sm_80+): a stage's copies are all
@@ -222,12 +207,12 @@ __device__ __forceinline__ void gdn_stage_qk(const GdnK& a, int t0, int n, int h
   gdn_stage_rows<NT>(sQ, P, a.q + int64_t(t0) * a.q_s2 + int64_t(hk) * a.q_s1, a.q_s2, n, S, vec);
 }
 
-template <int S, bool TC>
+template <int S>
 __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK ck) {
   const GdnK& a = ck.a;
   const GdnPlanP& p = ck.p;
   extern __shared__ float smf[];
-  constexpr int KP = gdn_prep_kp<S, TC>();
+  constexpr int KP = gdn_tc_kp<S>();
   const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
   if (c >= p.count[0]) return;
   const int4 ch = p.chunks[c];
@@ -238,7 +223,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
   float* sT = sA + kGC * kGCP;  // [C][C+1]: (I + A)^-1
   float* sG = sT + kGC * kGCP;  // [C]: cumulative log-decay (inclusive)
   float* sB = sG + kGC;         // [C]: beta
-  gdn_stage_qk<S, kPrepThreads, KP>(a, t0, n, hk, sK, sQ, TC && ck.vec);
+  gdn_stage_qk<S, kPrepThreads, KP>(a, t0, n, hk, sK, sQ, ck.vec);
   if (tid < kGC) {
     if (tid < n) {
       gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
@@ -268,7 +253,7 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
     sA[t * kGCP + s] = in && s < t ? sB[t] * dec * kk : 0.0f;
     gBm[t * kGC + s] = in ? a.qscale * dec * qk : 0.0f;
   };
-  if constexpr (TC) {  // warp w: rows 16 (w % 4) .., columns 32 (w / 4) ..
+  {  // warp w: rows 16 (w % 4) .., columns 32 (w / 4) ..
     const int w = tid >> 5, g = (tid & 31) >> 2, q2 = 2 * (tid & 3), tr = 16 * (w & 3), n0 = 32 * (w >> 2);
     float kk[4][4] = {}, qk[4][4] = {};
     auto Kt = [&](int k, int s) { return sK[(n0 + s) * KP + k]; };
@@ -278,25 +263,6 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) put(tr + g + 8 * (e >> 1), n0 + 8 * nt + q2 + (e & 1), kk[nt][e], qk[nt][e]);
-  } else {  // rows t = tr..tr+3, columns s = tc + 16 cc
-    const int tr = (tid >> 4) * 4, tc = tid & 15;
-    float kk[4][4] = {}, qk[4][4] = {};
-    for (int i = 0; i < S; ++i) {
-      float kt[4], qt[4], ks[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) kt[r] = sK[(tr + r) * KP + i], qt[r] = sQ[(tr + r) * KP + i];
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) ks[cc] = sK[(tc + 16 * cc) * KP + i];
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc)
-          kk[r][cc] = fmaf(kt[r], ks[cc], kk[r][cc]), qk[r][cc] = fmaf(qt[r], ks[cc], qk[r][cc]);
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) put(tr + r, tc + 16 * cc, kk[r][cc], qk[r][cc]);
   }
   __syncthreads();
   {  // (I + A) Tm = I by forward substitution: column j by 4 threads (terms s = j + part + 4m), row by row
@@ -313,138 +279,6 @@ __global__ void __launch_bounds__(kPrepThreads) gdn_prep_kernel(const GdnChunkK 
   __syncthreads();
   for (int idx = tid; idx < kGC * kGC; idx += kPrepThreads) mt[idx] = sT[(idx / kGC) * kGCP + idx % kGC];
   if (tid < kGC) mt[2 * kGC * kGC + tid] = sG[tid];
-}
-
-// acc[r][e] += sum_s A[t][s] B[s][c4 + e] for rows t = tm, tm + 32 of a lower-triangular A [C][C+1] (s <= t)
-// and B [C][16].
-__device__ __forceinline__ void gdn_lower_mm(const float* A, const float* B, int tm, int c4, float (&acc)[2][4]) {
-  for (int s = 0; s <= tm + 32; ++s) {
-    const float4 b = *reinterpret_cast<const float4*>(B + s * kGNC + c4);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float av = A[(tm + 32 * r) * kGCP + s];
-      acc[r][0] = fmaf(av, b.x, acc[r][0]), acc[r][1] = fmaf(av, b.y, acc[r][1]);
-      acc[r][2] = fmaf(av, b.z, acc[r][2]), acc[r][3] = fmaf(av, b.w, acc[r][3]);
-    }
-  }
-}
-
-// Thread (tm = tid / 4, tn = tid % 4) of a pass block owns rows tm + 32 r and columns 4 tn .. 4 tn + 3 of
-// every [rows][16] product.
-template <int S>
-__global__ void __launch_bounds__(kPassThreads) gdn_pass_kernel(const GdnChunkK ck) {
-  const GdnK& a = ck.a;
-  const GdnPlanP& p = ck.p;
-  extern __shared__ float smf[];
-  constexpr int KP = S + 1, NC = kGNC;
-  const int run = blockIdx.z, h = blockIdx.y, col0 = blockIdx.x * NC, tid = threadIdx.x;
-  if (run >= p.count[1]) return;
-  const int4 rd = p.runs[run];
-  const int hk = h % a.Hk, tm = tid >> 2, c4 = (tid & 3) * 4;
-  float* sM = smf;                  // [S][16]: M0[:, col0 ..]
-  float* sK = sM + S * NC;          // [C][S+1]
-  float* sX = sK + kGC * KP;        // Q [C][S+1], then Tm and Bm [C][C+1]
-  float* sR = sX + gdn_pass_x<S>();  // [C][16]: v, then R
-  float* sO = sR + kGC * NC;        // [C][16]: e^G (Q M0) / sqrt(S)
-  float* sD = sO + kGC * NC;        // [C][16]: D
-  float* sDt = sD + kGC * NC;       // [C][16]: e^{G_L-G_s} D
-  float* sG = sDt + kGC * NC;       // [C]
-  float* sB = sG + kGC;             // [C]
-  char* stc = a.st + size_t(h) * a.nb2 + size_t(rd.z) * a.nb3;
-  auto scol = [&](int j) { return reinterpret_cast<float*>(stc + size_t(col0 + j) * a.nb1); };
-  for (int idx = tid; idx < S * NC; idx += kPassThreads) {
-    const int j = idx / S, i = idx - j * S;
-    gdn_cp(&sM[i * NC + j], scol(j) + i);  // waited for with the first chunk's stage
-  }
-  for (int c = rd.x; c < rd.x + rd.y; ++c) {
-    const int4 ch = p.chunks[c];
-    const int t0 = ch.x, n = ch.y;
-    const float* mt = p.mats + (size_t(c) * size_t(a.Hv) + size_t(h)) * size_t(detail::kGdnMatFloats);
-    __syncthreads();  // the previous chunk is done with sK, sX, sR and has updated sM
-    gdn_stage_qk<S, kPassThreads, S + 1>(a, t0, n, hk, sK, sX, false);
-    gdn_stage_rows<kPassThreads>(sR, NC, a.v + int64_t(t0) * a.v_s2 + int64_t(h) * a.v_s1 + col0, a.v_s2, n, NC, false);
-    if (tid < kGC) {
-      gdn_cp(&sG[tid], mt + 2 * kGC * kGC + tid);
-      if (tid < n) gdn_cp(&sB[tid], a.beta + int64_t(t0 + tid) * a.Hv + h);
-      else sB[tid] = 0.0f;
-    }
-    gdn_stage_wait();
-    {  // K M0 and Q M0 -> R, O
-      float ks[2][4] = {}, qs[2][4] = {};
-      for (int i = 0; i < S; ++i) {
-        const float4 m = *reinterpret_cast<const float4*>(sM + i * NC + c4);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float kv = sK[(tm + 32 * r) * KP + i], qv = sX[(tm + 32 * r) * KP + i];
-          ks[r][0] = fmaf(kv, m.x, ks[r][0]), ks[r][1] = fmaf(kv, m.y, ks[r][1]);
-          ks[r][2] = fmaf(kv, m.z, ks[r][2]), ks[r][3] = fmaf(kv, m.w, ks[r][3]);
-          qs[r][0] = fmaf(qv, m.x, qs[r][0]), qs[r][1] = fmaf(qv, m.y, qs[r][1]);
-          qs[r][2] = fmaf(qv, m.z, qs[r][2]), qs[r][3] = fmaf(qv, m.w, qs[r][3]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = tm + 32 * r;
-        const float eg = expf(sG[t]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float& rv = sR[t * NC + c4 + e];
-          rv = t < n ? sB[t] * (rv - eg * ks[r][e]) : 0.0f;
-          sO[t * NC + c4 + e] = a.qscale * eg * qs[r][e];
-        }
-      }
-    }
-    __syncthreads();  // Q is consumed: Tm and Bm take its place
-    gdn_stage_rows<kPassThreads>(sX, kGCP, mt, kGC, kGC, kGC, false);
-    gdn_stage_rows<kPassThreads>(sX + kGC * kGCP, kGCP, mt + kGC * kGC, kGC, kGC, kGC, false);
-    gdn_stage_wait();
-    const float GL = sG[n - 1];
-    {  // D = Tm R (Tm is unit lower triangular: row t needs s <= t)
-      float d[2][4] = {};
-      gdn_lower_mm(sX, sR, tm, c4, d);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = tm + 32 * r;
-        const float w = t < n ? expf(GL - sG[t]) : 0.0f;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sD[t * NC + c4 + e] = d[r][e], sDt[t * NC + c4 + e] = w * d[r][e];
-      }
-    }
-    __syncthreads();
-    {  // O = e^G (Q M0) / sqrt(S) + Bm D (Bm is lower triangular)
-      float o[2][4] = {};
-      gdn_lower_mm(sX + kGC * kGCP, sD, tm, c4, o);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = tm + 32 * r;
-        if (t >= n) continue;
-        float* op = a.out + int64_t(t0 + t) * a.o_s2 + int64_t(h) * a.o_s1 + col0 + c4;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) op[e] = sO[t * NC + c4 + e] + o[r][e];
-      }
-    }
-    {  // M0 = e^{G_L} M0 + K^T Dt: rows i = tm + 32 r
-      const float eL = expf(GL);
-#pragma unroll
-      for (int r = 0; r < S / 32; ++r) {
-        const int i = tm + 32 * r;
-        float acc[4] = {};
-        for (int s = 0; s < n; ++s) {
-          const float kv = sK[s * KP + i];
-          const float4 dv = *reinterpret_cast<const float4*>(sDt + s * NC + c4);
-          acc[0] = fmaf(kv, dv.x, acc[0]), acc[1] = fmaf(kv, dv.y, acc[1]);
-          acc[2] = fmaf(kv, dv.z, acc[2]), acc[3] = fmaf(kv, dv.w, acc[3]);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sM[i * NC + c4 + e] = fmaf(eL, sM[i * NC + c4 + e], acc[e]);
-      }
-    }
-  }
-  __syncthreads();
-  for (int idx = tid; idx < S * NC; idx += kPassThreads) {
-    const int j = idx / S, i = idx - j * S;
-    scol(j)[i] = sM[i * NC + j];
-  }
 }
 
 template <int S>
@@ -567,30 +401,16 @@ __global__ void __launch_bounds__(kPassThreads) gdn_pass_tc_kernel(const GdnChun
 
 template <int S>
 void gdn_chunked_launch(const GdnChunkK& ck, const detail::GdnChunkLayout& l, cudaStream_t st) {
-  // MEASUREMENT ONLY (session 19, for the A/B of run 100): KILN_GDN_PASS=1 runs the CUDA-core prep and pass.
-  static const bool tc = [] {
-    const char* e = std::getenv("KILN_GDN_PASS");
-    return !(e != nullptr && e[0] == '1');
-  }();
   static const bool attr =
-      cudaFuncSetAttribute(gdn_prep_kernel<S, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(gdn_prep_smem<S, false>())) == cudaSuccess &&
-      cudaFuncSetAttribute(gdn_prep_kernel<S, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(gdn_prep_smem<S, true>())) == cudaSuccess &&
-      cudaFuncSetAttribute(gdn_pass_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gdn_pass_smem<S>())) ==
+      cudaFuncSetAttribute(gdn_prep_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gdn_prep_smem<S>())) ==
           cudaSuccess &&
       cudaFuncSetAttribute(gdn_pass_tc_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            int(gdn_pass_tc_smem<S>())) == cudaSuccess;
-  KILN_CHECK(attr, "gated_delta (chunked): {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S, true>(),
+  KILN_CHECK(attr, "gated_delta (chunked): {} / {} bytes of shared memory refused (S {})", gdn_prep_smem<S>(),
              gdn_pass_tc_smem<S>(), S);
   const dim3 pgrid(unsigned(l.nc_max), unsigned(ck.a.Hv)), grid(unsigned(S / kGNC), unsigned(ck.a.Hv), unsigned(l.nr_max));
-  if (tc) {
-    gdn_prep_kernel<S, true><<<pgrid, kPrepThreads, gdn_prep_smem<S, true>(), st>>>(ck);
-    gdn_pass_tc_kernel<S><<<grid, kPassThreads, gdn_pass_tc_smem<S>(), st>>>(ck);
-  } else {
-    gdn_prep_kernel<S, false><<<pgrid, kPrepThreads, gdn_prep_smem<S, false>(), st>>>(ck);
-    gdn_pass_kernel<S><<<grid, kPassThreads, gdn_pass_smem<S>(), st>>>(ck);
-  }
+  gdn_prep_kernel<S><<<pgrid, kPrepThreads, gdn_prep_smem<S>(), st>>>(ck);
+  gdn_pass_tc_kernel<S><<<grid, kPassThreads, gdn_pass_tc_smem<S>(), st>>>(ck);
 }
 
 }  // namespace
