@@ -302,6 +302,22 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
   }
   bool done[detail::kMvMaxSeg] = {};
   const bool inv = batch_invariant();  // invariant.h: per weight, every m on the mat-vec path
+  // Batched decode: the small-batch mat-mul's weights in one launch per type (one stream-K split over
+  // their tiles), x made once for all of them.
+  if (!inv && m >= detail::kMmqMinM && m <= detail::kMmqMaxM && detail::mmq_on(L.sm)) {
+    bool made = false;
+    for (int i = 0; i < n_w; ++i) {
+      auto fits = [&](int j) { return !done[j] && ws[j].n > 0 && detail::mmq_plan(ws[j].wt, k, ws[j].n, m).ok; };
+      if (!fits(i)) continue;
+      detail::MmqW seg[detail::kMmqMaxSeg];
+      int idx[detail::kMmqMaxSeg], ns = 0;
+      for (int j = i; j < n_w; ++j)
+        if (ws[j].wt == ws[i].wt && fits(j)) idx[ns] = j, seg[ns++] = {static_cast<const uint8_t*>(ws[j].w), ws[j].w_stride, ws[j].n, ws[j].y, ws[j].y_stride};
+      if (!detail::mmq_n(L, ws[i].wt, seg, ns, k, x, x_stride, m, !made)) continue;
+      made = true;
+      for (int e = 0; e < ns; ++e) done[idx[e]] = true;
+    }
+  }
   // Large m (every weight), empty weights, the F32-x types and the small-batch mat-mul's weights: one
   // matmul each (on the mat-vec path the F32-x kernel reads no workspace, so the int8 weights'
   // quantized x below is not disturbed; the others run before it is made).

@@ -121,6 +121,19 @@ bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path
 // otherwise. Uses the workspace as mmq_plan lays it out.
 bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
          int64_t x_stride, float* y, int64_t y_stride, int64_t m);
+// Up to kMmqMaxSeg weights of type t that share x, in one launch (their tiles in one stream-K split):
+// y_i = W_i x for each. make_x = false reuses the F16 x an earlier mmq / mmq_n of the same (x, k, m)
+// left in the workspace (nothing else may have written it since). False (nothing enqueued) where
+// mmq would be.
+struct MmqW {
+  const uint8_t* w;
+  size_t w_stride;
+  int64_t n;
+  float* y;
+  int64_t y_stride;
+};
+bool mmq_n(const Launch& L, GgmlType t, const MmqW* ws, int n_w, int64_t k, const float* x, int64_t x_stride,
+           int64_t m, bool make_x);
 // The grouped expert mat-mul (mmq.cu; matmul_id's arguments, see cuda_ops.h): when mmq_id_plan(t, k,
 // n, K * T).ok, n_expert <= kMmqIdMaxExperts and the small-batch mat-mul is on; false (nothing
 // enqueued) otherwise. Each column's sums are those of one mmq column (F16 x, F32 accumulation).
