@@ -228,7 +228,7 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
     detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, L.sm,
                       detail::matvec_pdl(L.sm), L.stream);
   }
-  if (!inv && m >= detail::kMmqMinM &&
+  if (!inv && m >= detail::mmq_min_m() &&
       detail::mmq(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m)) {
     launched("matmul");
     return;
@@ -304,7 +304,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
   const bool inv = batch_invariant();  // invariant.h: per weight, every m on the mat-vec path
   // Batched decode: the small-batch mat-mul's weights in one launch per type (one stream-K split over
   // their tiles), x made once for all of them.
-  if (!inv && m >= detail::kMmqMinM && m <= detail::kMmqMaxM && detail::mmq_on(L.sm)) {
+  if (!inv && m >= detail::mmq_min_m() && m <= detail::kMmqMaxM && detail::mmq_on(L.sm)) {
     bool made = false;
     for (int i = 0; i < n_w; ++i) {
       auto fits = [&](int j) { return !done[j] && ws[j].n > 0 && detail::mmq_plan(ws[j].wt, k, ws[j].n, m).ok; };
@@ -323,7 +323,7 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
   // quantized x below is not disturbed; the others run before it is made).
   for (int i = 0; i < n_w; ++i) {
     const MatmulW& W = ws[i];
-    const bool mmq = !inv && m >= detail::kMmqMinM && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
+    const bool mmq = !inv && m >= detail::mmq_min_m() && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
     if (W.n == 0 || (m > kMvMaxM && !inv) || !detail::matvec_uses_q8(W.wt) || mmq) {
       if (W.n > 0) matmul(L, W.wt, W.w, W.w_stride, k, W.n, x, x_stride, W.y, W.y_stride, m);
       done[i] = true;

@@ -87,9 +87,18 @@ bool mmq_type(GgmlType t) {
   }
 }
 
+int64_t mmq_min_m() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("KILN_CUDA_MMQ_MIN_M");
+    const int64_t n = e ? std::atoll(e) : 0;
+    return n >= 2 && n <= kMmqMinM ? n : kMmqMinM;
+  }();
+  return v;
+}
+
 MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m) {
   MmqPlan p;
-  if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < kMmqMinM || m > kMmqMaxM || n < 1) return p;
+  if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < mmq_min_m() || m > kMmqMaxM || n < 1) return p;
   p.ok = true;
   // From the shapes alone (the workspace and recorded graphs must not depend on the device).
   p.part_off = align256(size_t(m) * size_t(k) * 2);

@@ -75,6 +75,9 @@ struct MmqPlan {
   size_t part_off = 0, cnt_off = 0, bytes = 0;
 };
 bool mmq_type(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
+// The fewest columns the small-batch mat-mul takes: kMmqMinM, or KILN_CUDA_MMQ_MIN_M (2..9, a measurement
+// switch: fewer columns on tensor cores instead of the int8 mat-vec), read once.
+int64_t mmq_min_m();
 MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m);
 
 // The grouped expert mat-mul (mmq.cu, matmul_id with at least kMmqIdMinSlots slots): the slots sorted
