@@ -98,6 +98,11 @@ void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, in
 // sm: the device's compute capability * 10 + minor (sm_90+: add_rms_norm over a cluster of blocks).
 void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, int sm,
                bool pdl, cudaStream_t s);
+// Runs *pre writing x as produce_x does and, instead of int8 bytes, x as the small-batch mat-mul's F16
+// (mmq.cu: [m][k] in pairs order at x16, the values mmq's own conversion would write), and zeroes
+// cnt[0 .. n_cnt). m <= kMmqMaxM.
+void produce_x16(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, void* x16, unsigned* cnt,
+                 int n_cnt, int sm, bool pdl, cudaStream_t s);
 // Which x the mat-vec path uses: 0 = the default (int8 x for the types above, unless the environment
 // has KILN_CUDA_MMV_F32X=1), 1 = F32 x always, 2 = int8 x where supported. For tests and fidelity
 // comparisons; not meant to change while launches are being enqueued on other threads.
