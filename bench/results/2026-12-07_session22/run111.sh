@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device run 111 (session 22): N = main f800809+ (mmq stream-K + matmul_n segments + x made once; delta_prep per
-# (head, run); the CUDA-core chunked kernels removed): every GPU test; O = main 1119aa4's kiln: batched-bench
+# Device run 111 (session 22): N = main a7f5bef (mmq stream-K + matmul_n segments + x made once; x producers fused into
+# mmq's F16 x for 9..32 columns; delta_prep per (head, run); the CUDA-core chunked kernels removed): every GPU test; O = main 1119aa4's kiln: batched-bench
 # -npp 512 -ntg 128 -npl 8,16,32 alternating O / N; N with KILN_CUDA_MMQ_MIN_M=5 at 4 / 8 streams; N's per-op
 # profile at 32 streams; N's tg128 / pp2048. Carry .gpu-run/r111, .gpu-run/r101/vocab-qwen35.gguf.xz.
 S=$(date +%s); P=/tmp/p; O=/tmp/o111; R=.gpu-run/r111; mkdir -p $O $P/m
@@ -25,7 +25,7 @@ bb() {  # label bin [env]
 for r in 1 2; do [ $(el) -lt 380 ] || break; bb "O r$r" $Q; bb "N r$r" $N; done
 NPL=4,8 bb "N min5" $N KILN_CUDA_MMQ_MIN_M=5
 NPL=4,8 bb "N min9" $N
-LD_LIBRARY_PATH=$N KILN_CUDA_PROFILE=1 timeout 40 $N/kiln batched-bench -m $P/m/9b.gguf -ngl all -fa on -npp 128 -ntg 32 -npl 32 > $O/prof-npl32.txt 2>&1
+for n in 8 32; do LD_LIBRARY_PATH=$N KILN_CUDA_PROFILE=1 timeout 40 $N/kiln batched-bench -m $P/m/9b.gguf -ngl all -fa on -npp 128 -ntg 32 -npl $n > $O/prof-npl$n.txt 2>&1; done
 [ $(el) -lt 480 ] && LD_LIBRARY_PATH=$N timeout 40 $N/kiln bench -m $P/m/9b.gguf -ngl all -fa on -p 2048 -n 128 -r 2 2>/dev/null | grep -E '^\| qwen' >> $O/t.txt
 tar cf - -C $O . | xz -T8 > $OUT/run111.tar.xz; cp $O/t.txt $OUT/
 cat $O/t.txt; echo "total $(el) s"

@@ -289,8 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   auto row_src = [&](const QSeg& sg, int64_t r, int64_t s) {
     return sg.w + wofs + size_t(min(r, sg.n - 1)) * sg.w_stride + size_t(s) * G::kRB;
   };
-  auto issue = [&](int64_t u, int slot) {
-    const int64_t gt = u / a.steps, s = u - gt * a.steps;
+  auto issue = [&](int64_t gt, int64_t s, int slot) {  // unit (tile gt, step s)
     const QSeg sg = seg_of(a, gt);
     const int64_t row0 = (gt - sg.tile0) * kRows;
     uint8_t* st = sm + slot * kStage;
@@ -320,9 +319,15 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
       mv_cp_commit();
     }
   };
+  // (tile, step) of this CTA's first unit, of the unit being summed, and of the next unit to stage.
+  const int64_t gt0 = u0 / a.steps, st0 = u0 - gt0 * a.steps;
+  int64_t it = gt0, is = st0;
+  auto next = [&](int64_t& gt, int64_t& s) {
+    if (++s == a.steps) s = 0, ++gt;
+  };
 #pragma unroll
   for (int i = 0; i < kStages; ++i) {
-    if (i < nu) issue(u0 + i, i);
+    if (i < nu) issue(it, is, i), next(it, is);
     else if constexpr (!BULK) mv_cp_commit();  // one group per stage, so the waits below count right
   }
 
@@ -366,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
         }
       return;
     }
-    const int64_t piece = int64_t(blockIdx.x) * 2 + (gt == u0 / a.steps ? 0 : 1);
+    const int64_t piece = int64_t(blockIdx.x) * 2 + (gt == gt0 ? 0 : 1);
     float* pp = a.part + piece * m * kRows;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -382,26 +387,34 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
     __syncthreads();
     if (s_last) {
       __threadfence();
-      for (int i = tid; i < kRows * m; i += kThreads) {
-        const int c = i / kRows, r = i - c * kRows;
-        const int64_t row = row0 + r;
-        if (row >= sg.n) continue;
-        float v = 0.f;
-        for (int64_t q = cf; q <= cl; ++q) {
-          const int64_t qp = q * 2 + (gt == (q * a.units / a.ctas) / a.steps ? 0 : 1);
-          v += __ldcg(a.part + (qp * m + c) * kRows + r);
+      // The tile is the first of each of its CTAs but cf, whose range may start in the tile before
+      // (then the tile is its last: piece 1). Thread tid sums entries tid + kThreads j of [m][kRows].
+      constexpr int kPer = kRows * NT * 8 / kThreads;
+      const int64_t p_cf = cf * 2 + (cf * a.units / a.ctas < tu0 ? 1 : 0);
+      float v[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) v[j] = 0.f;
+      for (int64_t q = cf; q <= cl; ++q) {
+        const float* src = a.part + (q == cf ? p_cf : q * 2) * m * kRows;
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          const int i = tid + kThreads * j;
+          if (i < kRows * m) v[j] += __ldcg(src + i);
         }
-        sg.y[int64_t(c) * sg.y_stride + row] = v;
+      }
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = tid + kThreads * j, c = i / kRows, r = i - c * kRows;
+        if (i < kRows * m && row0 + r < sg.n) sg.y[int64_t(c) * sg.y_stride + row0 + r] = v[j];
       }
       if (tid == 0) a.cnt[cf] = 0;  // the counters are zero again for the next launch on this workspace
     }
     __syncthreads();  // s_last is read by every thread before the next flush writes it
   };
 
-  int64_t cur = u0 / a.steps;  // the tile being summed
-  for (int i = 0; i < nu; ++i) {
+  int64_t cur = gt0, gt = gt0, s = st0;  // the tile being summed; the unit's tile and step
+  for (int i = 0; i < nu; ++i, next(gt, s)) {
     const int slot = i % kStages;
-    const int64_t u = u0 + i, gt = u / a.steps, s = u - gt * a.steps;
     if (gt != cur) flush(cur), cur = gt;
     if constexpr (BULK) {
       mb_wait(smem_addr(&bars[slot]), uint32_t(i / kStages) & 1u);
@@ -451,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
       }
     }
     __syncthreads();  // every warp is done with the slot
-    if (i + kStages < nu) issue(u + kStages, slot);
+    if (i + kStages < nu) issue(it, is, slot), next(it, is);
     else if constexpr (!BULK) mv_cp_commit();
   }
   flush(cur);
