@@ -271,7 +271,10 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
     }
     __syncthreads();
   }
-  pdl::begin();
+  // PDL: wait for the inputs now, but let the next kernel launch only when this CTA reaches its last
+  // unit — with about one CTA per resident slot, a trigger at the start would bring the next kernels'
+  // CTAs onto the SMs (waiting) for the whole of this one.
+  pdl::wait();
   size_t wofs = 0;  // grouped: the expert's matrix
   const __half* x16 = a.x16;
   int m = a.m;
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   if (grouped) {
     const int2 td = a.tiles[blockIdx.y];
     m = td.y & 0xFF;
-    if (m == 0) return;  // the whole CTA: no tile here
+    if (m == 0) return;  // the whole CTA: no tile here (an exited CTA counts as triggered)
     c0 = td.x;
     wofs = size_t(td.y >> 8) * a.w_estride;
     x16 += c0 * a.k;
@@ -415,6 +418,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   int64_t cur = gt0, gt = gt0, s = st0;  // the tile being summed; the unit's tile and step
   for (int i = 0; i < nu; ++i, next(gt, s)) {
     const int slot = i % kStages;
+    if (i == nu - 1) pdl::trigger();
     if (gt != cur) flush(cur), cur = gt;
     if constexpr (BULK) {
       mb_wait(smem_addr(&bars[slot]), uint32_t(i / kStages) & 1u);
