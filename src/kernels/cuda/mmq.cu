@@ -172,6 +172,7 @@ struct QArgs {
   int64_t ctas;       // CTA b takes units [b units / ctas, (b + 1) units / ctas)
   float* part;        // [ctas][2][m][kRows]: a CTA's partial tiles (its first, its last)
   unsigned* cnt;      // [ctas]: arrivals at a split tile, by its first CTA (zeroed by mmq_x_kernel)
+  bool trigger_early = false;  // the PDL trigger at the CTA's start instead of its last unit
   // Grouped (mmq_id; one weight, a CTA per (row tile, column tile)): blockIdx.y is tile i of tiles =
   // {first sorted column, expert << 8 | columns (0: no tile)}; W = w + expert * w_estride, x16 the sorted
   // columns; sorted column c is slot order[c] = t * K + j, written to y + t * y_tok + j * y_slot.
@@ -274,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   // PDL: wait for the inputs now, but let the next kernel launch only when this CTA reaches its last
   // unit — with about one CTA per resident slot, a trigger at the start would bring the next kernels'
   // CTAs onto the SMs (waiting) for the whole of this one.
+  if (a.trigger_early) pdl::trigger();  // KILN_CUDA_MMQ_PDL_EARLY=1 (measurement): the trigger at the start
   pdl::wait();
   size_t wofs = 0;  // grouped: the expert's matrix
   const __half* x16 = a.x16;
@@ -541,6 +543,8 @@ bool mmq_n(const Launch& L, GgmlType t, const MmqW* ws, int n_w, int64_t k, cons
   q.nseg = n_w, q.k = k, q.steps = k / kStepK, q.x16 = reinterpret_cast<const __half*>(base), q.m = int(m);
   q.units = tiles * q.steps, q.ctas = std::min<int64_t>(kMmqCtas, q.units);
   q.part = reinterpret_cast<float*>(base + p.part_off), q.cnt = reinterpret_cast<unsigned*>(base + p.cnt_off);
+  static const bool early = env_is("KILN_CUDA_MMQ_PDL_EARLY", "1");
+  q.trigger_early = early;
   if (make_x) {
     const int64_t pairs = k / 2 * m;
     pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 1024))), dim3(256), 0, mmq_x_kernel, x,
