@@ -222,16 +222,13 @@ std::vector<Case> cases_for(GgmlType t) {
       {kq ? 1280 : 1056, 1025, {1, 5, 16, 64}, 0, false},
       {kq ? 8448 : 8224, 33, {1, 8, 17}, 0, false},                      // several steps per warp
       // k a multiple of 256 for every type (the small-batch mat-mul, mmq.cu, 8 / 16 / 24 / 32 columns
-      // per tile row; fewer units than CTAs: a CTA per unit, every tile summed from its steps' CTAs):
-      // a partial last row tile, misaligned rows and x, a ring longer than a CTA's range, one step
+      // per tile row): k split in 2 with a partial last row tile, misaligned rows and x split and not,
+      // k split in 4 (more splits than steps in the ring), one step (no split)
       {2048, 130, {1, 9, 24, 33}, 0, false},  // m = 1: rows 16-byte aligned for every type (tensor-map copies)
       {2048, 130, {20}, pad, true},
       {1024, 130, {12, 32}, pad, true},
       {4096, 70, {1, 16, 17}, 0, false},
       {256, 200, {16, 64}, 0, false},
-      // More units (18 row tiles x 16 steps = 288) than the stream-K split's 264 CTAs: CTA ranges of
-      // one and two units that cross tile boundaries, tiles summed from two or three CTAs' partials.
-      {4096, 2200, {20}, 0, false},
   };
 }
 

@@ -59,9 +59,7 @@ struct SeqMem {
 // values written are those of the op alone). "out" is the mat-mul's x [k, m]:
 //   AddRmsNorm: x += t; out = rms_norm(x) * w (w may be null) — add_rms_norm(x, t, w, out, eps);
 //   SwiGlu:     out = silu(out) * b — binary(SwiGlu, out, b, out).
-// x, t, b: rows [k, m] (row c = column c). Needs m <= 32 and k <= kProduceMaxK (produce_ok); 9..32
-// columns fuse only into the small-batch mat-mul (its F16 x) — elsewhere the launcher first runs the op
-// alone.
+// x, t, b: rows [k, m] (row c = column c). Needs m <= 8 and k <= kProduceMaxK (produce_ok).
 struct XProducer {
   enum class Kind { AddRmsNorm, SwiGlu } kind = Kind::AddRmsNorm;
   Rows x, t;
@@ -70,8 +68,7 @@ struct XProducer {
   Rows b;
 };
 inline constexpr int64_t kProduceMaxK = 16384;
-inline constexpr int64_t kProduceQ8MaxM = 8;  // columns a producer quantizes to int8 with x
-inline bool produce_ok(int64_t k, int64_t m) { return m >= 1 && m <= 32 && k % 32 == 0 && k <= kProduceMaxK; }
+inline bool produce_ok(int64_t k, int64_t m) { return m >= 1 && m <= 8 && k % 32 == 0 && k <= kProduceMaxK; }
 bool matmul_supported(GgmlType wt);
 // Workspace for y[n, m] = W[k, n] x[k, m] (e.g. a dequantized F16 tile of W and x in F16).
 size_t matmul_workspace(GgmlType wt, int64_t k, int64_t n, int64_t m);

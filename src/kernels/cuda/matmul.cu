@@ -204,37 +204,6 @@ bool matvec_uses_q8(GgmlType t) {
 }
 }  // namespace detail
 
-namespace {
-
-// Whether the small-batch mat-mul takes every weight (types[i], rows[i]; rows 0: none) of these shapes.
-bool mmq_takes(const Launch& L, const GgmlType* types, int n_w, int64_t k, const int64_t* rows, int64_t m) {
-  if (batch_invariant() || m < detail::mmq_min_m() || m > detail::kMmqMaxM || !detail::mmq_on(L.sm)) return false;
-  for (int i = 0; i < n_w; ++i) {
-    if (rows[i] == 0) continue;
-    const detail::MmqPlan p = detail::mmq_plan(types[i], k, rows[i], m);
-    if (!p.ok || L.ws == nullptr || L.ws_bytes < p.bytes) return false;
-  }
-  return true;
-}
-
-// *pre with its x written as the small-batch mat-mul's F16 x (and its counters zeroed) in the workspace.
-void produce_x16(const Launch& L, const XProducer& pre, const float* x, int64_t x_stride, int64_t k, int64_t m,
-                 GgmlType t, int64_t n) {
-  const detail::MmqPlan p = detail::mmq_plan(t, k, n, m);
-  auto* base = static_cast<uint8_t*>(L.ws);
-  detail::produce_x16(pre, const_cast<float*>(x), x_stride, k, m, base, reinterpret_cast<unsigned*>(base + p.cnt_off),
-                      int(detail::kMmqCtas), L.sm, detail::matvec_pdl(L.sm), L.stream);
-}
-
-// *pre alone (its own op's kernel), for x that no fused path takes.
-void run_producer(const Launch& L, const XProducer& pre, const float* x, int64_t x_stride, int64_t k, int64_t m) {
-  const Rows out{const_cast<float*>(x), k, m, 1, x_stride, 0};
-  if (pre.kind == XProducer::Kind::AddRmsNorm) add_rms_norm(L, pre.x, pre.t, pre.w, out, pre.eps);
-  else binary(L, Binary::SwiGlu, out, pre.b, 0, out);
-}
-
-}  // namespace
-
 void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_t k, int64_t n, const float* x,
             int64_t x_stride, float* y, int64_t y_stride, int64_t m, const XProducer* pre) {
   KILN_MM_CHECK(matmul_supported(wt), "matmul", "unsupported weight type", int(wt), 0);
@@ -251,26 +220,15 @@ void matmul(const Launch& L, GgmlType wt, const void* w, size_t w_stride, int64_
   const bool inv = batch_invariant();  // every m on the mat-vec path (invariant.h)
   const bool q8 = (m <= kMvMaxM || inv) && detail::matvec_uses_q8(wt);
   const int layout = detail::matvec_q8_x_layout(wt);
-  if (pre) {  // x made (and quantized in the weight's x order, or as the small-batch mat-mul's F16) by one kernel
-    KILN_MM_CHECK(produce_ok(k, m), "matmul", "an x producer needs k <= kProduceMaxK and m <= 32 (k, m)", k, m);
-    const detail::MmqW one{static_cast<const uint8_t*>(w), w_stride, n, y, y_stride};
-    if (mmq_takes(L, &wt, 1, k, &n, m)) {
-      produce_x16(L, *pre, x, x_stride, k, m, wt, n);
-      if (detail::mmq_n(L, wt, &one, 1, k, x, x_stride, m, false)) {
-        launched("matmul");
-        return;
-      }
-    } else if (m <= kProduceQ8MaxM) {
-      KILN_MM_CHECK(!q8 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul",
-                    "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
-                    (long long)(2 * detail::q8_x_bytes(k, m)));
-      detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, L.sm,
-                        detail::matvec_pdl(L.sm), L.stream);
-    } else {
-      run_producer(L, *pre, x, x_stride, k, m);
-    }
+  if (pre) {  // x made (and, for the int8 path, quantized in the weight's x order) by one kernel
+    KILN_MM_CHECK(produce_ok(k, m), "matmul", "an x producer needs k <= kProduceMaxK and m <= 8 (k, m)", k, m);
+    KILN_MM_CHECK(!q8 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul",
+                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
+                  (long long)(2 * detail::q8_x_bytes(k, m)));
+    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, q8 ? 1 << layout : 0, L.ws, L.sm,
+                      detail::matvec_pdl(L.sm), L.stream);
   }
-  if (!inv && m >= detail::mmq_min_m() &&
+  if (!inv && m >= detail::kMmqMinM &&
       detail::mmq(L, wt, static_cast<const uint8_t*>(w), w_stride, k, n, x, x_stride, y, y_stride, m)) {
     launched("matmul");
     return;
@@ -330,60 +288,26 @@ void matmul_n(const Launch& L, const MatmulW* ws, int n_w, int64_t k, const floa
                   x_stride, W.y_stride);
   }
   if (m == 0) return;
-  // With a producer: x first — as the small-batch mat-mul's F16 when it takes every weight, else
-  // quantized in every x order an int8 weight here reads (both regions), else (9..32 columns not all on
-  // the small-batch mat-mul) by the producer's op alone.
-  GgmlType types[detail::kMvMaxSeg];
-  int64_t rows[detail::kMvMaxSeg];
-  int first = -1;
-  for (int i = 0; i < n_w; ++i) {
-    types[i] = ws[i].wt, rows[i] = ws[i].n;
-    if (first < 0 && ws[i].n > 0) first = i;
-  }
-  const bool all_mmq = first >= 0 && mmq_takes(L, types, n_w, k, rows, m);
+  // With a producer: x first, quantized in every x order an int8 weight here reads (both regions).
   int pre_mask = 0;
-  bool x16 = false;  // the F16 x is in the workspace (and the small-batch mat-mul's counters zeroed)
   if (pre) {
-    KILN_MM_CHECK(produce_ok(k, m), "matmul_n", "an x producer needs k <= kProduceMaxK and m <= 32 (k, m)", k, m);
-    if (all_mmq) {
-      produce_x16(L, *pre, x, x_stride, k, m, ws[first].wt, ws[first].n);
-      x16 = true;
-    } else if (m <= kProduceQ8MaxM) {
-      for (int i = 0; i < n_w; ++i)
-        if (ws[i].n > 0 && detail::matvec_uses_q8(ws[i].wt)) pre_mask |= 1 << detail::matvec_q8_x_layout(ws[i].wt);
-      KILN_MM_CHECK(pre_mask == 0 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul_n",
-                    "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
-                    (long long)(2 * detail::q8_x_bytes(k, m)));
-      detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, pre_mask, L.ws, L.sm, detail::matvec_pdl(L.sm),
-                        L.stream);
-    } else {
-      run_producer(L, *pre, x, x_stride, k, m);
-    }
+    KILN_MM_CHECK(produce_ok(k, m), "matmul_n", "an x producer needs k <= kProduceMaxK and m <= 8 (k, m)", k, m);
+    for (int i = 0; i < n_w; ++i)
+      if (ws[i].n > 0 && detail::matvec_uses_q8(ws[i].wt)) pre_mask |= 1 << detail::matvec_q8_x_layout(ws[i].wt);
+    KILN_MM_CHECK(pre_mask == 0 || (L.ws != nullptr && L.ws_bytes >= 2 * detail::q8_x_bytes(k, m)), "matmul_n",
+                  "workspace smaller than matmul_workspace (have, need)", (long long)L.ws_bytes,
+                  (long long)(2 * detail::q8_x_bytes(k, m)));
+    detail::produce_x(*pre, const_cast<float*>(x), x_stride, k, m, pre_mask, L.ws, L.sm, detail::matvec_pdl(L.sm),
+                      L.stream);
   }
   bool done[detail::kMvMaxSeg] = {};
   const bool inv = batch_invariant();  // invariant.h: per weight, every m on the mat-vec path
-  // Batched decode: the small-batch mat-mul's weights in one launch per type (one stream-K split over
-  // their tiles), x made once for all of them (not over an int8 x the producer left for the others).
-  if (!inv && m >= detail::mmq_min_m() && m <= detail::kMmqMaxM && detail::mmq_on(L.sm) && pre_mask == 0) {
-    bool made = x16;
-    for (int i = 0; i < n_w; ++i) {
-      auto fits = [&](int j) { return !done[j] && ws[j].n > 0 && detail::mmq_plan(ws[j].wt, k, ws[j].n, m).ok; };
-      if (!fits(i)) continue;
-      detail::MmqW seg[detail::kMmqMaxSeg];
-      int idx[detail::kMmqMaxSeg], ns = 0;
-      for (int j = i; j < n_w; ++j)
-        if (ws[j].wt == ws[i].wt && fits(j)) idx[ns] = j, seg[ns++] = {static_cast<const uint8_t*>(ws[j].w), ws[j].w_stride, ws[j].n, ws[j].y, ws[j].y_stride};
-      if (!detail::mmq_n(L, ws[i].wt, seg, ns, k, x, x_stride, m, !made)) continue;
-      made = true;
-      for (int e = 0; e < ns; ++e) done[idx[e]] = true;
-    }
-  }
   // Large m (every weight), empty weights, the F32-x types and the small-batch mat-mul's weights: one
   // matmul each (on the mat-vec path the F32-x kernel reads no workspace, so the int8 weights'
   // quantized x below is not disturbed; the others run before it is made).
   for (int i = 0; i < n_w; ++i) {
     const MatmulW& W = ws[i];
-    const bool mmq = !inv && m >= detail::mmq_min_m() && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
+    const bool mmq = !inv && m >= detail::kMmqMinM && detail::mmq_on(L.sm) && detail::mmq_plan(W.wt, k, W.n, m).ok;
     if (W.n == 0 || (m > kMvMaxM && !inv) || !detail::matvec_uses_q8(W.wt) || mmq) {
       if (W.n > 0) matmul(L, W.wt, W.w, W.w_stride, k, W.n, x, x_stride, W.y, W.y_stride, m);
       done[i] = true;

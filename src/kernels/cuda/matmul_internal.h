@@ -98,11 +98,6 @@ void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, in
 // sm: the device's compute capability * 10 + minor (sm_90+: add_rms_norm over a cluster of blocks).
 void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, int sm,
                bool pdl, cudaStream_t s);
-// Runs *pre writing x as produce_x does and, instead of int8 bytes, x as the small-batch mat-mul's F16
-// (mmq.cu: [m][k] in pairs order at x16, the values mmq's own conversion would write), and zeroes
-// cnt[0 .. n_cnt). m <= kMmqMaxM.
-void produce_x16(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, void* x16, unsigned* cnt,
-                 int n_cnt, int sm, bool pdl, cudaStream_t s);
 // Which x the mat-vec path uses: 0 = the default (int8 x for the types above, unless the environment
 // has KILN_CUDA_MMV_F32X=1), 1 = F32 x always, 2 = int8 x where supported. For tests and fidelity
 // comparisons; not meant to change while launches are being enqueued on other threads.
@@ -126,19 +121,6 @@ bool matvec_uses_q8(GgmlType t);  // whether matmul's / matmul_id's mat-vec path
 // otherwise. Uses the workspace as mmq_plan lays it out.
 bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
          int64_t x_stride, float* y, int64_t y_stride, int64_t m);
-// Up to kMmqMaxSeg weights of type t that share x, in one launch (their tiles in one stream-K split):
-// y_i = W_i x for each. make_x = false reuses the F16 x an earlier mmq / mmq_n of the same (x, k, m)
-// left in the workspace (nothing else may have written it since). False (nothing enqueued) where
-// mmq would be.
-struct MmqW {
-  const uint8_t* w;
-  size_t w_stride;
-  int64_t n;
-  float* y;
-  int64_t y_stride;
-};
-bool mmq_n(const Launch& L, GgmlType t, const MmqW* ws, int n_w, int64_t k, const float* x, int64_t x_stride,
-           int64_t m, bool make_x);
 // The grouped expert mat-mul (mmq.cu; matmul_id's arguments, see cuda_ops.h): when mmq_id_plan(t, k,
 // n, K * T).ok, n_expert <= kMmqIdMaxExperts and the small-batch mat-mul is on; false (nothing
 // enqueued) otherwise. Each column's sums are those of one mmq column (F16 x, F32 accumulation).

@@ -14,7 +14,6 @@
 //   host by one entry per distinct weight).
 // Threading: the launchers only enqueue on their stream; mv_tensor_map may be called from any thread.
 #include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the function comes from the runtime)
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cooperative_groups.h>
@@ -80,8 +79,7 @@ __device__ __forceinline__ void quantize_unit(float v, int64_t b, int lane, int 
 }
 
 // Where a producer writes: x (column c at x + c * x_stride) and, for each x order in mask, its int8
-// bytes and unit metadata; or (x16 set) x as F16 in the small-batch mat-mul's pairs order, and cnt[0 ..
-// n_cnt) zeroed (mmq.cu's counters).
+// bytes and unit metadata.
 struct XOut {
   float* x;
   int64_t x_stride;
@@ -90,27 +88,7 @@ struct XOut {
   Q8Meta* meta0;
   int8_t* xq1;
   Q8Meta* meta1;
-  __half2* x16 = nullptr;
-  unsigned* cnt = nullptr;
-  int n_cnt = 0;
 };
-
-// Unit b of x (the warp's 32 values, lane l holding element l) into o's int8 orders, or its F16 pairs
-// (element l with element l + 16: mmq_x_kernel's values).
-__device__ __forceinline__ void emit_unit(float v, int64_t b, int lane, const XOut& o) {
-  if (o.x16 != nullptr) {
-    const float hi = __shfl_down_sync(0xffffffffu, v, 16);
-    if (lane < 16) o.x16[b * 16 + lane] = __floats2half2_rn(v, hi);
-    return;
-  }
-  quantize_unit(v, b, lane, o.mask, o.xq0, o.meta0, o.xq1, o.meta1);
-}
-// The counters of an F16 output, zeroed by the first block (after the wait: the workspace's last
-// reader is done).
-__device__ __forceinline__ void zero_counters(const XOut& o) {
-  if (o.cnt == nullptr || blockIdx.x != 0 || blockIdx.y != 0) return;
-  for (int i = int(threadIdx.x); i < o.n_cnt; i += int(blockDim.x)) o.cnt[i] = 0;
-}
 
 // add_rms_norm's first half for thread tid of the 1024-thread layout: v = x + t (stored back into the
 // residual row), w's values in wv; returns the thread's sum of squares.
@@ -139,7 +117,7 @@ __device__ __forceinline__ void store_normed(float (&v)[NV], const float (&wv)[N
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int64_t e0 = int64_t(j) * kRowThreads + (tid & ~31);  // the warp's unit (warp-uniform)
-    if (e0 < k) emit_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, tid & 31, o);
+    if (e0 < k) quantize_unit(v[j], int64_t(col) * (k / 32) + e0 / 32, tid & 31, o.mask, o.xq0, o.meta0, o.xq1, o.meta1);
   }
 }
 
@@ -147,7 +125,6 @@ template <int NV, XProducer::Kind KIND>
 __global__ void __launch_bounds__(kRowThreads) produce_x_kernel(const XProducer p, const XOut o, int64_t k) {
   q8::pdl_launch_dependents();  // the mat-vec kernel may start its weight prefetch
   q8::pdl_wait();               // the inputs (and the workspace's last reader) are done
-  zero_counters(o);
   __shared__ float red[32];
   const int col = blockIdx.x, tid = threadIdx.x;
   float v[NV], wv[NV];
@@ -169,14 +146,13 @@ constexpr int kWideThreads = 256;
 __global__ void __launch_bounds__(kWideThreads) swiglu_x_kernel(const XProducer p, const XOut o, int64_t k) {
   q8::pdl_launch_dependents();
   q8::pdl_wait();
-  zero_counters(o);
   const int col = blockIdx.y, lane = threadIdx.x & 31;
   const int64_t e = int64_t(blockIdx.x) * kWideThreads + threadIdx.x;
   if (e - lane >= k) return;  // whole warps (k % 32 == 0)
   float* out = o.x + int64_t(col) * o.x_stride;
   const float v = siluf_(out[e]) * row_mut(p.b, col)[e];
   out[e] = v;
-  emit_unit(v, int64_t(col) * (k / 32) + (e - lane) / 32, lane, o);
+  quantize_unit(v, int64_t(col) * (k / 32) + (e - lane) / 32, lane, o.mask, o.xq0, o.meta0, o.xq1, o.meta1);
 }
 
 // add_rms_norm over a cluster of kClusterCtas blocks of kRowThreads / kClusterCtas threads (sm_90+):
@@ -190,7 +166,6 @@ __global__ void __launch_bounds__(kClusterThreads) add_rms_x_cluster_kernel(cons
 #if __CUDA_ARCH__ >= 900
   q8::pdl_launch_dependents();
   q8::pdl_wait();
-  zero_counters(o);
   namespace cg = cooperative_groups;
   __shared__ float red[32];
   const cg::cluster_group cl = cg::this_cluster();
@@ -228,8 +203,16 @@ bool wide_on() {
 
 }  // namespace
 
-namespace {
-void produce_launch(const XProducer& pre, const XOut& o, int64_t k, int64_t m, int sm, bool pdl, cudaStream_t s) {
+void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, int sm,
+               bool pdl, cudaStream_t s) {
+  KILN_CHECK(produce_ok(k, m), "produce_x: k {} m {} (k a multiple of 32 up to {}, 1 <= m <= 8)", k, m, kProduceMaxK);
+  const size_t bytes = q8_x_bytes(k, m);
+  auto* b0 = static_cast<uint8_t*>(ws);
+  auto* b1 = b0 + bytes;
+  auto* xq0 = reinterpret_cast<int8_t*>(b0);
+  auto* xq1 = reinterpret_cast<int8_t*>(b1);
+  auto* m0 = reinterpret_cast<Q8Meta*>(b0 + q8_x_meta_offset(k, m));
+  auto* m1 = reinterpret_cast<Q8Meta*>(b1 + q8_x_meta_offset(k, m));
   const int64_t nv = (k + kRowThreads - 1) / kRowThreads;
   const bool add = pre.kind == XProducer::Kind::AddRmsNorm, wide = wide_on();
   cudaLaunchConfig_t cfg = {};
@@ -254,31 +237,7 @@ void produce_launch(const XProducer& pre, const XOut& o, int64_t k, int64_t m, i
     cfg.gridDim = dim3(unsigned(m)), cfg.blockDim = dim3(kRowThreads);
   }
   cfg.attrs = at, cfg.numAttrs = unsigned(na);
-  cudaLaunchKernelEx(&cfg, kern, pre, o, k);
-}
-}  // namespace
-
-void produce_x(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, int mask, void* ws, int sm,
-               bool pdl, cudaStream_t s) {
-  KILN_CHECK(produce_ok(k, m) && m <= kProduceQ8MaxM, "produce_x: k {} m {} (k a multiple of 32 up to {}, 1 <= m <= {})",
-             k, m, kProduceMaxK, kProduceQ8MaxM);
-  const size_t bytes = q8_x_bytes(k, m);
-  auto* b0 = static_cast<uint8_t*>(ws);
-  auto* b1 = b0 + bytes;
-  auto* xq0 = reinterpret_cast<int8_t*>(b0);
-  auto* xq1 = reinterpret_cast<int8_t*>(b1);
-  auto* m0 = reinterpret_cast<Q8Meta*>(b0 + q8_x_meta_offset(k, m));
-  auto* m1 = reinterpret_cast<Q8Meta*>(b1 + q8_x_meta_offset(k, m));
-  produce_launch(pre, XOut{x, x_stride, mask, xq0, m0, xq1, m1}, k, m, sm, pdl, s);
-}
-
-void produce_x16(const XProducer& pre, float* x, int64_t x_stride, int64_t k, int64_t m, void* x16, unsigned* cnt,
-                 int n_cnt, int sm, bool pdl, cudaStream_t s) {
-  KILN_CHECK(produce_ok(k, m), "produce_x16: k {} m {} (k a multiple of 32 up to {}, 1 <= m <= {})", k, m,
-             kProduceMaxK, kMmqMaxM);
-  XOut o{x, x_stride, 0, nullptr, nullptr, nullptr, nullptr};
-  o.x16 = static_cast<__half2*>(x16), o.cnt = cnt, o.n_cnt = n_cnt;
-  produce_launch(pre, o, k, m, sm, pdl, s);
+  cudaLaunchKernelEx(&cfg, kern, pre, XOut{x, x_stride, mask, xq0, m0, xq1, m1}, k);
 }
 
 void quantize_x(const float* x, int64_t s_outer, int64_t s_inner, int64_t nx, int64_t k, int64_t ncols, int layout,

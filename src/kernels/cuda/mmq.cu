@@ -5,12 +5,9 @@
 //   expert mat-mul mmq_id (matmul_id of a prefill: mmq_id_group_kernel sorts the slots by expert and
 //   writes a table of tiles of up to 32 columns of one expert, mmq_id_x_kernel gathers the sorted x
 //   columns, mmq_kernel runs one tile per blockIdx.y on that expert's matrix and scatters the columns). A CTA of 8
-//   warps takes units of kMmqRows = 128 rows of W (16 per warp) x 256 elements of k, all m columns: a
-//   launch (mmq_n: up to kMmqMaxSeg weights of one type sharing x, e.g. a layer's gate and up) numbers
-//   its units tile-major over its weights and gives each of its min(kMmqCtas, units) CTAs an equal
-//   contiguous range ("stream-K": one balanced wave however many rows; a 4096-row matrix used to fill
-//   half the GPU). A tile whose units two or more CTAs share is summed by the last of them to arrive,
-//   from their partial tiles in CTA order: results do not depend on timing. k advances in steps of 256 elements through a ring of 2-3 shared-memory
+//   warps takes kMmqRows = 128 rows of W (16 per warp) and all m columns over a range of k (a k split: the plan's
+//   nks CTAs per row tile, summed by the last CTA of the tile to arrive, in split order: results do not
+//   depend on timing). k advances in steps of 256 elements through a ring of 2-3 shared-memory
 //   stages (2 CTAs per SM), each holding the step's bytes of the 128 weight rows (one bulk copy per row on sm_90+,
 //   16-byte cp.async copies before; the 16-byte aligned range around the row's bytes) and the step's
 //   256 x values of every column as F16. Per 32-element unit a lane (g = lane / 4, t = lane % 4)
@@ -152,45 +149,26 @@ __device__ __forceinline__ void unit_pairs(const uint32_t (&w)[2], uint32_t d, u
   }
 }
 
-// One weight of a launch: tiles tile0 .. of the launch's numbering (kMmqMaxSeg weights of one type and k
-// that share x; in order).
-struct QSeg {
+struct QArgs {
   const uint8_t* w;
   size_t w_stride;
-  int64_t n;
+  int64_t k, n;
+  const __half* x16;  // [m][k], pairs order
+  int m, nks;         // columns; k splits
+  int64_t steps_per;  // steps of 256 per split
   float* y;
   int64_t y_stride;
-  int64_t tile0;
-};
-struct QArgs {
-  QSeg seg[kMmqMaxSeg];
-  int nseg;
-  int64_t k, steps;   // steps of kStepK per tile
-  const __half* x16;  // [m][k], pairs order
-  int m;              // columns
-  int64_t units;      // tiles x steps of every weight
-  int64_t ctas;       // CTA b takes units [b units / ctas, (b + 1) units / ctas)
-  float* part;        // [ctas][2][m][kRows]: a CTA's partial tiles (its first, its last)
-  unsigned* cnt;      // [ctas]: arrivals at a split tile, by its first CTA (zeroed by mmq_x_kernel)
-  bool trigger_early = false;  // the PDL trigger at the CTA's start instead of its last unit
-  // Grouped (mmq_id; one weight, a CTA per (row tile, column tile)): blockIdx.y is tile i of tiles =
-  // {first sorted column, expert << 8 | columns (0: no tile)}; W = w + expert * w_estride, x16 the sorted
-  // columns; sorted column c is slot order[c] = t * K + j, written to y + t * y_tok + j * y_slot.
+  float* part;    // [nks][m][n] (nks > 1)
+  unsigned* cnt;  // [row tiles] arrivals (zeroed by mmq_x_kernel)
+  // Grouped (mmq_id; nks = 1): blockIdx.y is tile i of tiles = {first sorted column, expert << 8 |
+  // columns (0: no tile)}; W = w + expert * w_estride, x16 the sorted columns; sorted column c is slot
+  // order[c] = t * K + j, written to y + t * y_tok + j * y_slot.
   const int2* tiles = nullptr;
   const int32_t* order = nullptr;
   size_t w_estride = 0;
   int K = 1;
   int64_t y_tok = 0, y_slot = 0;
 };
-
-// The weight holding tile gt (compile-time indices: the table stays in parameter space).
-__device__ __forceinline__ QSeg seg_of(const QArgs& a, int64_t gt) {
-  QSeg r = a.seg[0];
-#pragma unroll
-  for (int j = 1; j < kMmqMaxSeg; ++j)
-    if (j < a.nseg && gt >= a.seg[j].tile0) r = a.seg[j];
-  return r;
-}
 
 // x columns (x_stride floats apart) -> F16 [m][k] in pairs order; zeroes the n_cnt counters.
 __global__ void mmq_x_kernel(const float* x, int64_t x_stride, int64_t k, int64_t m, __half2* out, unsigned* cnt,
@@ -257,14 +235,11 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
   using D = dq::Q<T>;
   constexpr int kStage = G::template stage<NT>(), kStages = G::template stages<NT>();
   extern __shared__ __align__(128) uint8_t sm[];
-  __shared__ unsigned s_last;
   uint64_t* bars = reinterpret_cast<uint64_t*>(sm + kStages * kStage);
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const bool grouped = a.tiles != nullptr;
-  // This CTA's units: a range of the stream-K split, or (grouped) row tile blockIdx.x whole.
-  const int64_t u0 = grouped ? int64_t(blockIdx.x) * a.steps : int64_t(blockIdx.x) * a.units / a.ctas;
-  const int64_t u1 = grouped ? u0 + a.steps : (int64_t(blockIdx.x) + 1) * a.units / a.ctas;
-  const int nu = int(u1 - u0);
+  const int64_t tile = blockIdx.x, row0 = tile * kRows;
+  const int64_t s0 = int64_t(a.tiles ? 0 : blockIdx.y) * a.steps_per, s1 = min(a.k / kStepK, s0 + a.steps_per);
+  const int nst = int(s1 - s0);
   if constexpr (BULK) {
     if (tid == 0) {
       for (int i = 0; i < kStages; ++i) mb_init(smem_addr(&bars[i]), kThreads);
@@ -272,36 +247,28 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
     }
     __syncthreads();
   }
-  // PDL: wait for the inputs now, but let the next kernel launch only when this CTA reaches its last
-  // unit — with about one CTA per resident slot, a trigger at the start would bring the next kernels'
-  // CTAs onto the SMs (waiting) for the whole of this one.
-  if (a.trigger_early) pdl::trigger();  // KILN_CUDA_MMQ_PDL_EARLY=1 (measurement): the trigger at the start
-  pdl::wait();
-  size_t wofs = 0;  // grouped: the expert's matrix
+  pdl::begin();
+  const uint8_t* w = a.w;
   const __half* x16 = a.x16;
   int m = a.m;
   int64_t c0 = 0;  // grouped: the tile's first sorted column
-  if (grouped) {
+  if (a.tiles != nullptr) {
     const int2 td = a.tiles[blockIdx.y];
     m = td.y & 0xFF;
-    if (m == 0) return;  // the whole CTA: no tile here (an exited CTA counts as triggered)
+    if (m == 0) return;  // the whole CTA: no tile here
     c0 = td.x;
-    wofs = size_t(td.y >> 8) * a.w_estride;
+    w += size_t(td.y >> 8) * a.w_estride;
     x16 += c0 * a.k;
   }
 
-  // The 16-byte aligned range around row r (of weight sg) of step s.
-  auto row_src = [&](const QSeg& sg, int64_t r, int64_t s) {
-    return sg.w + wofs + size_t(min(r, sg.n - 1)) * sg.w_stride + size_t(s) * G::kRB;
-  };
-  auto issue = [&](int64_t gt, int64_t s, int slot) {  // unit (tile gt, step s)
-    const QSeg sg = seg_of(a, gt);
-    const int64_t row0 = (gt - sg.tile0) * kRows;
+  // The 16-byte aligned range around row r's bytes of step s.
+  auto row_src = [&](int64_t r, int64_t s) { return w + size_t(min(r, a.n - 1)) * a.w_stride + size_t(s) * G::kRB; };
+  auto issue = [&](int64_t s, int slot) {
     uint8_t* st = sm + slot * kStage;
     if constexpr (BULK) {
       const uint32_t bar = smem_addr(&bars[slot]);
       if (tid < kRows) {
-        const uintptr_t p = uintptr_t(row_src(sg, row0 + tid, s));
+        const uintptr_t p = uintptr_t(row_src(row0 + tid, s));
         const uintptr_t lo = p & ~uintptr_t(15), hi = (p + G::kRB + 15) & ~uintptr_t(15);
         mb_bulk_load(bar, smem_addr(st + tid * G::kSlot), reinterpret_cast<const void*>(lo), uint32_t(hi - lo));
       } else if (tid - kRows < m) {
@@ -313,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
     } else {
       for (int i = tid; i < kRows * G::kVR; i += kThreads) {
         const int r = i / G::kVR, v = i - r * G::kVR;
-        const uintptr_t p = uintptr_t(row_src(sg, row0 + r, s));
+        const uintptr_t p = uintptr_t(row_src(row0 + r, s));
         const uintptr_t lo = (p & ~uintptr_t(15)) + 16 * v;
         if (lo < p + G::kRB) mv_cp16(st + r * G::kSlot + 16 * v, reinterpret_cast<const void*>(lo));
       }
@@ -324,15 +291,9 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
       mv_cp_commit();
     }
   };
-  // (tile, step) of this CTA's first unit, of the unit being summed, and of the next unit to stage.
-  const int64_t gt0 = u0 / a.steps, st0 = u0 - gt0 * a.steps;
-  int64_t it = gt0, is = st0;
-  auto next = [&](int64_t& gt, int64_t& s) {
-    if (++s == a.steps) s = 0, ++gt;
-  };
 #pragma unroll
   for (int i = 0; i < kStages; ++i) {
-    if (i < nu) issue(it, is, i), next(it, is);
+    if (i < nst) issue(s0 + i, i);
     else if constexpr (!BULK) mv_cp_commit();  // one group per stage, so the waits below count right
   }
 
@@ -340,88 +301,8 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const int wr = (tid >> 5) * 16 + g;  // this lane's rows: wr, wr + 8 of the tile
-
-  // Tile gt's sums are complete in this CTA (acc[j][e]: row wr + 8 (e >> 1), column 8j + 2t + (e & 1)):
-  // written to y when the CTA holds the whole tile, else as one of its partial tiles; the last of the
-  // tile's CTAs to arrive adds them in CTA order (results do not depend on timing) and writes y.
-  // Uniform over the CTA (it has barriers). acc is zeroed for the next tile.
-  auto flush = [&](int64_t gt) {
-    const QSeg sg = seg_of(a, gt);
-    const int64_t row0 = (gt - sg.tile0) * kRows;
-    if (grouped) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t row = row0 + wr + 8 * (e >> 1);
-          const int col = 8 * j + 2 * t + (e & 1);
-          if (row >= sg.n || col >= m) continue;
-          const int sl = a.order[c0 + col], tk = sl / a.K;
-          sg.y[tk * a.y_tok + (sl - tk * a.K) * a.y_slot + row] = acc[j][e];
-        }
-      return;
-    }
-    // The CTAs holding the tile's first and last units (b holds u where b = ((u + 1) ctas - 1) / units).
-    const int64_t tu0 = gt * a.steps, tu1 = tu0 + a.steps;
-    const int64_t cf = ((tu0 + 1) * a.ctas - 1) / a.units, cl = (tu1 * a.ctas - 1) / a.units;
-    if (cf == cl) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t row = row0 + wr + 8 * (e >> 1);
-          const int col = 8 * j + 2 * t + (e & 1);
-          if (row < sg.n && col < m) sg.y[int64_t(col) * sg.y_stride + row] = acc[j][e];
-          acc[j][e] = 0.f;
-        }
-      return;
-    }
-    const int64_t piece = int64_t(blockIdx.x) * 2 + (gt == gt0 ? 0 : 1);
-    float* pp = a.part + piece * m * kRows;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * j + 2 * t + (e & 1);
-        if (col < m) pp[col * kRows + wr + 8 * (e >> 1)] = acc[j][e];
-        acc[j][e] = 0.f;
-      }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(&a.cnt[cf], 1u) == unsigned(cl - cf);
-    __syncthreads();
-    if (s_last) {
-      __threadfence();
-      // The tile is the first of each of its CTAs but cf, whose range may start in the tile before
-      // (then the tile is its last: piece 1). Thread tid sums entries tid + kThreads j of [m][kRows].
-      constexpr int kPer = kRows * NT * 8 / kThreads;
-      const int64_t p_cf = cf * 2 + (cf * a.units / a.ctas < tu0 ? 1 : 0);
-      float v[kPer];
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) v[j] = 0.f;
-      for (int64_t q = cf; q <= cl; ++q) {
-        const float* src = a.part + (q == cf ? p_cf : q * 2) * m * kRows;
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-          const int i = tid + kThreads * j;
-          if (i < kRows * m) v[j] += __ldcg(src + i);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = tid + kThreads * j, c = i / kRows, r = i - c * kRows;
-        if (i < kRows * m && row0 + r < sg.n) sg.y[int64_t(c) * sg.y_stride + row0 + r] = v[j];
-      }
-      if (tid == 0) a.cnt[cf] = 0;  // the counters are zero again for the next launch on this workspace
-    }
-    __syncthreads();  // s_last is read by every thread before the next flush writes it
-  };
-
-  int64_t cur = gt0, gt = gt0, s = st0;  // the tile being summed; the unit's tile and step
-  for (int i = 0; i < nu; ++i, next(gt, s)) {
+  for (int i = 0; i < nst; ++i) {
     const int slot = i % kStages;
-    if (i == nu - 1) pdl::trigger();
-    if (gt != cur) flush(cur), cur = gt;
     if constexpr (BULK) {
       mb_wait(smem_addr(&bars[slot]), uint32_t(i / kStages) & 1u);
     } else {
@@ -429,29 +310,28 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
       __syncthreads();
     }
     const uint8_t* st = sm + slot * kStage;
-    const QSeg sg = seg_of(a, gt);
-    const int64_t row0 = (gt - sg.tile0) * kRows;
-    const uint8_t* r0 = st + wr * G::kSlot + (uintptr_t(row_src(sg, row0 + wr, s)) & 15);
-    const uint8_t* r8 = st + (wr + 8) * G::kSlot + (uintptr_t(row_src(sg, row0 + wr + 8, s)) & 15);
+    const int64_t s = s0 + i;
+    const uint8_t* r0 = st + wr * G::kSlot + (uintptr_t(row_src(row0 + wr, s)) & 15);
+    const uint8_t* r8 = st + (wr + 8) * G::kSlot + (uintptr_t(row_src(row0 + wr + 8, s)) & 15);
     const uint8_t* xs = st + G::kW + 16 * t;
     // Scales once per (row, unit) of the step: lane t decodes units 2t, 2t + 1 of rows wr and wr + 8;
     // the 4 lanes of the row group share them by shuffles below.
     uint32_t sd[2][2], sm_[2][2];  // [row wr / wr + 8][unit 2t / 2t + 1]
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      const int un = 2 * t + q;
-      unit_scales<T, A>(r0 + (un / G::kUPB) * D::kBS, un % G::kUPB, sd[0][q], sm_[0][q]);
-      unit_scales<T, A>(r8 + (un / G::kUPB) * D::kBS, un % G::kUPB, sd[1][q], sm_[1][q]);
+      const int u = 2 * t + q;
+      unit_scales<T, A>(r0 + (u / G::kUPB) * D::kBS, u % G::kUPB, sd[0][q], sm_[0][q]);
+      unit_scales<T, A>(r8 + (u / G::kUPB) * D::kBS, u % G::kUPB, sd[1][q], sm_[1][q]);
     }
 #pragma unroll 1
     for (int u2 = 0; u2 < kStepK / 64; ++u2) {
       const int src = (lane & ~3) | u2;
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        const int un = 2 * u2 + q;
+        const int u = 2 * u2 + q;
         uint32_t w0[2], w8[2], p0[4], p8[4];
-        lane_codes<T, A>(r0 + (un / G::kUPB) * D::kBS, un % G::kUPB, t, w0);
-        lane_codes<T, A>(r8 + (un / G::kUPB) * D::kBS, un % G::kUPB, t, w8);
+        lane_codes<T, A>(r0 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, w0);
+        lane_codes<T, A>(r8 + (u / G::kUPB) * D::kBS, u % G::kUPB, t, w8);
         const uint32_t d0 = __shfl_sync(0xFFFFFFFFu, sd[0][q], src), d8 = __shfl_sync(0xFFFFFFFFu, sd[1][q], src);
         uint32_t m0 = 0, m8 = 0;
         if constexpr (D::kMin) {
@@ -463,17 +343,58 @@ __global__ void __launch_bounds__(kThreads, 2) mmq_kernel(const QArgs a) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const int c = min(8 * j + g, m - 1);
-          const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * un);
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + c * kXCol + 64 * u);
           mma::m16n8k16(acc[j], f0, xv.x, xv.y);
           mma::m16n8k16(acc[j], f1, xv.z, xv.w);
         }
       }
     }
     __syncthreads();  // every warp is done with the slot
-    if (i + kStages < nu) issue(it, is, slot), next(it, is);
+    if (i + kStages < nst) issue(s + kStages, slot);
     else if constexpr (!BULK) mv_cp_commit();
   }
-  flush(cur);
+
+  // acc[j][e]: row row0 + wr + 8 (e >> 1), column 8j + 2t + (e & 1).
+  if (a.tiles != nullptr) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t row = row0 + wr + 8 * (e >> 1);
+        const int col = 8 * j + 2 * t + (e & 1);
+        if (row >= a.n || col >= m) continue;
+        const int sl = a.order[c0 + col], tk = sl / a.K;
+        a.y[tk * a.y_tok + (sl - tk * a.K) * a.y_slot + row] = acc[j][e];
+      }
+    return;
+  }
+  const bool split = a.nks > 1;
+  float* out = split ? a.part + int64_t(blockIdx.y) * a.m * a.n : a.y;
+  const int64_t ostride = split ? a.n : a.y_stride;
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t row = row0 + wr + 8 * (e >> 1);
+      const int col = 8 * j + 2 * t + (e & 1);
+      if (row < a.n && col < a.m) out[int64_t(col) * ostride + row] = acc[j][e];
+    }
+  if (!split) return;
+  __shared__ unsigned last;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(&a.cnt[tile], 1u) == unsigned(a.nks - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int i = tid; i < kRows * a.m; i += kThreads) {
+    const int c = i / kRows;
+    const int64_t row = row0 + (i - c * kRows);
+    if (row >= a.n) continue;
+    float v = 0.f;
+    for (int q = 0; q < a.nks; ++q) v += __ldcg(a.part + (int64_t(q) * a.m + c) * a.n + row);
+    a.y[int64_t(c) * a.y_stride + row] = v;
+  }
 }
 
 template <GgmlType T, int A, int NT, bool BULK>
@@ -489,9 +410,7 @@ void launch_kernel(const Launch& L, const QArgs& q, dim3 grid) {
 template <GgmlType T>
 void launch_t(const Launch& L, const QArgs& q, dim3 grid, bool bulk) {
   constexpr int kNat = dq::fast_align<T>();
-  uintptr_t bits = q.w_estride;
-  for (int i = 0; i < q.nseg; ++i) bits |= uintptr_t(q.seg[i].w) | q.seg[i].w_stride;
-  const bool nat = bits % kNat == 0;
+  const bool nat = ((uintptr_t(q.w) | q.w_stride | q.w_estride) % kNat) == 0;
   auto go = [&](auto a_tag, auto b_tag) {
     constexpr int A = decltype(a_tag)::value;
     constexpr bool B = decltype(b_tag)::value;
@@ -527,36 +446,20 @@ bool launch_type(const Launch& L, GgmlType t, const QArgs& q, dim3 grid) {
 
 }  // namespace
 
-bool mmq_n(const Launch& L, GgmlType t, const MmqW* ws, int n_w, int64_t k, const float* x, int64_t x_stride,
-           int64_t m, bool make_x) {
-  if (n_w < 1 || n_w > kMmqMaxSeg || !mmq_on(L.sm)) return false;
-  QArgs q{};
-  int64_t tiles = 0;
-  for (int i = 0; i < n_w; ++i) {
-    const MmqPlan p = mmq_plan(t, k, ws[i].n, m);
-    if (!p.ok || L.ws == nullptr || L.ws_bytes < p.bytes) return false;
-    q.seg[i] = QSeg{ws[i].w, ws[i].w_stride, ws[i].n, ws[i].y, ws[i].y_stride, tiles};
-    tiles += (ws[i].n + kRows - 1) / kRows;
-  }
-  const MmqPlan p = mmq_plan(t, k, ws[0].n, m);  // the layout depends on (k, m) alone
-  auto* base = static_cast<uint8_t*>(L.ws);
-  q.nseg = n_w, q.k = k, q.steps = k / kStepK, q.x16 = reinterpret_cast<const __half*>(base), q.m = int(m);
-  q.units = tiles * q.steps, q.ctas = std::min<int64_t>(kMmqCtas, q.units);
-  q.part = reinterpret_cast<float*>(base + p.part_off), q.cnt = reinterpret_cast<unsigned*>(base + p.cnt_off);
-  static const bool early = env_is("KILN_CUDA_MMQ_PDL_EARLY", "1");
-  q.trigger_early = early;
-  if (make_x) {
-    const int64_t pairs = k / 2 * m;
-    pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 1024))), dim3(256), 0, mmq_x_kernel, x,
-                x_stride, k, m, reinterpret_cast<__half2*>(base), q.cnt, int64_t(kMmqCtas));
-  }
-  return launch_type(L, t, q, dim3(unsigned(q.ctas)));
-}
-
 bool mmq(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, int64_t k, int64_t n, const float* x,
          int64_t x_stride, float* y, int64_t y_stride, int64_t m) {
-  const MmqW one{w, w_stride, n, y, y_stride};
-  return mmq_n(L, t, &one, 1, k, x, x_stride, m, true);
+  const MmqPlan p = mmq_plan(t, k, n, m);
+  if (!p.ok || !mmq_on(L.sm) || L.ws == nullptr || L.ws_bytes < p.bytes) return false;
+  auto* base = static_cast<uint8_t*>(L.ws);
+  auto* x16 = reinterpret_cast<__half*>(base);
+  auto* part = reinterpret_cast<float*>(base + p.part_off);
+  auto* cnt = reinterpret_cast<unsigned*>(base + p.cnt_off);
+  const int64_t tiles = (n + kRows - 1) / kRows;
+  const int64_t pairs = k / 2 * m;
+  pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 1024))), dim3(256), 0, mmq_x_kernel, x, x_stride,
+              k, m, reinterpret_cast<__half2*>(x16), cnt, p.nks > 1 ? tiles : int64_t(0));
+  const QArgs q{w, w_stride, k, n, x16, int(m), p.nks, p.steps_per, y, y_stride, part, cnt};
+  return launch_type(L, t, q, dim3(unsigned(tiles), unsigned(p.nks)));
 }
 
 bool mmq_id(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, size_t w_estride, int64_t n_expert,
@@ -576,9 +479,7 @@ bool mmq_id(const Launch& L, GgmlType t, const uint8_t* w, size_t w_stride, size
   const int64_t pairs = k / 2 * S;
   pdl::launch(L, dim3(unsigned(std::min<int64_t>((pairs + 255) / 256, 2048))), dim3(256), 0, mmq_id_x_kernel, x, x_slot,
               x_tok, nx == 1, int(K), static_cast<const int32_t*>(order), k, S, reinterpret_cast<__half2*>(x16));
-  QArgs q{};
-  q.seg[0] = QSeg{w, w_stride, n, y, 0, 0};
-  q.nseg = 1, q.k = k, q.steps = k / kStepK, q.x16 = x16, q.m = int(kMmqMaxM);
+  QArgs q{w, w_stride, k, n, x16, int(kMmqMaxM), 1, k / kStepK, y, 0, nullptr, nullptr};
   q.tiles = tiles, q.order = order, q.w_estride = w_estride, q.K = int(K), q.y_tok = y_tok, q.y_slot = y_slot;
   return launch_type(L, t, q, dim3(unsigned((n + kRows - 1) / kRows), unsigned(max_tiles)));
 }

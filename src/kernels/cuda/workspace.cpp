@@ -87,23 +87,20 @@ bool mmq_type(GgmlType t) {
   }
 }
 
-int64_t mmq_min_m() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("KILN_CUDA_MMQ_MIN_M");
-    const int64_t n = e ? std::atoll(e) : 0;
-    return n >= 2 && n <= kMmqMinM ? n : kMmqMinM;
-  }();
-  return v;
-}
-
 MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m) {
   MmqPlan p;
-  if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < mmq_min_m() || m > kMmqMaxM || n < 1) return p;
+  if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < kMmqMinM || m > kMmqMaxM || n < 1) return p;
   p.ok = true;
-  // From the shapes alone (the workspace and recorded graphs must not depend on the device).
+  // From the shapes alone (the workspace and recorded graphs must not depend on the device): about
+  // one wave of 2 CTAs per SM on a 132-SM GPU.
+  const int64_t tiles = ceil_div(n, kMmqRows), steps = k / 256;
+  int64_t nks = 1;
+  while (tiles * nks < 264 && steps >= 8 * nks) nks *= 2;
+  p.steps_per = ceil_div(steps, nks);
+  p.nks = int(ceil_div(steps, p.steps_per));
   p.part_off = align256(size_t(m) * size_t(k) * 2);
-  p.cnt_off = p.part_off + align256(size_t(kMmqCtas) * 2 * size_t(m) * size_t(kMmqRows) * 4);
-  p.bytes = p.cnt_off + align256(size_t(kMmqCtas) * 4);
+  p.cnt_off = p.part_off + (p.nks > 1 ? align256(size_t(p.nks) * size_t(m) * size_t(n) * 4) : 0);
+  p.bytes = p.cnt_off + (p.nks > 1 ? align256(size_t(tiles) * 4) : 0);
   return p;
 }
 

@@ -62,22 +62,18 @@ inline bool gemm_any_k(GgmlType t, int64_t k, int64_t m) {
 }
 
 // The small-batch quantized mat-mul (mmq.cu): kMmqMinM..kMmqMaxM columns, the block types of
-// mmq_type, k a multiple of 256. Work units of kMmqRows rows x 256 elements of k (row tiles x steps),
-// numbered tile-major over up to kMmqMaxSeg weights of one launch; the launch's ctas = min(kMmqCtas,
-// units) CTAs take equal contiguous ranges of them (a "stream-K" split, about one wave of 2 CTAs per
-// SM on a 132-SM GPU whatever the shapes). Workspace: x as F16 [m][k] at 0, two partial tiles F32
-// [ctas][2][m][kMmqRows] per CTA at part_off (a tile split between CTAs) and one counter per CTA at
-// cnt_off, bytes in all — sized for kMmqCtas, so one plan serves every launch of its (k, m).
-inline constexpr int64_t kMmqMinM = 9, kMmqMaxM = 32, kMmqRows = 128, kMmqCtas = 264;
-inline constexpr int kMmqMaxSeg = 4;
+// mmq_type, k a multiple of 256. Row tiles of kMmqRows; the k range cut into nks splits of steps_per steps
+// of 256 (more splits while the grid is under ~264 CTAs, each split keeping >= 4 steps). Workspace:
+// x as F16 [m][k] at 0, the splits' partial sums F32 [nks][m][n] at part_off and one counter per
+// row tile at cnt_off (nks > 1), bytes in all.
+inline constexpr int64_t kMmqMinM = 9, kMmqMaxM = 32, kMmqRows = 128;
 struct MmqPlan {
   bool ok = false;
+  int nks = 1;
+  int64_t steps_per = 0;
   size_t part_off = 0, cnt_off = 0, bytes = 0;
 };
 bool mmq_type(GgmlType t);  // Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL Q4_K Q5_K Q6_K IQ4_XS
-// The fewest columns the small-batch mat-mul takes: kMmqMinM, or KILN_CUDA_MMQ_MIN_M (2..9, a measurement
-// switch: fewer columns on tensor cores instead of the int8 mat-vec), read once.
-int64_t mmq_min_m();
 MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m);
 
 // The grouped expert mat-mul (mmq.cu, matmul_id with at least kMmqIdMinSlots slots): the slots sorted
