@@ -224,8 +224,7 @@ Result<MemoryPlan> plan_memory(const ModelShape& m, const ProjectorShape* proj, 
                                   p.n_parallel, p.n_ctx_slot, type_str(o.type_k), type_str(o.type_v)),
           kh, kg);
     // Memory's page-locked staging for a state's host copies, where recurrent layers are on the GPU.
-    if (rg > 0)
-      rh += uint64_t(lay->n_rec) * (lay->conv_floats + lay->ssm_floats) * 4 + (o.spec_mtp ? uint64_t(c.n_embd) * 4 : 0);
+    if (rg > 0) rh += uint64_t(lay->state_floats(o.spec_mtp, c.n_embd)) * sizeof(float);
     if (lay->n_rec > 0)
       add("recurrent state",
           fmt::format("{} delta-net layers x {} slot(s){}{} (conv + SSM, f32)", lay->n_rec, p.n_parallel,

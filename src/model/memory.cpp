@@ -89,6 +89,7 @@ Result<std::unique_ptr<Memory>> Memory::create(const ModelConfig& cfg, const Mem
   const int64_t NR = N * per_seq + (cfg.n_recurrent_layers() > 0 ? opt.n_rec_cache : 0);  // spare slots last
   m->conv_floats_ = lay->conv_floats;
   m->ssm_floats_ = lay->ssm_floats;
+  m->rec_floats_ = lay->state_floats(opt.mtp, cfg.n_embd);
   m->n_embd_ = cfg.n_embd;
   const int64_t n_layers = cfg.n_layer + (opt.mtp ? 1 : 0);
   m->layers_.resize(size_t(n_layers));

@@ -82,6 +82,11 @@ struct MemoryLayout {
   size_t mtp_h_bytes = 0;                // MemoryOptions::mtp: the per-slot hidden states, a scratch column and
                                          // the deferred catch-up's rings [E, n_slots + 1 + n_seq * kMtpRing]
   size_t total() const { return size_t(n_attn) * attn_layer_bytes + size_t(n_rec) * rec_layer_bytes + mtp_h_bytes; }
+  // Floats of one sequence's state as Memory::read_rec copies it (Memory::rec_floats()): every recurrent
+  // layer's conv and SSM state, then with MTP the slot's hidden state (n_embd floats).
+  size_t state_floats(bool mtp, int64_t n_embd) const {
+    return size_t(n_rec) * (conv_floats + ssm_floats) + (mtp ? size_t(n_embd) : 0);
+  }
 };
 
 class Memory {
@@ -174,7 +179,7 @@ class Memory {
   void write_kv(int seq, int64_t pos0, const uint8_t* payload, int64_t rows, int64_t r0, int64_t r1);
   // The recurrent state of one sequence, all recurrent layers (each: conv state then SSM state):
   // rec_floats() floats (0 without recurrent layers), then with MTP the slot's hidden state (E floats).
-  size_t rec_floats() const { return rec_layers_.size() * (conv_floats_ + ssm_floats_) + size_t(opt_.mtp ? n_embd_ : 0); }
+  size_t rec_floats() const { return rec_floats_; }
   void read_rec(int seq, float* out) const;
   void write_rec(int seq, const float* in);
 
@@ -203,6 +208,7 @@ class Memory {
   int64_t n_head_kv_ = 0;
   size_t k_row_ = 0, v_row_ = 0;         // bytes of one head row
   size_t conv_floats_ = 0, ssm_floats_ = 0;
+  size_t rec_floats_ = 0;  // MemoryLayout::state_floats
   size_t total_bytes_ = 0;
   std::vector<int64_t> attn_layers_, rec_layers_;
   std::unique_ptr<backend::Device> host_;  // for host layers (created lazily in create())
