@@ -77,6 +77,15 @@ size_t q8_x_bytes(int64_t k, int64_t ncols) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// An integer from the environment within [lo, hi], else def.
+int64_t env_int(const char* name, int64_t def, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return def;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return *end == 0 && x >= lo && x <= hi ? int64_t(x) : def;
+}
+
 bool mmq_type(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
@@ -92,10 +101,13 @@ MmqPlan mmq_plan(GgmlType t, int64_t k, int64_t n, int64_t m) {
   if (!mmq_type(t) || k <= 0 || k % 256 != 0 || m < kMmqMinM || m > kMmqMaxM || n < 1) return p;
   p.ok = true;
   // From the shapes alone (the workspace and recorded graphs must not depend on the device): about
-  // one wave of 2 CTAs per SM on a 132-SM GPU.
+  // one wave of 2 CTAs per SM on a 132-SM GPU, each split keeping >= 4 steps. Measurement switches,
+  // read once: KILN_CUDA_MMQ_CTAS (the grid the splits fill up to), KILN_CUDA_MMQ_MIN_STEPS.
+  static const int64_t target = env_int("KILN_CUDA_MMQ_CTAS", 264, 32, 4096);
+  static const int64_t min_steps = env_int("KILN_CUDA_MMQ_MIN_STEPS", 4, 1, 64);
   const int64_t tiles = ceil_div(n, kMmqRows), steps = k / 256;
   int64_t nks = 1;
-  while (tiles * nks < 264 && steps >= 8 * nks) nks *= 2;
+  while (tiles * nks < target && steps >= 2 * min_steps * nks) nks *= 2;
   p.steps_per = ceil_div(steps, nks);
   p.nks = int(ceil_div(steps, p.steps_per));
   p.part_off = align256(size_t(m) * size_t(k) * 2);
