@@ -2,8 +2,8 @@
 // stand for (Table::vec_dot_q8 at one column), bit for bit, for every type that has one: directly
 // (8 distinct rows at padded strides, several super-block counts, random bytes so that every code,
 // scale and minimum value occurs, quantized rows, and the extreme operands where the integer sums
-// are largest), and through kernels::matmul for one column with row counts that are not multiples of
-// 8 (the last rows then take the one-row kernel) on 1..3 threads. The emulated-order tests
+// are largest), and through kernels::matmul for 1..3 columns with row counts that are not multiples
+// of 8 (the last rows then take the one-row kernel) on 1..3 threads. The emulated-order tests
 // (test_ggml_kquant.cpp, test_ggml_order.cpp) check the same kernels against ggml's orders.
 #include <sys/mman.h>
 #include <unistd.h>
@@ -132,10 +132,10 @@ TEST(DecodeR8, KernelMatchesOneRowKernelBitExact) {
   EXPECT_GE(tested, int(std::size(kR8Types)));
 }
 
-// Through matmul (one column): row counts that are not multiples of 8, 1..3 threads. Each output is
-// the one-row kernel's for its row (the one matmul picks for the matrix: vec_dot_q8_rows_not8 where
+// Through matmul (1..3 columns): row counts that are not multiples of 8, 1..3 threads. Each output is
+// the one-row kernel's for its row and column (the one matmul picks for the matrix: vec_dot_q8_rows_not8 where
 // the row count is not a multiple of 8 and the type has one).
-TEST(DecodeR8, MatmulOneColumnMatchesOneRowKernel) {
+TEST(DecodeR8, MatmulFewColumnsMatchOneRowKernel) {
   KILN_REQUIRE_AVX512("the 8-row decode kernels are AVX-512 table entries");
   const cpu::Table& T = cpu::table();
   for (GgmlType t : kMatmulTypes) {
@@ -152,19 +152,30 @@ TEST(DecodeR8, MatmulOneColumnMatchesOneRowKernel) {
           const auto row = random_row(t, k, j % 7 == 3 ? 1 : 0, rng);
           std::memcpy(w.data() + size_t(j) * stride, row.data(), rb);
         }
-        const auto x = activation(k, int(n), uint32_t(k + n));
-        AlignedWs col(cpu::act_bytes(at, k));
-        qa(x.data(), k, col.p);
-        const cpu::VecDotQ8Fn vd = n % 8 && T.vec_dot_q8_rows_not8[ti] ? T.vec_dot_q8_rows_not8[ti] : T.vec_dot_q8[ti];
-        std::vector<float> want(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j) vd(k, w.data() + size_t(j) * stride, col.p, 0, 1, &want[size_t(j)]);
-        for (int threads = 1; threads <= 3; ++threads) {
-          ThreadPool pool(threads);
-          std::vector<float> y(size_t(n), -1.f);
-          run_matmul(matmul_args(t, w.data(), stride, k, n, 1, x.data(), k, y.data(), n), pool);
-          for (int64_t j = 0; j < n; ++j)
-            ASSERT_EQ(f32_to_bits(y[size_t(j)]), f32_to_bits(want[size_t(j)]))
-                << gguf::type_name(t) << " k " << k << " n " << n << " threads " << threads << " row " << j;
+        // m columns (two take the 8-row kernel once per column, three the m-column vec_dot_q8): each
+        // output the one-row kernel's bits for its row and column.
+        for (int64_t m : {1, 2, 3}) {
+          std::vector<float> x;
+          for (int64_t c = 0; c < m; ++c) {
+            const auto xc = activation(k, int(n + c), uint32_t(k + n + 7 * c));
+            x.insert(x.end(), xc.begin(), xc.end());
+          }
+          AlignedWs col(cpu::act_bytes(at, k));
+          const cpu::VecDotQ8Fn vd = n % 8 && T.vec_dot_q8_rows_not8[ti] ? T.vec_dot_q8_rows_not8[ti] : T.vec_dot_q8[ti];
+          std::vector<float> want(static_cast<size_t>(m * n));
+          for (int64_t c = 0; c < m; ++c) {
+            qa(x.data() + c * k, k, col.p);
+            for (int64_t j = 0; j < n; ++j) vd(k, w.data() + size_t(j) * stride, col.p, 0, 1, &want[size_t(c * n + j)]);
+          }
+          for (int threads = 1; threads <= 3; ++threads) {
+            ThreadPool pool(threads);
+            std::vector<float> y(size_t(m * n), -1.f);
+            run_matmul(matmul_args(t, w.data(), stride, k, n, m, x.data(), k, y.data(), n), pool);
+            for (int64_t i = 0; i < m * n; ++i)
+              ASSERT_EQ(f32_to_bits(y[size_t(i)]), f32_to_bits(want[size_t(i)]))
+                  << gguf::type_name(t) << " k " << k << " n " << n << " m " << m << " threads " << threads << " row "
+                  << i % n << " column " << i / n;
+          }
         }
       }
     }

@@ -41,6 +41,17 @@ bool decode_r8() {
   }();
   return v;
 }
+// Whether two-column calls also take the 8-row kernels, once per column over the same 8 rows (their
+// blocks are in L1 for the second): Q4_K 1024 x 3584 at 2 threads 155 -> 120 us, Q6_K even; at 3-4
+// columns the nc-column vec_dot_q8 is as fast (Q4_K) or faster (Q6_K). KILN_DECODE_R8_COLS=0: the
+// two-column vec_dot_q8 (speed comparisons only; the same bits).
+bool r8_cols() {
+  static const bool v = [] {
+    const char* e = std::getenv("KILN_DECODE_R8_COLS");
+    return !(e && e[0] == '0');
+  }();
+  return v;
+}
 // Weight rows per chunk of matmul's dynamic schedule (ThreadPool::parallel_for_dynamic): about
 // kChunkBytes of weight rows times columns (a few microseconds of work, so a thread kept off its core
 // by another process leaves little behind), whole grains, and at least 4 chunks per thread.
@@ -223,8 +234,10 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           const uint8_t* at = act + size_t(t) * ab;
           float out[cpu::kMaxCols];
           int64_t j = jb;
-          if (nc == 1 && r8)  // 8 rows at once, each with vd's bits
-            for (; j + 8 <= je; j += 8) r8(k, w + size_t(j) * a.w_stride, a.w_stride, at, a.y + t * a.y_stride + j);
+          if (r8 && (nc == 1 || (nc == 2 && r8_cols())))  // 8 rows at once, each with vd's bits; by column
+            for (; j + 8 <= je; j += 8)
+              for (int c = 0; c < nc; ++c)
+                r8(k, w + size_t(j) * a.w_stride, a.w_stride, at + size_t(c) * ab, a.y + (t + c) * a.y_stride + j);
           for (; j < je; ++j) {
             vd(k, w + size_t(j) * a.w_stride, at, ab, nc, out);
             for (int c = 0; c < nc; ++c) a.y[(t + c) * a.y_stride + j] = out[c];
