@@ -117,6 +117,10 @@ void BM_Matvec(benchmark::State& state) {
 void BM_MatvecVocab(benchmark::State& state) {
   run_matmul(state, kMatvecTypes[state.range(0)], 1024, 248320, 1, true);
 }
+// The same at a speculative verify step's 2 / 4 rows (range(1) columns).
+void BM_VerifyVocab(benchmark::State& state) {
+  run_matmul(state, kMatvecTypes[state.range(0)], 1024, 248320, state.range(1), true);
+}
 // Compute-bound view of the same kernels: 512 rows of k = 4096 (L2-resident, not rotated), so the
 // time is the kernel's instruction work, not the memory system's (robust on a shared box).
 void BM_MatvecL2(benchmark::State& state) {
@@ -136,6 +140,7 @@ BENCHMARK(BM_Matvec)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatvecVocab)->DenseRange(0, 11)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_VerifyVocab)->ArgsProduct({{1, 2, 4}, {2, 4}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatvecL2)->DenseRange(0, 11)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul512)->DenseRange(0, 6)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();

@@ -2,7 +2,7 @@
 // stand for (Table::vec_dot_q8 at one column), bit for bit, for every type that has one: directly
 // (8 distinct rows at padded strides, several super-block counts, random bytes so that every code,
 // scale and minimum value occurs, quantized rows, and the extreme operands where the integer sums
-// are largest), and through kernels::matmul for 1..3 columns with row counts that are not multiples
+// are largest), and through kernels::matmul for 1..6 columns with row counts that are not multiples
 // of 8 (the last rows then take the one-row kernel) on 1..3 threads. The emulated-order tests
 // (test_ggml_kquant.cpp, test_ggml_order.cpp) check the same kernels against ggml's orders.
 #include <sys/mman.h>
@@ -81,6 +81,8 @@ TEST(DecodeR8, TableHasEightRowKernels) {
   KILN_REQUIRE_AVX512("the 8-row decode kernels are AVX-512 table entries");
   const cpu::Table& T = cpu::table();
   for (GgmlType t : kR8Types) EXPECT_NE(T.vec_dot_q8_r8[cpu::type_index(t)], nullptr) << gguf::type_name(t);
+  // several columns (a verify step's rows through the output matrix): Q6_K
+  EXPECT_NE(T.vec_dot_q8_r8_cols[cpu::type_index(GgmlType::Q6_K)], nullptr);
 }
 
 TEST(DecodeR8, KernelMatchesOneRowKernelBitExact) {
@@ -132,7 +134,7 @@ TEST(DecodeR8, KernelMatchesOneRowKernelBitExact) {
   EXPECT_GE(tested, int(std::size(kR8Types)));
 }
 
-// Through matmul (1..3 columns): row counts that are not multiples of 8, 1..3 threads. Each output is
+// Through matmul (1..6 columns): row counts that are not multiples of 8, 1..3 threads. Each output is
 // the one-row kernel's for its row and column (the one matmul picks for the matrix: vec_dot_q8_rows_not8 where
 // the row count is not a multiple of 8 and the type has one).
 TEST(DecodeR8, MatmulFewColumnsMatchOneRowKernel) {
@@ -152,9 +154,10 @@ TEST(DecodeR8, MatmulFewColumnsMatchOneRowKernel) {
           const auto row = random_row(t, k, j % 7 == 3 ? 1 : 0, rng);
           std::memcpy(w.data() + size_t(j) * stride, row.data(), rb);
         }
-        // m columns (two take the 8-row kernel once per column, three the m-column vec_dot_q8): each
-        // output the one-row kernel's bits for its row and column.
-        for (int64_t m : {1, 2, 3}) {
+        // m columns (the several-column 8-row kernel where the type has one, else two columns the
+        // 8-row kernel once per column and more the m-column vec_dot_q8; 6 = 4 + 2): each output the
+        // one-row kernel's bits for its row and column.
+        for (int64_t m : {1, 2, 3, 4, 6}) {
           std::vector<float> x;
           for (int64_t c = 0; c < m; ++c) {
             const auto xc = activation(k, int(n + c), uint32_t(k + n + 7 * c));

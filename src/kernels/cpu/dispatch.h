@@ -51,6 +51,10 @@ using VecDotQ8Fn = void (*)(int64_t k, const void* w_row, const void* act, size_
 // Dots of 8 consecutive weight rows (at w + r*w_stride) with one activation column: out[r] = the
 // bits of vec_dot_q8's nc = 1 result for row r.
 using VecDotQ8RowsFn = void (*)(int64_t k, const void* w, size_t w_stride, const void* act, float* out);
+// The same for nc (2..kMaxCols) columns at act + c*act_stride: out[c*out_stride + r] = the bits of
+// vec_dot_q8's nc = 1 result for row r and column c (the rows' codes decoded once for every column).
+using VecDotQ8RowsColsFn = void (*)(int64_t k, const void* w, size_t w_stride, const void* act, size_t act_stride,
+                                    int nc, float* out, int64_t out_stride);
 // Dot of one F32/F16/BF16 row with F32 x.
 using DotRowFn = float (*)(const void* w_row, const float* x, int64_t k);
 using ToF32Fn = void (*)(const void* src, float* dst, int64_t n);
@@ -132,6 +136,8 @@ struct Table {
   // vec_dot_q8 (the entry for a multiple of 8 rows) for 8 rows x 1 column at once (out[0..7]),
   // where that is faster (one column: decode). nullptr: none.
   VecDotQ8RowsFn vec_dot_q8_r8[kNumTypes] = {};
+  // vec_dot_q8_r8 for 2..kMaxCols columns (where vec_dot_q8_r8 is set; nullptr: none).
+  VecDotQ8RowsColsFn vec_dot_q8_r8_cols[kNumTypes] = {};
   // The tile mat-mul and its column side data, by weight type (nullptr: none).
   TileMmFn tile_mm[kNumTypes] = {};
   TileSideFn tile_side[kNumTypes] = {};

@@ -41,10 +41,11 @@ bool decode_r8() {
   }();
   return v;
 }
-// Whether two-column calls also take the 8-row kernels, once per column over the same 8 rows (their
-// blocks are in L1 for the second): Q4_K 1024 x 3584 at 2 threads 155 -> 120 us, Q6_K even; at 3-4
-// columns the nc-column vec_dot_q8 is as fast (Q4_K) or faster (Q6_K). KILN_DECODE_R8_COLS=0: the
-// two-column vec_dot_q8 (speed comparisons only; the same bits).
+// Whether calls of 2..kMaxCols columns take the 8-row kernels too: the several-column entry
+// (Table::vec_dot_q8_r8_cols) where the type has one, else for two columns the one-column kernel
+// once per column over the same 8 rows (their blocks in L1 for the second: Q4_K 1024 x 3584 at 2
+// threads 155 -> 120 us; at 3-4 columns no faster than vec_dot_q8's). KILN_DECODE_R8_COLS=0:
+// vec_dot_q8 for every call of 2+ columns (speed comparisons only; the same bits).
 bool r8_cols() {
   static const bool v = [] {
     const char* e = std::getenv("KILN_DECODE_R8_COLS");
@@ -184,6 +185,7 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
   else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
   const cpu::VecDotQ8RowsFn r8 = vd && vd == T.vec_dot_q8[wi] && decode_r8() ? T.vec_dot_q8_r8[wi] : nullptr;
+  const cpu::VecDotQ8RowsColsFn r8c = r8 ? T.vec_dot_q8_r8_cols[wi] : nullptr;
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
@@ -234,10 +236,18 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           const uint8_t* at = act + size_t(t) * ab;
           float out[cpu::kMaxCols];
           int64_t j = jb;
-          if (r8 && (nc == 1 || (nc == 2 && r8_cols())))  // 8 rows at once, each with vd's bits; by column
+          // 8 rows at once, each output with vd's bits: one column; several with the rows decoded once
+          // (r8c); two by column (the rows' blocks in L1 for the second).
+          if (r8 && nc == 1) {
+            for (; j + 8 <= je; j += 8) r8(k, w + size_t(j) * a.w_stride, a.w_stride, at, a.y + t * a.y_stride + j);
+          } else if (r8c && r8_cols()) {
+            for (; j + 8 <= je; j += 8)
+              r8c(k, w + size_t(j) * a.w_stride, a.w_stride, at, ab, nc, a.y + t * a.y_stride + j, a.y_stride);
+          } else if (r8 && nc == 2 && r8_cols()) {
             for (; j + 8 <= je; j += 8)
               for (int c = 0; c < nc; ++c)
                 r8(k, w + size_t(j) * a.w_stride, a.w_stride, at + size_t(c) * ab, a.y + (t + c) * a.y_stride + j);
+          }
           for (; j < je; ++j) {
             vd(k, w + size_t(j) * a.w_stride, at, ab, nc, out);
             for (int c = 0; c < nc; ++c) a.y[(t + c) * a.y_stride + j] = out[c];
