@@ -81,8 +81,8 @@ TEST(DecodeR8, TableHasEightRowKernels) {
   KILN_REQUIRE_AVX512("the 8-row decode kernels are AVX-512 table entries");
   const cpu::Table& T = cpu::table();
   for (GgmlType t : kR8Types) EXPECT_NE(T.vec_dot_q8_r8[cpu::type_index(t)], nullptr) << gguf::type_name(t);
-  // several columns (a verify step's rows): Q4_K, Q6_K
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K})
+  // several columns (a verify step's rows): Q4_K, Q6_K, IQ4_XS
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
     EXPECT_NE(T.vec_dot_q8_r8_cols[cpu::type_index(t)], nullptr) << gguf::type_name(t);
 }
 
