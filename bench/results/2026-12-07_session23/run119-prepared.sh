@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run 119 (prepared in session 23 for the next one): A = main bc40d79 (code), SK = the
+# Device run 119 (prepared in session 23 for the next one): A = main 02ac4ef (code), SK = the
 # stream-K build of run 117 (a33c382, kiln only). (1) ncu of the small-batch mat-mul at 32 columns, A and SK, on an
 # 8-layer 9B (stall reasons, issue activity, occupancy, memory); (2) every GPU test at KILN_CUDA_MMQ_MIN_STEPS=2 (the
 # candidate default); (3) full-size 9B (with MTP): batched-bench 16 / 32 streams, MIN_STEPS 4 vs 2, twice; (4) #16:
