@@ -140,7 +140,7 @@ BENCHMARK(BM_Matvec)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatvecVocab)->DenseRange(0, 11)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_VerifyVocab)->ArgsProduct({{1, 2, 4}, {2, 4}})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_VerifyVocab)->ArgsProduct({benchmark::CreateDenseRange(0, 11, 1), {2, 4}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MatvecL2)->DenseRange(0, 11)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Matmul512)->DenseRange(0, 6)->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_MAIN();

@@ -32,25 +32,25 @@ int64_t tile_min_cols() {
   }();
   return v;
 }
+// Whether the environment turns a speed-comparison switch off (NAME=0).
+bool env_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e && e[0] == '0';
+}
 // Whether one-column calls take the 8-row decode kernels (Table::vec_dot_q8_r8; the same bits as
 // vec_dot_q8). KILN_DECODE_R8=0 turns them off (speed comparisons only).
 bool decode_r8() {
-  static const bool v = [] {
-    const char* e = std::getenv("KILN_DECODE_R8");
-    return !(e && e[0] == '0');
-  }();
+  static const bool v = !env_off("KILN_DECODE_R8");
   return v;
 }
 // Whether calls of 2..kMaxCols columns take the 8-row kernels too: the several-column entry
 // (Table::vec_dot_q8_r8_cols) where the type has one, else for two columns the one-column kernel
-// once per column over the same 8 rows (their blocks in L1 for the second: Q4_K 1024 x 3584 at 2
-// threads 155 -> 120 us; at 3-4 columns no faster than vec_dot_q8's). KILN_DECODE_R8_COLS=0:
-// vec_dot_q8 for every call of 2+ columns (speed comparisons only; the same bits).
+// once per column over the same 8 rows, their blocks in L1 for the second (the 0.8B shape's output
+// matrix at 2 threads: 18-43 % faster than vec_dot_q8 for every type without a several-column
+// kernel; at 3-4 columns no faster). KILN_DECODE_R8_COLS=0: vec_dot_q8 for every call of 2+ columns
+// (speed comparisons only; the same bits).
 bool r8_cols() {
-  static const bool v = [] {
-    const char* e = std::getenv("KILN_DECODE_R8_COLS");
-    return !(e && e[0] == '0');
-  }();
+  static const bool v = !env_off("KILN_DECODE_R8_COLS");
   return v;
 }
 // Weight rows per chunk of matmul's dynamic schedule (ThreadPool::parallel_for_dynamic): about
