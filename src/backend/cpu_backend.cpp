@@ -466,9 +466,15 @@ class CpuStream final : public Stream {
                    K::Rows{orow.row(0, t0), orow.ne0, orow.n1, n, orow.s1, orow.s2}, ws, pool_);
     });
   }
-  // A run with kept tokens (keep[t] >= 0) runs token by token (the kernels walk tokens in order with
-  // the state as the only carry, so the bits are those of one call) and copies the slot's state after
-  // each kept token.
+  // A run with kept tokens (keep[t] >= 0: a speculative verify step) hands the kernels the keep slots'
+  // states, which receive the state after their token (the bits of one-token calls).
+  float* const* keep_states(const Tensor& state, const int32_t* kp, int64_t t0, int64_t n) {
+    if (!any_kept(kp, t0, n)) return nullptr;
+    if (int64_t(keep_states_.size()) < n) keep_states_.resize(size_t(n));  // grows once per size
+    for (int64_t t = t0; t < t0 + n; ++t)
+      keep_states_[size_t(t - t0)] = kp[t] >= 0 ? static_cast<float*>(slot_ptr(state, kp[t])) : nullptr;
+    return keep_states_.data();
+  }
   void conv1d_silu(const Tensor& x, const Tensor& w, const Tensor& seq, const Tensor& state, const Tensor& y,
                    const Tensor& keep) override {
     auto pf = prof([&] { return "conv1d_silu " + shape(x); });
@@ -482,17 +488,10 @@ class CpuStream final : public Stream {
                "conv1d_silu: w [{}, {}] state [{}, {}] for {} channels", w.ne[0], w.ne[1], state.ne[0], state.ne[1], C);
     const int32_t* sq = seq_of(seq, T, state.ne[3]);
     const int32_t* kp = keep_of(keep, T, state.ne[3]);
-    const size_t slot_bytes = size_t((d_conv - 1) * C) * 4;
     for_runs(sq, T, [&](int64_t t0, int64_t n) {
       auto* st = static_cast<float*>(slot_ptr(state, sq[t0]));
-      if (!any_kept(kp, t0, n)) {
-        K::conv1d_silu(xr.row(t0, 0), xr.s1, fptr(w), st, yr.row(t0, 0), yr.s1, C, n, int(d_conv), pool_);
-        return;
-      }
-      for (int64_t t = t0; t < t0 + n; ++t) {
-        K::conv1d_silu(xr.row(t, 0), xr.s1, fptr(w), st, yr.row(t, 0), yr.s1, C, 1, int(d_conv), pool_);
-        if (kp[t] >= 0) std::memcpy(slot_ptr(state, kp[t]), st, slot_bytes);
-      }
+      K::conv1d_silu(xr.row(t0, 0), xr.s1, fptr(w), st, yr.row(t0, 0), yr.s1, C, n, int(d_conv), pool_,
+                     keep_states(state, kp, t0, n));
     });
   }
   // Runs of at least `chunk` tokens (chunk > 0) take the chunked form with chunks of kDeltaChunk.
@@ -533,18 +532,8 @@ class CpuStream final : public Stream {
       a.Hk = Hk;
       a.Hv = Hv;
       a.n_t = n;
-      if (any_kept(kp, t0, n)) {  // token by token, copying the state after each kept token
-        for (int64_t t = t0; t < t0 + n; ++t) {
-          K::DeltaArgs at = a;
-          at.q = qr.row(0, t), at.k = kr.row(0, t), at.v = vr.row(0, t), at.out = orow.row(0, t);
-          at.g = fptr(g) + t * Hv, at.beta = fptr(beta) + t * Hv;
-          at.n_t = 1;
-          K::gated_delta_rule(at, pool_);
-          if (kp[t] >= 0) std::memcpy(slot_ptr(state, kp[t]), a.state, size_t(S * S * Hv) * 4);
-        }
-        return;
-      }
-      if (chunk > 0 && n >= chunk) K::gated_delta_rule_chunked(a, kDeltaChunk, ws, pool_);
+      a.keep = keep_states(state, kp, t0, n);  // a kept run: the recurrence, each kept state into its slot
+      if (chunk > 0 && n >= chunk && a.keep == nullptr) K::gated_delta_rule_chunked(a, kDeltaChunk, ws, pool_);
       else K::gated_delta_rule(a, pool_);
     });
   }
@@ -620,6 +609,7 @@ class CpuStream final : public Stream {
   size_t ws_size_ = 0;
   int grows_ = 0;
   std::vector<int32_t> all_last_;  // [T] a non-causal run's last key per token (attention)
+  std::vector<float*> keep_states_;  // [run length] a speculative run's keep-slot states per token (gated_delta)
 };
 
 class CpuDevice final : public Device {

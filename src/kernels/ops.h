@@ -148,7 +148,9 @@ void hadamard(Rows x, int64_t n, ThreadPool& pool);
 //   M[i][j] += k[i] d[j];  out[j] = sum_i M[i][j] q[i] / sqrt(S).
 // q, k: head hk of token t at q + t*qk_stride + hk*S; v: v + t*v_stride + h*S;
 // out: out + t*out_stride + h*S; g, beta: [Hv, n_t] contiguous. q, k already L2-normalised.
-// out must not alias q/k/v. state is updated in place.
+// out must not alias q/k/v. state is updated in place. keep (the recurrence only; nullptr: none):
+// [n_t] states of Hv heads, keep[t] (when not null) receives the state after token t — the bits of
+// n_t one-token calls with a copy after each kept token.
 struct DeltaArgs {
   const float* q = nullptr;
   const float* k = nullptr;
@@ -161,6 +163,7 @@ struct DeltaArgs {
   float* out = nullptr;
   int64_t out_stride = 0;
   int64_t S = 0, Hk = 0, Hv = 0, n_t = 0;
+  float* const* keep = nullptr;
 };
 
 // ---- the dispatched, multi-threaded ops (kernels/cpu) -----------------------------------------
@@ -232,8 +235,10 @@ inline void attention(CRows q, const int32_t* pos, const KvView& k, const KvView
 // Causal depthwise conv + SiLU over C channels and n_t tokens: x column t at x + t*x_stride,
 // y column t at y + t*y_stride (y may alias x); w: [d_conv, C] (row c = taps, oldest first);
 // state: [d_conv-1, C] (row c = the previous d_conv-1 inputs of channel c, oldest first), updated.
+// keep (nullptr: none): [n_t] states, keep[t] (when not null) receives the state after token t — the
+// bits of n_t one-token calls with a copy after each kept token.
 void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state, float* y, int64_t y_stride,
-                 int64_t C, int64_t n_t, int d_conv, ThreadPool& pool);
+                 int64_t C, int64_t n_t, int d_conv, ThreadPool& pool, float* const* keep = nullptr);
 
 // Token-by-token recurrence (decode; any n_t).
 void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool);

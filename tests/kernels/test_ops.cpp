@@ -430,6 +430,45 @@ TEST(Ops, Conv1dSiluStateCarriesAcrossCalls) {
   }
 }
 
+// Keep states: one call writing the state after each kept token equals, bit for bit, one-token calls
+// with a copy after each kept token (in place, as the model runs it); unkept buffers stay untouched.
+// T = 20 spans the fused path's 16-token tiles; C = 1040 / 50 as above (whole and partial blocks).
+TEST(Ops, Conv1dSiluKeepStatesEqualOneTokenCalls) {
+  IsaGuard g;
+  ThreadPool pool(3);
+  for (auto [C, T] : {std::array<int64_t, 2>{1040, 20}, {50, 5}}) {
+    const int K = 4;
+    const size_t n_st = size_t((K - 1) * C);
+    const auto x = randv(size_t(C * T), 54), w = randv(size_t(K * C), 55), st0 = randv(n_st, 56);
+    std::vector<bool> kept(static_cast<size_t>(T), false);
+    for (int64_t t : {int64_t(0), int64_t(2), T - 2}) kept[size_t(t)] = true;
+    for (CpuIsa isa : isas()) {
+      ASSERT_TRUE(set_isa(isa));
+      std::vector<float> st1 = st0, y1 = x;
+      std::vector<std::vector<float>> want(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {
+        conv1d_silu(y1.data() + t * C, C, w.data(), st1.data(), y1.data() + t * C, C, C, 1, K, pool);
+        if (kept[size_t(t)]) want[size_t(t)] = st1;
+      }
+      std::vector<std::vector<float>> bufs(static_cast<size_t>(T), std::vector<float>(n_st, -7.f));
+      std::vector<float*> keep(static_cast<size_t>(T), nullptr);
+      for (int64_t t = 0; t < T; ++t)
+        if (kept[size_t(t)]) keep[size_t(t)] = bufs[size_t(t)].data();
+      std::vector<float> st = st0, y = x;
+      conv1d_silu(y.data(), C, w.data(), st.data(), y.data(), C, C, T, K, pool, keep.data());
+      const std::string what = std::string(isa_name(isa)) + " C " + std::to_string(C);
+      EXPECT_EQ(0, std::memcmp(y.data(), y1.data(), y.size() * 4)) << what;
+      EXPECT_EQ(0, std::memcmp(st.data(), st1.data(), n_st * 4)) << what;
+      for (int64_t t = 0; t < T; ++t) {
+        if (kept[size_t(t)]) EXPECT_EQ(0, std::memcmp(bufs[size_t(t)].data(), want[size_t(t)].data(), n_st * 4)) << what << " token " << t;
+        else
+          for (float v : bufs[size_t(t)]) ASSERT_EQ(v, -7.f) << what << " token " << t;
+      }
+      EXPECT_NE(bufs[0], st0) << what;  // the kept state moved on from the start
+    }
+  }
+}
+
 namespace {
 struct DeltaData {
   int64_t S, Hk, Hv, T, qk_stride, v_stride;
@@ -482,6 +521,73 @@ TEST(Ops, GatedDeltaRecurrentEveryIsa) {
       EXPECT_LE(nmse(out, out_ref), 1e-9) << isa_name(isa) << " S " << S;
       EXPECT_LE(nmse(st, st_ref), 1e-9) << isa_name(isa) << " S " << S;
     }
+  }
+}
+
+// Keep states (a speculative verify step): one call over T tokens writing the state after each kept
+// token must give, bit for bit, the outputs, final state and kept states of T one-token calls with a
+// copy after each kept token; unkept tokens' buffers stay untouched. S = 128 / 64 take the AVX-512
+// fused row kernel (streamed stores: the 64-byte aligned keep buffers; +16 floats: unaligned ones),
+// S = 40 the loop; the double reference's kept states are its state rounded after the token.
+TEST(Ops, GatedDeltaKeepStatesEqualOneTokenCalls) {
+  IsaGuard g;
+  ThreadPool pool(3);
+  for (auto [S, Hk, Hv, T] : {std::array<int64_t, 4>{128, 2, 4, 4}, {64, 1, 3, 5}, {40, 1, 2, 4}}) {
+    const auto d = make_delta(S, Hk, Hv, T, 83);
+    const size_t n_st = size_t(S * S * Hv);
+    const std::vector<bool> kept = {true, false, true, true, false};  // per token
+    for (size_t off : {size_t(0), size_t(16)})
+      for (CpuIsa isa : isas()) {
+        ASSERT_TRUE(set_isa(isa));
+        // One-token calls, copying after each kept token.
+        std::vector<float> st1 = d.state0, out1(size_t(S * Hv * T));
+        std::vector<std::vector<float>> want(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) {
+          DeltaArgs a = d.args(st1.data(), out1.data() + t * S * Hv);
+          a.q += t * d.qk_stride, a.k += t * d.qk_stride, a.v += t * d.v_stride;
+          a.g += t * Hv, a.beta += t * Hv, a.n_t = 1;
+          gated_delta_rule(a, pool);
+          if (kept[size_t(t)]) want[size_t(t)] = st1;
+        }
+        // One call with keep pointers into 64-byte aligned buffers (+ off floats).
+        std::vector<std::vector<float>> bufs(static_cast<size_t>(T));
+        std::vector<float*> keep(size_t(T), nullptr);
+        for (int64_t t = 0; t < T; ++t) {
+          bufs[size_t(t)].assign(n_st + 16 + 64, -7.f);
+          float* base = bufs[size_t(t)].data();
+          base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 / 4;
+          if (kept[size_t(t)]) keep[size_t(t)] = base + off;
+        }
+        std::vector<float> st = d.state0, out(out1.size());
+        DeltaArgs a = d.args(st.data(), out.data());
+        a.keep = keep.data();
+        gated_delta_rule(a, pool);
+        const std::string what = std::string(isa_name(isa)) + " S " + std::to_string(S) + " off " + std::to_string(off);
+        EXPECT_EQ(0, std::memcmp(out.data(), out1.data(), out.size() * 4)) << what;
+        EXPECT_EQ(0, std::memcmp(st.data(), st1.data(), n_st * 4)) << what;
+        for (int64_t t = 0; t < T; ++t) {
+          if (kept[size_t(t)]) {
+            EXPECT_EQ(0, std::memcmp(keep[size_t(t)], want[size_t(t)].data(), n_st * 4)) << what << " token " << t;
+          } else {
+            for (float v : bufs[size_t(t)]) ASSERT_EQ(v, -7.f) << what << " token " << t << " was not kept";
+          }
+        }
+      }
+    // The reference's kept states: its state after the token (the last kept token's = the final state).
+    std::vector<float> st_ref = d.state0, out_ref(size_t(S * Hv * T));
+    std::vector<std::vector<float>> kbuf(size_t(T), std::vector<float>(n_st, 0.f));
+    std::vector<float*> keep(size_t(T), nullptr);
+    for (int64_t t = 0; t < T; ++t)
+      if (kept[size_t(t)]) keep[size_t(t)] = kbuf[size_t(t)].data();
+    DeltaArgs a = d.args(st_ref.data(), out_ref.data());
+    a.keep = keep.data();
+    ref::gated_delta_rule(a);
+    int64_t last = -1;
+    for (int64_t t = 0; t < T; ++t)
+      if (kept[size_t(t)]) last = t;
+    ASSERT_GE(last, 0);
+    if (last == T - 1) EXPECT_EQ(kbuf[size_t(last)], st_ref) << "S " << S;
+    EXPECT_NE(kbuf[0], d.state0) << "S " << S;
   }
 }
 

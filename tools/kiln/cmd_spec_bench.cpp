@@ -8,6 +8,8 @@
 // over repetitions) and the drafts verified / accepted. A warm-up request precedes the repetitions.
 // The engine's own flags are EngineOptions'; synthetic acceptance (--spec-synth-len) accepts drafts
 // at the given mean length, so it measures the verification cost at that acceptance.
+// KILN_CUDA_PROFILE=1 / KILN_CPU_PROFILE=1: the repetitions' op times (drafts, verify steps, plain
+// steps together; the warm-up's forgotten) on stderr, as `kiln bench` prints them.
 // Owns nothing beyond the command; threading: main thread (the engine runs its own).
 #include <CLI/CLI.hpp>
 
@@ -16,6 +18,8 @@
 #include <cstdio>
 #include <random>
 
+#include "backend/backend.h"
+#include "core/op_profile.h"
 #include "engine/engine.h"
 #include "model_cli.h"
 #include "subcommand.h"
@@ -92,7 +96,9 @@ int cmd_spec_bench(int argc, char** argv) {
       }
     return std::tuple{tps, drafted, accepted};
   };
-  run(1);  // warm-up
+  run(1);                          // warm-up
+  backend::cuda_profile_report();  // KILN_CUDA_PROFILE / KILN_CPU_PROFILE: forget the warm-up's op times
+  op_profile::report("");
   std::vector<double> tps;
   int64_t drafted = 0, accepted = 0;
   for (int r = 0; r < reps; ++r) {
@@ -100,6 +106,9 @@ int cmd_spec_bench(int argc, char** argv) {
     tps.push_back(t);
     drafted += d, accepted += a;
   }
+  if (const std::string prof = backend::cuda_profile_report(); !prof.empty()) std::fprintf(stderr, "%s\n", prof.c_str());
+  if (const std::string prof = op_profile::report("CPU op times (KILN_CPU_PROFILE)"); !prof.empty())
+    std::fprintf(stderr, "%s\n", prof.c_str());
   std::sort(tps.begin(), tps.end());
   const double med = tps[tps.size() / 2];
   const double rate = drafted > 0 ? double(accepted) / double(drafted) : 0;

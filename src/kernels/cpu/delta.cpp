@@ -20,7 +20,7 @@ inline size_t align64(size_t x) { return (x + 63) & ~size_t(63); }
 }  // namespace
 
 void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state, float* y, int64_t y_stride,
-                 int64_t C, int64_t n_t, int d_conv, ThreadPool& pool) {
+                 int64_t C, int64_t n_t, int d_conv, ThreadPool& pool, float* const* keep) {
   KILN_CHECK(d_conv >= 1 && d_conv <= 8, "conv1d_silu: d_conv {} not in 1..8", d_conv);
   constexpr int kCB = 16;  // channels per inner block (one cache line of x per token)
   const int K = d_conv;
@@ -47,10 +47,24 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
           for (int j = 0; j < K; ++j) wts[b - bb][j][c] = w[ch * K + j];
           for (int j = 0; j < K - 1; ++j) wins[b - bb][j][c] = state[ch * (K - 1) + j];
         }
-      for (int64_t t0 = 0; t0 < n_t; t0 += kTT)
+      for (int64_t t0 = 0; t0 < n_t;) {
+        // A tile ends at kTT tokens or after a kept token (whose windows are then copied out).
+        int64_t t1 = std::min(n_t, t0 + kTT);
+        if (keep != nullptr)
+          for (int64_t t = t0; t < t1; ++t)
+            if (keep[t] != nullptr) {
+              t1 = t + 1;
+              break;
+            }
         for (int64_t b = bb; b < be; ++b)
           conv16(x + t0 * x_stride + b * kCB, x_stride, &wts[b - bb][0][0], &wins[b - bb][0][0], y + t0 * y_stride + b * kCB,
-                 y_stride, std::min<int64_t>(kTT, n_t - t0), K);
+                 y_stride, t1 - t0, K);
+        if (keep != nullptr && keep[t1 - 1] != nullptr)
+          for (int64_t b = bb; b < be; ++b)
+            for (int c = 0; c < kCB; ++c)
+              for (int j = 0; j < K - 1; ++j) keep[t1 - 1][(b * kCB + c) * (K - 1) + j] = wins[b - bb][j][c];
+        t0 = t1;
+      }
       for (int64_t b = bb; b < be; ++b)
         for (int c = 0; c < kCB; ++c)
           for (int j = 0; j < K - 1; ++j) state[(b * kCB + c) * (K - 1) + j] = wins[b - bb][j][c];
@@ -79,6 +93,9 @@ void conv1d_silu(const float* x, int64_t x_stride, const float* w, float* state,
         for (int j = 0; j < K - 1; ++j)
           for (int c = 0; c < nc; ++c) win[j][c] = win[j + 1][c];
         T.silu(yt, yt, nc);
+        if (keep != nullptr && keep[t] != nullptr)
+          for (int c = 0; c < nc; ++c)
+            for (int j = 0; j < K - 1; ++j) keep[t][(c0 + c) * (K - 1) + j] = win[j][c];
       }
       for (int c = 0; c < nc; ++c)
         for (int j = 0; j < K - 1; ++j) state[(c0 + c) * (K - 1) + j] = win[j][c];
@@ -130,6 +147,8 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
         ra.out = a.out + t0 * a.out_stride + h * S;
         ra.out_stride = a.out_stride;
         ra.qscale = qscale;
+        ra.keep = a.keep ? a.keep + t0 : nullptr;
+        ra.keep_off = h * S * S;
         rows(ra);
       }
     };
@@ -162,6 +181,7 @@ void gated_delta_rule(const DeltaArgs& a, ThreadPool& pool) {
           T.axpy(dj, k, row, S);
           o[j] = dot(row, q, S) * qscale;
         }
+        if (a.keep != nullptr && a.keep[t] != nullptr) std::memcpy(a.keep[t] + h * S * S, st, size_t(S * S) * 4);
       }
     }
   });

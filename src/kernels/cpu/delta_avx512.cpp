@@ -49,9 +49,20 @@ inline void rows_nr(const DeltaRowsArgs& a, int64_t j0) {
       for (int u = 0; u < V; ++u) r[i][u] = _mm512_fmadd_ps(vd, _mm512_loadu_ps(k + 16 * u), r[i][u]);  // axpy
       o[j0 + i] = dot_rows<V>(r[i], q) * a.qscale;
     }
+    if (a.keep != nullptr && a.keep[t] != nullptr) {  // a speculative step's kept state: streamed, no reads
+      float* kp = a.keep[t] + a.keep_off + j0 * a.S;
+      if (reinterpret_cast<uintptr_t>(kp) % 64 == 0 && a.S % 16 == 0) {
+        for (int i = 0; i < NR; ++i)
+          for (int u = 0; u < V; ++u) _mm512_stream_ps(kp + i * a.S + 16 * u, r[i][u]);
+      } else {
+        for (int i = 0; i < NR; ++i)
+          for (int u = 0; u < V; ++u) _mm512_storeu_ps(kp + i * a.S + 16 * u, r[i][u]);
+      }
+    }
   }
   for (int i = 0; i < NR; ++i)
     for (int u = 0; u < V; ++u) _mm512_storeu_ps(a.st + (j0 + i) * a.S + 16 * u, r[i][u]);
+  if (a.keep != nullptr) _mm_sfence();  // the streamed rows before the pool's hand-off
 }
 
 template <int V>

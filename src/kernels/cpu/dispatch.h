@@ -120,6 +120,8 @@ struct DeltaRowsArgs {
   float* out = nullptr;
   int64_t out_stride = 0;
   float qscale = 1;
+  float* const* keep = nullptr;  // [n_t] or nullptr: after token t, rows j0..j1 also to keep[t] + keep_off
+  int64_t keep_off = 0;          //   (when keep[t] is not null)
 };
 using DeltaRowsFn = void (*)(const DeltaRowsArgs& a);
 

@@ -290,6 +290,9 @@ void gated_delta_rule(const DeltaArgs& a) {
         for (int64_t i = 0; i < S; ++i) s += M[size_t(i * S + j)] * q[i];
         o[j] = float(s * qscale);
       }
+      if (a.keep != nullptr && a.keep[t] != nullptr)
+        for (int64_t j = 0; j < S; ++j)
+          for (int64_t i = 0; i < S; ++i) a.keep[t][h * S * S + j * S + i] = float(M[size_t(i * S + j)]);
     }
     for (int64_t j = 0; j < S; ++j)
       for (int64_t i = 0; i < S; ++i) st[j * S + i] = float(M[size_t(i * S + j)]);
