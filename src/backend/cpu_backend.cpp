@@ -609,7 +609,7 @@ class CpuStream final : public Stream {
   size_t ws_size_ = 0;
   int grows_ = 0;
   std::vector<int32_t> all_last_;  // [T] a non-causal run's last key per token (attention)
-  std::vector<float*> keep_states_;  // [run length] a speculative run's keep-slot states per token (gated_delta)
+  std::vector<float*> keep_states_;  // [run length] a speculative run's keep-slot states per token (keep_states)
 };
 
 class CpuDevice final : public Device {

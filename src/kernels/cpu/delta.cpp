@@ -204,6 +204,7 @@ size_t gated_delta_chunked_workspace(int64_t S, int chunk, int n_threads) {
 void gated_delta_rule_chunked(const DeltaArgs& a, int chunk, void* ws, ThreadPool& pool) {
   KILN_CHECK(a.Hk > 0 && a.Hv % a.Hk == 0, "gated_delta_rule_chunked: Hv {} not a multiple of Hk {}", a.Hv, a.Hk);
   KILN_CHECK(chunk >= 1 && ws != nullptr, "gated_delta_rule_chunked: chunk {} / workspace", chunk);
+  KILN_CHECK(a.keep == nullptr, "gated_delta_rule_chunked: keep states are the recurrence's (gated_delta_rule)");
   const Table& T = cpu::table();
   const int64_t S = a.S, C = chunk;
   const float qscale = 1.0f / std::sqrt(float(S));
