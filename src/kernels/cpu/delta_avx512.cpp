@@ -51,13 +51,13 @@ inline void rows_nr(const DeltaRowsArgs& a, int64_t j0) {
     }
     if (a.keep != nullptr && a.keep[t] != nullptr) {  // a speculative step's kept state: streamed, no reads
       float* kp = a.keep[t] + a.keep_off + j0 * a.S;
-      if (reinterpret_cast<uintptr_t>(kp) % 64 == 0) {  // rows of S = 16 V floats: every row aligned
-        for (int i = 0; i < NR; ++i)
-          for (int u = 0; u < V; ++u) _mm512_stream_ps(kp + i * a.S + 16 * u, r[i][u]);
-      } else {
-        for (int i = 0; i < NR; ++i)
-          for (int u = 0; u < V; ++u) _mm512_storeu_ps(kp + i * a.S + 16 * u, r[i][u]);
-      }
+      const bool aligned = reinterpret_cast<uintptr_t>(kp) % 64 == 0;  // rows of S = 16 V floats: all aligned
+      for (int i = 0; i < NR; ++i)
+        for (int u = 0; u < V; ++u) {
+          float* d = kp + i * a.S + 16 * u;
+          if (aligned) _mm512_stream_ps(d, r[i][u]);
+          else _mm512_storeu_ps(d, r[i][u]);
+        }
     }
   }
   for (int i = 0; i < NR; ++i)

@@ -185,7 +185,8 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
   if (qa && a.n % 8 != 0 && T.vec_dot_q8_rows_not8[wi]) vd = T.vec_dot_q8_rows_not8[wi];
   else if (qa && a.expert && T.vec_dot_q8_expert[wi]) vd = T.vec_dot_q8_expert[wi];
   const cpu::VecDotQ8RowsFn r8 = vd && vd == T.vec_dot_q8[wi] && decode_r8() ? T.vec_dot_q8_r8[wi] : nullptr;
-  const cpu::VecDotQ8RowsColsFn r8c = r8 ? T.vec_dot_q8_r8_cols[wi] : nullptr;
+  const bool r8_multi = r8 && r8_cols();  // 2+ columns through the 8-row kernels
+  const cpu::VecDotQ8RowsColsFn r8c = r8_multi ? T.vec_dot_q8_r8_cols[wi] : nullptr;
   if (vd) {
     KILN_CHECK(k % 32 == 0, "matmul: k {} not a multiple of 32", k);
     auto* act = static_cast<uint8_t*>(ws);
@@ -240,10 +241,10 @@ void matmul(const MatmulArgs& a, void* ws, ThreadPool& pool) {
           // (r8c); two by column (the rows' blocks in L1 for the second).
           if (r8 && nc == 1) {
             for (; j + 8 <= je; j += 8) r8(k, w + size_t(j) * a.w_stride, a.w_stride, at, a.y + t * a.y_stride + j);
-          } else if (r8c && r8_cols()) {
+          } else if (r8c) {
             for (; j + 8 <= je; j += 8)
               r8c(k, w + size_t(j) * a.w_stride, a.w_stride, at, ab, nc, a.y + t * a.y_stride + j, a.y_stride);
-          } else if (r8 && nc == 2 && r8_cols()) {
+          } else if (r8_multi && nc == 2) {
             for (; j + 8 <= je; j += 8)
               for (int c = 0; c < nc; ++c)
                 r8(k, w + size_t(j) * a.w_stride, a.w_stride, at + size_t(c) * ab, a.y + (t + c) * a.y_stride + j);
