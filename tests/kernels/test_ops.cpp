@@ -295,6 +295,21 @@ TEST(Ops, TopLogitsMatchesReference) {
   }
 }
 
+// The skipped blocks (32 entries whose maximum is not above the k-th best so far): a NaN first in a
+// block must not hide the larger value after it, at either end of a row.
+TEST(Ops, TopLogitsNaNDoesNotHideALargerValue) {
+  const int64_t V = 4096;
+  std::vector<float> l(size_t(V), 0.f);
+  for (int64_t i = 0; i < V; ++i) l[size_t(i)] = float(i % 7) * 0.01f;
+  l[640] = NAN, l[641] = 5.f;          // the row's maximum right after a NaN, mid-row
+  l[V - 32] = NAN, l[V - 31] = 4.f;    // and in the last block
+  int32_t id[2];
+  float v[2];
+  top_logits(l.data(), V, 1, 2, id, v);
+  EXPECT_EQ(id[0], 641);
+  EXPECT_EQ(id[1], int32_t(V - 31));
+}
+
 namespace {
 struct Cache {
   std::vector<uint8_t> k, v;
