@@ -184,14 +184,13 @@ void select_topk(const float* score, int64_t n, int k, int32_t* id) {
     id[i] = best;
   }
 }
-}  // namespace
 
-namespace {
-// out[i] = exp(l[i] - mx) for l[i] <= mx, in float within ~3e-7 relative (a NaN counts as ~0): t = (l - mx) * log2(e)
-// split as n + f by round-to-nearest (the 1.5 * 2^23 addition), 2^f by its degree-7 Taylor polynomial (|f| <=
-// 1/2), 2^n by the exponent bits; t clamped at -126 (terms below 2^-126 of the maximum's 1 do not show in
-// a float probability). Plain element-wise arithmetic, so the compiler vectorizes it.
-// (no-trapping-math: lets the compiler vectorize the clamp, a select, which it keeps as a branch otherwise.)
+// out[i] = exp(l[i] - mx) for l[i] <= mx, in float within ~3e-7 relative (a NaN counts as ~0):
+// t = (l - mx) * log2(e) split as n + f by round-to-nearest (the 1.5 * 2^23 addition), 2^f by its
+// degree-7 Taylor polynomial (|f| <= 1/2), 2^n by the exponent bits; t clamped at -126 (terms below
+// 2^-126 of the maximum's 1 do not show in a float probability). Plain element-wise arithmetic, so
+// the compiler vectorizes it (no-trapping-math lets it vectorize the clamp, a select, which it keeps
+// as a branch otherwise).
 __attribute__((optimize("no-trapping-math"))) void vocab_exp(const float* __restrict l, float mx, int64_t n,
                                                              float* __restrict out) {
   constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
@@ -214,8 +213,8 @@ __attribute__((optimize("no-trapping-math"))) void vocab_exp(const float* __rest
     out[i] = p * s2;
   }
 }
-// The maximum of l[0, 32) from -inf (a NaN never wins a comparison, so it is ignored), as 8 max chains the
-// compiler vectorizes.
+// The maximum of l[0, 32) from -inf (a NaN never wins a comparison, so it is ignored), as 8 max
+// chains the compiler vectorizes.
 __attribute__((optimize("no-trapping-math"))) inline float max32(const float* l) {
   float mx[8];
   for (int j = 0; j < 8; ++j) mx[j] = -INFINITY;
