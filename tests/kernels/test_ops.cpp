@@ -264,7 +264,7 @@ TEST(Ops, TopkRouteArgmaxOverAVocabulary) {
     double sum = 0;
     for (int64_t v = 0; v < V; ++v) sum += std::exp(double(r[v]) - double(r[best]));
     EXPECT_EQ(id[size_t(t)], int32_t(best)) << t;
-    EXPECT_NEAR(w[size_t(t)], 1.0 / sum, 1e-6 / sum) << t;  // the float exps: ~3e-7 relative
+    EXPECT_NEAR(w[size_t(t)], 1.0 / sum, 1e-6 / sum) << t;  // the vector exp in float
   }
   EXPECT_EQ(id[1], 777);
 }

@@ -185,34 +185,6 @@ void select_topk(const float* score, int64_t n, int k, int32_t* id) {
   }
 }
 
-// out[i] = exp(l[i] - mx) for l[i] <= mx, in float within ~3e-7 relative (a NaN counts as ~0):
-// t = (l - mx) * log2(e) split as n + f by round-to-nearest (the 1.5 * 2^23 addition), 2^f by its
-// degree-7 Taylor polynomial (|f| <= 1/2), 2^n by the exponent bits; t clamped at -126 (terms below
-// 2^-126 of the maximum's 1 do not show in a float probability). Plain element-wise arithmetic, so
-// the compiler vectorizes it (no-trapping-math lets it vectorize the clamp, a select, which it keeps
-// as a branch otherwise).
-__attribute__((optimize("no-trapping-math"))) void vocab_exp(const float* __restrict l, float mx, int64_t n,
-                                                             float* __restrict out) {
-  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
-  for (int64_t i = 0; i < n; ++i) {
-    float t = (l[i] - mx) * 1.44269504f;
-    t = t >= -126.f ? t : -126.f;  // a NaN too
-    const float r = (t + kMagic) - kMagic;
-    const float f = (t - r) * 0.693147181f;
-    float p = 1.f / 5040.f;
-    p = p * f + 1.f / 720.f;
-    p = p * f + 1.f / 120.f;
-    p = p * f + 1.f / 24.f;
-    p = p * f + 1.f / 6.f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    const int32_t bits = (int32_t(r) + 127) << 23;
-    float s2;
-    std::memcpy(&s2, &bits, 4);
-    out[i] = p * s2;
-  }
-}
 // The maximum of l[0, 32) from -inf (a NaN never wins a comparison, so it is ignored), as 8 max
 // chains the compiler vectorizes.
 __attribute__((optimize("no-trapping-math"))) inline float max32(const float* l) {
@@ -294,23 +266,19 @@ void topk_route(const float* logits, int64_t n_expert, int64_t n_tok, int k, boo
   const cpu::Table& T = cpu::table();
   if (n_expert > 4096) {
     // k = 1 over a vocabulary (the MTP drafter's argmax, model/mtp.cpp): the first maximum and its
-    // softmax probability, scaled unless renorm (then 1) — not a router. The argmax and the exps
-    // (vocab_argmax, vocab_exp in chunks) vectorized, the exps summed in double.
+    // softmax probability (the sum of exp in double: the table's vector exp by chunks where it has
+    // one, else a double exp per logit), scaled unless renorm (then 1) — not a router.
     constexpr int64_t kChunk = 1024;
     float ex[kChunk];
     for (int64_t t = 0; t < n_tok; ++t) {
       const float* l = logits + t * n_expert;
       const int64_t best = vocab_argmax(l, n_expert);
-      double acc[8] = {};
-      for (int64_t e0 = 0; e0 < n_expert; e0 += kChunk) {
-        const int64_t n = std::min(kChunk, n_expert - e0);
-        vocab_exp(l + e0, l[best], n, ex);
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-          for (int j = 0; j < 8; ++j) acc[j] += double(ex[i + j]);
-        for (; i < n; ++i) acc[0] += double(ex[i]);
-      }
-      const double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      double sum = 0;
+      if (T.ggml_softmax_exp)
+        for (int64_t e0 = 0; e0 < n_expert; e0 += kChunk)
+          sum += T.ggml_softmax_exp(l + e0, l[best], ex, std::min(kChunk, n_expert - e0));
+      else
+        for (int64_t e = 0; e < n_expert; ++e) sum += std::exp(double(l[e]) - double(l[best]));
       ids[t] = int32_t(best);
       weights[t] = (renorm ? 1.0f : float(1.0 / sum)) * w_scale;
     }
