@@ -185,9 +185,9 @@ void select_topk(const float* score, int64_t n, int k, int32_t* id) {
   }
 }
 
-// The maximum of l[0, 32) from -inf (a NaN never wins a comparison, so it is ignored), as 8 max
-// chains the compiler vectorizes.
-__attribute__((optimize("no-trapping-math"))) inline float max32(const float* l) {
+// The maximum of l[0, 32) from -inf (a NaN never wins a comparison, so it is ignored), as 8
+// independent max chains.
+inline float max32(const float* l) {
   float mx[8];
   for (int j = 0; j < 8; ++j) mx[j] = -INFINITY;
   for (int i = 0; i < 32; i += 8)
